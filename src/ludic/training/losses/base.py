@@ -1,0 +1,108 @@
+"""The loss contract and token aggregation.
+
+Shapes: ``B`` sequences of ``T`` tokens; losses work on the ``T-1`` next-token positions:
+position ``t`` scores ``input_ids[:, t+1]`` given ``input_ids[:, :t+1]``.
+
+Normalizers are *global to the optimizer step*: ``num_sequences`` and
+``num_action_tokens`` count every micro-batch of the step, so summing micro-batch losses
+(gradient accumulation) gives exactly the full-batch loss and gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass
+class LossInputs:
+    """Tensors for one micro-batch.
+
+    * ``logits``: [B, T, V] model outputs (for entropy terms).
+    * ``logprobs``: [B, T-1] log pi_theta(x_{t+1} | x_<=t), differentiable.
+    * ``action_mask``: [B, T-1] float, 1.0 where x_{t+1} is a trainable action token.
+    * ``weights``: [B] credit-assignment weight (advantage) per sequence.
+    * ``old_logprobs``: [B, T-1] behaviour-policy logprobs (0 off-mask) or ``None``.
+    * ``ref_logprobs``: [B, T-1] reference-model logprobs or ``None``.
+    * ``num_sequences`` / ``num_action_tokens``: counts over the whole optimizer step.
+    """
+
+    logits: torch.Tensor
+    logprobs: torch.Tensor
+    action_mask: torch.Tensor
+    weights: torch.Tensor
+    num_sequences: int
+    num_action_tokens: int
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Loss(Protocol):
+    """``requires_old_logprobs`` / ``requires_ref_logprobs`` let the trainer fail before
+    the first forward pass when the data lacks what the loss reads."""
+
+    requires_old_logprobs: bool
+    requires_ref_logprobs: bool
+
+    def __call__(self, inputs: LossInputs) -> LossOutput: ...
+
+
+class TokenAggregation(StrEnum):
+    """How per-token losses become one scalar (each preset names the one it uses).
+
+    * ``TOKEN_MEAN``: sum over all action tokens / number of action tokens in the step
+      (DAPO, arXiv:2503.14476, eq. 8).
+    * ``SEQ_MEAN_TOKEN_MEAN``: mean over each sequence's action tokens, then mean over
+      sequences (the original GRPO objective, arXiv:2402.03300, eq. 3).
+    * ``CONSTANT``: sum over action tokens / (num_sequences * max_tokens), a constant
+      normalizer that removes the length bias (Dr. GRPO, arXiv:2503.20783, sec. 3.1).
+    """
+
+    TOKEN_MEAN = "token_mean"
+    SEQ_MEAN_TOKEN_MEAN = "seq_mean_token_mean"
+    CONSTANT = "constant"
+
+
+def aggregate_tokens(
+    values: torch.Tensor,
+    inputs: LossInputs,
+    mode: TokenAggregation,
+    *,
+    constant_normalizer: int | None = None,
+) -> torch.Tensor:
+    """Reduce per-token ``values`` [B, T-1] to a scalar over ``inputs.action_mask``."""
+    mask = inputs.action_mask
+    if mode == TokenAggregation.TOKEN_MEAN:
+        return (values * mask).sum() / max(inputs.num_action_tokens, 1)
+    if mode == TokenAggregation.SEQ_MEAN_TOKEN_MEAN:
+        per_seq = (values * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1.0)
+        return per_seq.sum() / max(inputs.num_sequences, 1)
+    if mode == TokenAggregation.CONSTANT:
+        if constant_normalizer is None or constant_normalizer < 1:
+            raise ValueError(
+                "TokenAggregation.CONSTANT needs constant_normalizer >= 1 "
+                "(Dr. GRPO uses the generation budget, e.g. SamplingSpec.max_tokens)"
+            )
+        return (values * mask).sum() / (max(inputs.num_sequences, 1) * constant_normalizer)
+    raise ValueError(f"unknown TokenAggregation {mode!r}; expected one of {list(TokenAggregation)}")
+
+
+def aggregate_sequences(values: torch.Tensor, inputs: LossInputs) -> torch.Tensor:
+    """Mean of per-sequence ``values`` [B] over the step's sequences."""
+    return values.sum() / max(inputs.num_sequences, 1)
+
+
+def masked_token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy [B, T-1] of the next-token distribution at each scored position."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)

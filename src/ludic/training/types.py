@@ -1,0 +1,139 @@
+"""Training-side pure data and contracts: rollout requests, SAW items, batch sources,
+credit assigners.
+
+A ``SAWItem`` is one training sequence: **S**tate/**A**ction tokens, a mask saying which
+tokens are the agent's own actions, and a scalar **W**eight from credit assignment.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from ludic.inference.request import InferenceSpec
+from ludic.types import Rollout
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """Which environment to build: a registry name plus constructor kwargs."""
+
+    kind: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProtocolSpec:
+    """Which interaction protocol to build: a registry name plus constructor kwargs."""
+
+    kind: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    """Pure data: run ``num_episodes`` episodes of ``env`` under ``protocol``.
+
+    ``env_seed`` picks the problem; ``inference.sampling.seed`` the generation. ``meta``
+    is copied into every produced rollout (e.g. ``group_id`` for GRPO).
+    """
+
+    env: EnvSpec
+    protocol: ProtocolSpec
+    env_seed: int | None = None
+    inference: InferenceSpec = field(default_factory=InferenceSpec)
+    num_episodes: int = 1
+    max_steps: int = 8
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.num_episodes < 1:
+            raise ValueError(f"RolloutRequest.num_episodes must be >= 1, got {self.num_episodes}")
+        if self.max_steps < 1:
+            raise ValueError(f"RolloutRequest.max_steps must be >= 1, got {self.max_steps}")
+
+
+@dataclass(frozen=True)
+class SAWItem:
+    """One training sequence.
+
+    * ``input_ids``: state + action tokens, length T.
+    * ``action_mask[t] == 1`` where ``input_ids[t]`` is a token the policy generated and
+      should be trained on (prompt and tool-output tokens are 0).
+    * ``weight``: the scalar from credit assignment (advantage / return / 1.0 for SFT).
+    * ``old_logprobs[t]``: behaviour-policy logprob of ``input_ids[t]`` where
+      ``action_mask[t] == 1`` (0.0 elsewhere); ``None`` if the backend gave none.
+    * ``policy_version``: weight version that generated the actions (``max_lag`` uses it).
+    """
+
+    input_ids: tuple[int, ...]
+    action_mask: tuple[int, ...]
+    weight: float
+    old_logprobs: tuple[float, ...] | None = None
+    policy_version: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "input_ids", tuple(self.input_ids))
+        object.__setattr__(self, "action_mask", tuple(self.action_mask))
+        n = len(self.input_ids)
+        if len(self.action_mask) != n:
+            raise ValueError(
+                f"SAWItem: action_mask has {len(self.action_mask)} entries for {n} tokens"
+            )
+        if not math.isfinite(self.weight):
+            raise ValueError(
+                f"SAWItem: weight is {self.weight!r} (rollout {self.meta.get('rollout_id')!r}); "
+                "check the rewards and the credit assigner for NaN/inf"
+            )
+        if self.action_mask and self.action_mask[0] == 1:
+            raise ValueError("SAWItem: the first token cannot be an action (nothing predicts it)")
+        if not any(self.action_mask):
+            raise ValueError(
+                f"SAWItem: no action tokens (rollout {self.meta.get('rollout_id')!r}); "
+                "an item must contain at least one generated token"
+            )
+        if self.old_logprobs is not None:
+            object.__setattr__(self, "old_logprobs", tuple(self.old_logprobs))
+            if len(self.old_logprobs) != n:
+                raise ValueError(
+                    f"SAWItem: old_logprobs has {len(self.old_logprobs)} entries for {n} tokens"
+                )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_action_tokens(self) -> int:
+        return sum(self.action_mask)
+
+
+@dataclass
+class SAWBatch:
+    """Items for one optimizer step, plus batch-level metadata (e.g. rollout stats)."""
+
+    items: list[SAWItem]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+@runtime_checkable
+class BatchSource(Protocol):
+    """What the Trainer pulls from. Must not block forever: raise on exhaustion/timeout."""
+
+    async def next_batch(self) -> SAWBatch: ...
+
+
+@runtime_checkable
+class CreditAssigner(Protocol):
+    """Turns rewards into one scalar weight per turn.
+
+    Returns ``weights[i][j]`` for turn ``j`` of ``rollouts[i].turns()``.
+    """
+
+    def compute(self, rollouts: Sequence[Rollout]) -> list[list[float]]: ...

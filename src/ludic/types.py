@@ -1,0 +1,419 @@
+"""Pure data shared by every layer: messages, token traces, steps and rollouts.
+
+Nothing here imports from the rest of ludic. Value objects validate themselves in
+``__post_init__`` so bad data fails where it is built.
+
+Three notions of "the episode stopped" are kept apart on purpose:
+
+* ``terminated`` -- the environment reached a true terminal state.
+* ``truncated`` -- the episode was cut off: an env time limit, or the protocol's
+  ``max_steps``.
+* ``finish_reason`` -- why the *LLM* stopped generating one completion (``"stop"``,
+  ``"length"``, ...). A ``"length"`` finish says nothing about the episode.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias
+
+Message: TypeAlias = dict[str, Any]
+"""An OpenAI-style chat message: ``{"role": ..., "content": ...}`` plus optional
+``tool_calls`` / ``tool_call_id`` / ``name``."""
+
+Observation: TypeAlias = str
+Info: TypeAlias = dict[str, Any]
+AgentId: TypeAlias = str
+
+ActionTarget: TypeAlias = Literal["env", "internal", "external"]
+"""Where an agent's output goes next: ``"env"`` (a final action for ``env.step``),
+``"internal"`` (a tool the agent already ran itself) or ``"external"`` (a tool call
+the interaction protocol must handle, e.g. delegation to a sub-agent)."""
+
+FINISH_REASONS = ("stop", "length", "tool_calls", "abort")
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class TokenTrace:
+    """The exact tokens of one model call, as the inference backend saw and produced them.
+
+    ``completion_logprobs[i]`` is the behaviour policy's log-probability of
+    ``completion_token_ids[i]`` (the chosen token), or ``None`` when the backend was not
+    asked for logprobs. ``policy_version`` is the weight version that produced the
+    completion, when the backend knows it.
+    """
+
+    prompt_token_ids: tuple[int, ...]
+    completion_token_ids: tuple[int, ...]
+    completion_logprobs: tuple[float, ...] | None = None
+    finish_reason: str | None = None
+    policy_version: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt_token_ids", tuple(self.prompt_token_ids))
+        object.__setattr__(self, "completion_token_ids", tuple(self.completion_token_ids))
+        if self.completion_logprobs is not None:
+            object.__setattr__(self, "completion_logprobs", tuple(self.completion_logprobs))
+            if len(self.completion_logprobs) != len(self.completion_token_ids):
+                raise ValueError(
+                    f"TokenTrace: {len(self.completion_logprobs)} completion_logprobs for "
+                    f"{len(self.completion_token_ids)} completion tokens; the backend must "
+                    "return one chosen-token logprob per completion token"
+                )
+        if self.finish_reason is not None and self.finish_reason not in FINISH_REASONS:
+            raise ValueError(
+                f"TokenTrace: finish_reason={self.finish_reason!r}; expected one of "
+                f"{FINISH_REASONS} or None"
+            )
+
+    @property
+    def has_logprobs(self) -> bool:
+        return self.completion_logprobs is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_token_ids": list(self.prompt_token_ids),
+            "completion_token_ids": list(self.completion_token_ids),
+            "completion_logprobs": (
+                None if self.completion_logprobs is None else list(self.completion_logprobs)
+            ),
+            "finish_reason": self.finish_reason,
+            "policy_version": self.policy_version,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TokenTrace:
+        return cls(
+            prompt_token_ids=tuple(d["prompt_token_ids"]),
+            completion_token_ids=tuple(d["completion_token_ids"]),
+            completion_logprobs=(
+                None if d.get("completion_logprobs") is None else tuple(d["completion_logprobs"])
+            ),
+            finish_reason=d.get("finish_reason"),
+            policy_version=d.get("policy_version"),
+        )
+
+
+@dataclass(frozen=True)
+class ChatResponse:
+    """What a ``ChatClient`` returns for one completion.
+
+    ``trace`` carries the exact token ids (token-in / token-out); it is ``None`` only when
+    the request's ``ReturnSpec`` did not ask for token ids (e.g. evaluation).
+    """
+
+    text: str
+    finish_reason: str | None = None
+    trace: TokenTrace | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.finish_reason is not None and self.finish_reason not in FINISH_REASONS:
+            raise ValueError(
+                f"ChatResponse: finish_reason={self.finish_reason!r}; expected one of "
+                f"{FINISH_REASONS} or None"
+            )
+        if self.trace is not None and self.trace.finish_reason != self.finish_reason:
+            raise ValueError(
+                f"ChatResponse: finish_reason={self.finish_reason!r} but its trace says "
+                f"{self.trace.finish_reason!r}"
+            )
+
+    @property
+    def policy_version(self) -> int | None:
+        return None if self.trace is None else self.trace.policy_version
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What ``LudicEnv.step`` returns for one agent."""
+
+    obs: Observation
+    reward: float
+    terminated: bool = False
+    truncated: bool = False
+    info: Info = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.reward):
+            raise ValueError(f"StepOutcome: reward must be finite, got {self.reward!r}")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call requested by the model."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass
+class AgentStep:
+    """One model call. Every call is recorded, including internal tool loops, because
+    training needs the full reasoning trace, not only the final action.
+
+    ``reward`` is the parser's reward for this call (a format bonus or penalty); the
+    environment's reward lives on the ``EnvironmentStep``. ``tool_results`` are messages
+    the agent appended to its context after this call (internal tools); their tokens are
+    masked out of training. ``turn_id`` groups all calls that led to one env step.
+    """
+
+    index: int
+    turn_id: str
+    prompt_messages: list[Message]
+    completion: str
+    trace: TokenTrace | None = None
+    action: str | None = None
+    action_target: ActionTarget = "env"
+    reward: float = 0.0
+    parse_error: bool = False
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_results: list[Message] = field(default_factory=list)
+    info: Info = field(default_factory=dict)
+    kind: Literal["agent"] = "agent"
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.reward):
+            raise ValueError(f"AgentStep: reward must be finite, got {self.reward!r}")
+
+    @property
+    def finish_reason(self) -> str | None:
+        return None if self.trace is None else self.trace.finish_reason
+
+
+@dataclass
+class EnvironmentStep:
+    """One state transition, triggered by the agent steps ``agent_step_indices``.
+
+    A parse failure produces a *synthetic* environment step (``synthetic=True``): the
+    protocol answered with the parser's feedback and ``env.step`` was not called.
+    """
+
+    index: int
+    turn_id: str
+    prev_obs: Observation
+    action: str
+    next_obs: Observation | None
+    reward: float
+    terminated: bool = False
+    truncated: bool = False
+    agent_step_indices: tuple[int, ...] = ()
+    synthetic: bool = False
+    info: Info = field(default_factory=dict)
+    kind: Literal["env"] = "env"
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.reward):
+            raise ValueError(f"EnvironmentStep: reward must be finite, got {self.reward!r}")
+
+
+Step: TypeAlias = AgentStep | EnvironmentStep
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A view over a rollout: the agent calls of one turn and the env step they caused.
+
+    ``env_step`` is ``None`` for a turn cut off before it reached the environment (e.g.
+    the protocol hit ``max_steps`` during internal tool calls). The turn's reward is the
+    env reward plus every parser reward of its agent steps.
+    """
+
+    turn_id: str
+    agent_steps: tuple[AgentStep, ...]
+    env_step: EnvironmentStep | None
+
+    @property
+    def reward(self) -> float:
+        env_reward = 0.0 if self.env_step is None else self.env_step.reward
+        return env_reward + sum(s.reward for s in self.agent_steps)
+
+
+@dataclass
+class Rollout:
+    """One agent's trajectory: a single timeline of agent and environment steps.
+
+    ``meta`` carries request data (env/protocol names, seeds, ``group_id``,
+    ``agent_id``, ...). ``terminated``/``truncated`` describe the episode end.
+    """
+
+    steps: list[Step] = field(default_factory=list)
+    id: str = field(default_factory=new_id)
+    meta: dict[str, Any] = field(default_factory=dict)
+    terminated: bool = False
+    truncated: bool = False
+
+    @property
+    def agent_steps(self) -> list[AgentStep]:
+        return [s for s in self.steps if isinstance(s, AgentStep)]
+
+    @property
+    def env_steps(self) -> list[EnvironmentStep]:
+        return [s for s in self.steps if isinstance(s, EnvironmentStep)]
+
+    def turns(self) -> list[Turn]:
+        """Group steps by ``turn_id`` in timeline order."""
+        order: list[str] = []
+        agent: dict[str, list[AgentStep]] = {}
+        env: dict[str, EnvironmentStep] = {}
+        for s in self.steps:
+            if s.turn_id not in agent:
+                order.append(s.turn_id)
+                agent[s.turn_id] = []
+            if isinstance(s, AgentStep):
+                agent[s.turn_id].append(s)
+            else:
+                if s.turn_id in env:
+                    raise ValueError(
+                        f"Rollout {self.id}: turn {s.turn_id!r} has two environment steps"
+                    )
+                env[s.turn_id] = s
+        return [Turn(t, tuple(agent[t]), env.get(t)) for t in order]
+
+    @property
+    def total_reward(self) -> float:
+        return sum(t.reward for t in self.turns())
+
+    @property
+    def length(self) -> int:
+        """Number of environment steps (synthetic ones included)."""
+        return len(self.env_steps)
+
+    @property
+    def initial_obs(self) -> Observation | None:
+        envs = self.env_steps
+        return envs[0].prev_obs if envs else self.meta.get("initial_obs")
+
+    def next_step_index(self) -> int:
+        return len(self.steps)
+
+
+def rollout_to_dict(rollout: Rollout) -> dict[str, Any]:
+    """A JSON-ready dict of a rollout (the JSONL log and offline-data format)."""
+
+    def step_dict(s: Step) -> dict[str, Any]:
+        if isinstance(s, AgentStep):
+            return {
+                "kind": "agent",
+                "index": s.index,
+                "turn_id": s.turn_id,
+                "prompt_messages": s.prompt_messages,
+                "completion": s.completion,
+                "trace": None if s.trace is None else s.trace.to_dict(),
+                "action": s.action,
+                "action_target": s.action_target,
+                "reward": s.reward,
+                "parse_error": s.parse_error,
+                "tool_calls": [
+                    {"id": c.id, "name": c.name, "arguments": c.arguments} for c in s.tool_calls
+                ],
+                "tool_results": s.tool_results,
+                "info": s.info,
+            }
+        return {
+            "kind": "env",
+            "index": s.index,
+            "turn_id": s.turn_id,
+            "prev_obs": s.prev_obs,
+            "action": s.action,
+            "next_obs": s.next_obs,
+            "reward": s.reward,
+            "terminated": s.terminated,
+            "truncated": s.truncated,
+            "agent_step_indices": list(s.agent_step_indices),
+            "synthetic": s.synthetic,
+            "info": s.info,
+        }
+
+    return {
+        "id": rollout.id,
+        "meta": rollout.meta,
+        "terminated": rollout.terminated,
+        "truncated": rollout.truncated,
+        "total_reward": rollout.total_reward,
+        "steps": [step_dict(s) for s in rollout.steps],
+    }
+
+
+def rollout_from_dict(d: Mapping[str, Any]) -> Rollout:
+    """Inverse of :func:`rollout_to_dict`. Raises ``ValueError`` naming the bad field."""
+    steps: list[Step] = []
+    for i, s in enumerate(d.get("steps", [])):
+        kind = s.get("kind")
+        try:
+            if kind == "agent":
+                steps.append(
+                    AgentStep(
+                        index=s["index"],
+                        turn_id=s["turn_id"],
+                        prompt_messages=list(s["prompt_messages"]),
+                        completion=s["completion"],
+                        trace=None if s.get("trace") is None else TokenTrace.from_dict(s["trace"]),
+                        action=s.get("action"),
+                        action_target=s.get("action_target", "env"),
+                        reward=float(s.get("reward", 0.0)),
+                        parse_error=bool(s.get("parse_error", False)),
+                        tool_calls=[ToolCall(**c) for c in s.get("tool_calls", [])],
+                        tool_results=list(s.get("tool_results", [])),
+                        info=dict(s.get("info", {})),
+                    )
+                )
+            elif kind == "env":
+                steps.append(
+                    EnvironmentStep(
+                        index=s["index"],
+                        turn_id=s["turn_id"],
+                        prev_obs=s["prev_obs"],
+                        action=s["action"],
+                        next_obs=s.get("next_obs"),
+                        reward=float(s["reward"]),
+                        terminated=bool(s.get("terminated", False)),
+                        truncated=bool(s.get("truncated", False)),
+                        agent_step_indices=tuple(s.get("agent_step_indices", ())),
+                        synthetic=bool(s.get("synthetic", False)),
+                        info=dict(s.get("info", {})),
+                    )
+                )
+            else:
+                raise ValueError(f"kind={kind!r}, expected 'agent' or 'env'")
+        except KeyError as e:
+            raise ValueError(f"rollout {d.get('id')!r} step {i}: missing field {e}") from None
+    return Rollout(
+        steps=steps,
+        id=d.get("id") or new_id(),
+        meta=dict(d.get("meta", {})),
+        terminated=bool(d.get("terminated", False)),
+        truncated=bool(d.get("truncated", False)),
+    )
+
+
+def as_tuple(xs: Sequence[int] | None) -> tuple[int, ...]:
+    return () if xs is None else tuple(xs)
+
+
+@dataclass
+class AgentAct:
+    """What one ``Agent.act`` call produced, for the interaction protocol.
+
+    ``steps`` are every model call made during the act, in order (internal tool loops
+    included); the protocol assigns their rollout ``index``. ``action_target`` says what
+    happens next: ``"env"`` -> ``action`` goes to ``env.step``; ``"external"`` ->
+    ``tool_calls`` are for the protocol's external tool handler. ``parse_error`` means the
+    final completion did not parse: ``action`` is ``None`` and ``feedback_obs`` holds the
+    parser's feedback for a synthetic step.
+    """
+
+    steps: list[AgentStep]
+    action: str | None
+    action_target: ActionTarget = "env"
+    parse_error: bool = False
+    feedback_obs: Observation | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
