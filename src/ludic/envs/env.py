@@ -15,10 +15,14 @@ class LudicEnv(ABC):
     """Multi-agent environment contract.
 
     * ``reset(seed) -> {agent_id: (obs, info)}`` for every agent.
-    * ``step({agent_id: action}) -> {agent_id: StepOutcome}`` for the agents that acted
-      (``active_agents`` before the call).
+    * ``step({agent_id: action}) -> {agent_id: StepOutcome}`` for at least the agents
+      that acted (``active_agents`` before the call); it may also include waiting agents
+      whose observation or reward changed (e.g. the other player of a board game).
     * ``active_agents``: who must act on the next ``step``.
     * ``system_prompt``: an optional suggestion for agents' context strategies.
+
+    ``reset(seed)`` with a seed must be deterministic; ``seed=None`` draws from the env's
+    own RNG.
     """
 
     system_prompt: str | None = None

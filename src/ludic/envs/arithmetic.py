@@ -1,0 +1,120 @@
+"""``ArithmeticQAEnv``: procedurally generated arithmetic questions, checked numerically.
+
+Problems are tiny on purpose (``"12+7"`` -> ``"19"``) so tests and demos with tiny models
+and a byte-level tokenizer keep prompts short. Generation is deterministic: the same
+``problem_seed`` gives the same problem list, and ``reset(seed)`` picks problem
+``seed % num_problems``.
+"""
+
+from __future__ import annotations
+
+import operator
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ludic.envs.dataset_qa_env import DatasetQAEnv, Verifier, numeric_match
+from ludic.envs.single_agent_env import DEFAULT_AGENT_ID
+from ludic.types import AgentId
+
+OPERATORS: dict[str, Callable[[int, int], int]] = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+}
+"""The supported operators, by symbol."""
+
+
+def _operand(rng: random.Random, min_digits: int, max_digits: int) -> int:
+    digits = rng.randint(min_digits, max_digits)
+    low = 0 if digits == 1 else 10 ** (digits - 1)
+    return rng.randint(low, 10**digits - 1)
+
+
+def make_arithmetic_samples(
+    n: int,
+    seed: int = 0,
+    *,
+    operators: Sequence[str] = ("+", "-", "*"),
+    min_digits: int = 1,
+    max_digits: int = 2,
+    non_negative: bool = True,
+) -> list[dict[str, Any]]:
+    """``n`` problems ``a <op> b`` as dicts with ``question``, ``answer``, ``a``, ``op``, ``b``.
+
+    Each operand first draws a digit count in ``[min_digits, max_digits]``, then a value
+    with that many digits (1 digit includes 0). ``non_negative=True`` orders the operands
+    of ``-`` so the answer is never negative. The same arguments give the same list.
+    """
+    if n < 1:
+        raise ValueError(f"make_arithmetic_samples: n={n}; pass a positive number of problems")
+    unknown = [op for op in operators if op not in OPERATORS]
+    if unknown or not operators:
+        raise ValueError(
+            f"make_arithmetic_samples: operators={tuple(operators)!r}; supported operators "
+            f"are {tuple(OPERATORS)}"
+        )
+    if not 1 <= min_digits <= max_digits:
+        raise ValueError(
+            f"make_arithmetic_samples: min_digits={min_digits}, max_digits={max_digits}; "
+            "need 1 <= min_digits <= max_digits"
+        )
+    rng = random.Random(seed)
+    samples: list[dict[str, Any]] = []
+    for _ in range(n):
+        op = rng.choice(list(operators))
+        a = _operand(rng, min_digits, max_digits)
+        b = _operand(rng, min_digits, max_digits)
+        if op == "-" and non_negative and a < b:
+            a, b = b, a
+        samples.append(
+            {
+                "question": f"{a}{op}{b}",
+                "answer": str(OPERATORS[op](a, b)),
+                "a": a,
+                "op": op,
+                "b": b,
+            }
+        )
+    return samples
+
+
+class ArithmeticQAEnv(DatasetQAEnv):
+    """One-shot arithmetic QA over ``num_problems`` generated problems.
+
+    The default observation is ``"<a><op><b>="`` (e.g. ``"12+7="``); the answer is checked
+    with :func:`numeric_match`, so ``"19"``, ``" 19 "`` and ``"19.0"`` all score 1.0.
+    See :func:`make_arithmetic_samples` for the generation arguments.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_problems: int = 1000,
+        problem_seed: int = 0,
+        operators: Sequence[str] = ("+", "-", "*"),
+        min_digits: int = 1,
+        max_digits: int = 2,
+        non_negative: bool = True,
+        prompt_template: str | None = "{question}=",
+        system_prompt: str | None = None,
+        verifier: Verifier = numeric_match,
+        agent_id: AgentId = DEFAULT_AGENT_ID,
+        rng_seed: int | None = None,
+    ) -> None:
+        samples = make_arithmetic_samples(
+            num_problems,
+            problem_seed,
+            operators=operators,
+            min_digits=min_digits,
+            max_digits=max_digits,
+            non_negative=non_negative,
+        )
+        super().__init__(
+            samples,
+            verifier=verifier,
+            prompt_template=prompt_template,
+            system_prompt=system_prompt,
+            agent_id=agent_id,
+            rng_seed=rng_seed,
+        )
