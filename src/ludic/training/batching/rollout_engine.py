@@ -1,0 +1,191 @@
+"""The rollout engine: a stateless factory floor that turns requests into rollouts.
+
+For every request and each of its ``num_episodes`` episodes the engine builds a fresh env
+(``env_registry[kind](**kwargs)``) and a fresh protocol, and runs
+``protocol.run(...)``. Episodes run concurrently, at most ``max_concurrency`` at a time.
+
+Seeds: all episodes of a request share ``request.env_seed`` (the same problem; ``None``
+lets the env choose). The sampling seed of episode ``e`` is ``sampling.seed + e`` when the
+request sets one (distinct generations), else ``None``.
+
+Every rollout's ``meta`` receives (without overwriting what the protocol set): the
+request's ``meta``, ``env_kind``, ``protocol_kind``, ``env_seed``, ``sampling_seed``,
+``episode_index`` and ``request_index``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ludic.envs.env import LudicEnv
+from ludic.inference.chat_template import ChatTemplate
+from ludic.interaction.base import InteractionProtocol
+from ludic.training.batching.saw import SampleFilter, build_saw_batch
+from ludic.training.types import CreditAssigner, RolloutRequest, SAWBatch
+from ludic.types import Rollout, rollout_to_dict
+
+EnvFactory = Callable[..., LudicEnv]
+ProtocolFactory = Callable[..., InteractionProtocol]
+
+
+class UnknownKindError(KeyError):
+    """A request names an env or protocol kind that is not registered."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class RolloutEngine:
+    """Runs ``RolloutRequest``s and returns rollouts (or a ready ``SAWBatch``).
+
+    Args:
+        env_registry: env kind -> factory called with ``EnvSpec.kwargs``.
+        protocol_registry: protocol kind -> factory called with ``ProtocolSpec.kwargs``.
+        max_concurrency: episodes in flight at once.
+        jsonl_path: if set, every rollout is appended there as one JSON line
+            (``rollout_to_dict``), the format ``OfflineBatchSource`` reads.
+        timeout_s: if set, an episode running longer raises ``TimeoutError``.
+    """
+
+    def __init__(
+        self,
+        env_registry: Mapping[str, EnvFactory],
+        protocol_registry: Mapping[str, ProtocolFactory],
+        *,
+        max_concurrency: int = 32,
+        jsonl_path: str | Path | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        if max_concurrency < 1:
+            raise ValueError(f"RolloutEngine: max_concurrency must be >= 1, got {max_concurrency}")
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"RolloutEngine: timeout_s must be > 0 or None, got {timeout_s}")
+        self.env_registry = dict(env_registry)
+        self.protocol_registry = dict(protocol_registry)
+        self.max_concurrency = max_concurrency
+        self.timeout_s = timeout_s
+        self.jsonl_path = None if jsonl_path is None else Path(jsonl_path)
+        if self.jsonl_path is not None:
+            self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
+
+    # ---- building ------------------------------------------------------------------
+
+    def _factory(self, what: str, registry: Mapping[str, Callable[..., Any]], kind: str) -> Any:
+        try:
+            return registry[kind]
+        except KeyError:
+            raise UnknownKindError(
+                f"unknown {what} kind {kind!r}; registered: {sorted(registry)}. Register it in "
+                f"RolloutEngine({what}_registry={{{kind!r}: factory, ...}})"
+            ) from None
+
+    def _check_kinds(self, requests: Sequence[RolloutRequest]) -> None:
+        """Fail before any episode starts if a request names an unregistered kind."""
+        for req in requests:
+            self._factory("env", self.env_registry, req.env.kind)
+            self._factory("protocol", self.protocol_registry, req.protocol.kind)
+
+    # ---- running -------------------------------------------------------------------
+
+    async def _run_episode(
+        self, req: RolloutRequest, request_index: int, episode: int, sem: asyncio.Semaphore
+    ) -> list[Rollout]:
+        sampling_seed = req.inference.sampling.seed
+        if sampling_seed is not None:
+            sampling_seed += episode
+        meta: dict[str, Any] = {
+            **req.meta,
+            "env_kind": req.env.kind,
+            "protocol_kind": req.protocol.kind,
+            "env_seed": req.env_seed,
+            "sampling_seed": sampling_seed,
+            "episode_index": episode,
+            "request_index": request_index,
+        }
+        async with sem:
+            protocol = self._factory("protocol", self.protocol_registry, req.protocol.kind)(
+                **req.protocol.kwargs
+            )
+            env = self._factory("env", self.env_registry, req.env.kind)(**req.env.kwargs)
+            deadline = asyncio.timeout(self.timeout_s)
+            try:
+                async with deadline:
+                    rollouts = await protocol.run(
+                        env=env,
+                        max_steps=req.max_steps,
+                        env_seed=req.env_seed,
+                        inference=req.inference.with_seed(sampling_seed),
+                        meta=dict(meta),
+                    )
+            except TimeoutError:
+                if not deadline.expired():
+                    raise
+                raise TimeoutError(
+                    f"episode {episode} of request {request_index} (env={req.env.kind!r}, "
+                    f"protocol={req.protocol.kind!r}, env_seed={req.env_seed}) did not finish "
+                    f"within timeout_s={self.timeout_s}; raise RolloutEngine(timeout_s=...) or "
+                    "lower max_steps / sampling.max_tokens"
+                ) from None
+            finally:
+                close = getattr(env, "close", None)
+                if callable(close):
+                    close()
+        for r in rollouts:
+            for key, value in meta.items():
+                r.meta.setdefault(key, value)
+        self._log(rollouts)
+        return list(rollouts)
+
+    def _log(self, rollouts: Sequence[Rollout]) -> None:
+        if self.jsonl_path is None or not rollouts:
+            return
+        with self.jsonl_path.open("a", encoding="utf-8") as f:
+            for r in rollouts:
+                f.write(json.dumps(rollout_to_dict(r), ensure_ascii=False, default=str) + "\n")
+
+    async def generate_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
+        """Run every episode of every request; rollouts come back in request order, then
+        episode order (then the protocol's order). If one episode fails, the others are
+        cancelled and the error is raised."""
+        self._check_kinds(requests)
+        sem = asyncio.Semaphore(self.max_concurrency)
+        tasks = [
+            asyncio.ensure_future(self._run_episode(req, i, e, sem))
+            for i, req in enumerate(requests)
+            for e in range(req.num_episodes)
+        ]
+        try:
+            results = await asyncio.gather(*tasks)
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        return [r for episode in results for r in episode]
+
+    async def generate_batch(
+        self,
+        requests: Sequence[RolloutRequest],
+        *,
+        credit_assigner: CreditAssigner,
+        retokenize: bool = False,
+        chat_template: ChatTemplate | None = None,
+        sample_filter: SampleFilter | None = None,
+    ) -> SAWBatch:
+        """Rollouts -> credit -> ``SAWItem``s -> filter, as one ``SAWBatch``.
+
+        ``batch.meta`` holds the rollout statistics of ``summarize_rollouts`` (reward
+        mean/min/max, ``total_rewards``, lengths, truncation, parse errors) and item counts.
+        """
+        rollouts = await self.generate_rollouts(requests)
+        return build_saw_batch(
+            rollouts,
+            credit_assigner=credit_assigner,
+            retokenize=retokenize,
+            chat_template=chat_template,
+            sample_filter=sample_filter,
+        )

@@ -1,0 +1,310 @@
+"""Rollouts -> ``SAWItem``s: one training sequence per turn that has agent steps.
+
+Token mode (the default) is drift-free: it concatenates the exact token ids the inference
+backend saw and produced. All agent steps of a turn become one sequence::
+
+    input_ids   = p1 + c1 + ext2 + c2 + ext3 + c3 ...
+    action_mask =  0    1     0     1     0     1     (per token)
+
+where ``p1`` is the first call's prompt, ``c_k`` the k-th completion and ``ext_k`` the
+tokens that the k-th prompt adds after ``p1 + c1 + ... + c_{k-1}`` (tool outputs and
+template tokens). This needs every in-turn prompt to extend the earlier tokens, which is
+what ``ChatTemplate.extend`` guarantees.
+
+Retokenize mode (``retokenize=True``) rebuilds the tokens from the recorded messages with a
+``ChatTemplate`` (for offline data without traces, or for a different tokenizer). Each
+call's action tokens are ``render(prompt + [assistant completion], add_generation_prompt=
+False)`` minus ``render(prompt)``, so they include the template's end-of-turn tokens. It
+cannot reproduce a completion cut off by ``max_tokens``; such items keep
+``finish_reason="length"`` in their meta so a sample filter can drop them. Retokenized
+items carry no ``old_logprobs``.
+
+``SAWItem.meta`` keys: ``rollout_id``, ``turn_index``, ``turn_id``, ``group_id``,
+``reward`` (the turn's reward), ``total_reward`` (the rollout's), ``terminated``,
+``truncated`` (the rollout's), ``finish_reason`` (last agent step of the turn),
+``parse_error`` (any agent step of the turn), ``num_agent_steps``, ``prompt_length``,
+``completion_length``, plus the rollout meta keys in :data:`ROLLOUT_META_KEYS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ludic.inference.chat_template import ChatTemplate
+from ludic.training.filters import SampleFilter
+from ludic.training.types import CreditAssigner, SAWBatch, SAWItem
+from ludic.types import AgentStep, Message, Rollout, Turn
+
+ROLLOUT_META_KEYS = (
+    "group_id",
+    "group_index",
+    "agent_id",
+    "env_kind",
+    "protocol_kind",
+    "env_seed",
+    "sampling_seed",
+    "episode_index",
+)
+"""Rollout meta keys copied into every item's meta (when present)."""
+
+
+class TokenAlignmentError(ValueError):
+    """A turn's token ids cannot be concatenated into one training sequence."""
+
+
+def rollouts_to_saw_items(
+    rollouts: Sequence[Rollout],
+    weights: Sequence[Sequence[float]],
+    *,
+    retokenize: bool = False,
+    chat_template: ChatTemplate | None = None,
+) -> list[SAWItem]:
+    """One ``SAWItem`` per turn with agent steps; ``weights[i][j]`` is turn ``j`` of
+    ``rollouts[i].turns()`` (what ``CreditAssigner.compute`` returns).
+
+    Turns whose completions are all empty (no generated token) are skipped: there is
+    nothing to train on.
+    """
+    if retokenize and chat_template is None:
+        raise ValueError(
+            "rollouts_to_saw_items: retokenize=True needs a chat_template (e.g. "
+            "HFChatTemplate(tokenizer)) to rebuild token ids from the recorded messages"
+        )
+    if len(weights) != len(rollouts):
+        raise ValueError(
+            f"credit assigner returned weights for {len(weights)} rollouts but the batch has "
+            f"{len(rollouts)}; CreditAssigner.compute must return one list per rollout"
+        )
+    items: list[SAWItem] = []
+    for i, rollout in enumerate(rollouts):
+        turns = rollout.turns()
+        if len(weights[i]) != len(turns):
+            raise ValueError(
+                f"credit assigner returned {len(weights[i])} weights for rollout {rollout.id} "
+                f"which has {len(turns)} turns; it must return one weight per turn of "
+                "Rollout.turns()"
+            )
+        for j, turn in enumerate(turns):
+            if not turn.agent_steps:
+                continue
+            if retokenize:
+                assert chat_template is not None
+                seq = _retokenized_turn(rollout, j, turn, chat_template)
+            else:
+                seq = _token_turn(rollout, j, turn)
+            if not any(seq.action_mask):
+                continue
+            items.append(
+                SAWItem(
+                    input_ids=seq.input_ids,
+                    action_mask=seq.action_mask,
+                    weight=float(weights[i][j]),
+                    old_logprobs=seq.logprobs,
+                    policy_version=_policy_version(turn),
+                    meta=_item_meta(rollout, j, turn, seq),
+                )
+            )
+    return items
+
+
+class _Sequence:
+    """A growing training sequence: ids, action mask and (optional) old logprobs."""
+
+    def __init__(self) -> None:
+        self.input_ids: list[int] = []
+        self.action_mask: list[int] = []
+        self._logprobs: list[float] | None = []
+        self.prompt_length = 0
+
+    def add_context(self, ids: Sequence[int]) -> None:
+        self.input_ids.extend(ids)
+        self.action_mask.extend([0] * len(ids))
+        if self._logprobs is not None:
+            self._logprobs.extend([0.0] * len(ids))
+
+    def add_action(self, ids: Sequence[int], logprobs: Sequence[float] | None) -> None:
+        self.input_ids.extend(ids)
+        self.action_mask.extend([1] * len(ids))
+        if logprobs is None:
+            self._logprobs = None
+        elif self._logprobs is not None:
+            self._logprobs.extend(float(x) for x in logprobs)
+
+    @property
+    def logprobs(self) -> list[float] | None:
+        return self._logprobs
+
+    @property
+    def completion_length(self) -> int:
+        return sum(self.action_mask)
+
+
+def _token_turn(rollout: Rollout, turn_index: int, turn: Turn) -> _Sequence:
+    seq = _Sequence()
+    for k, step in enumerate(turn.agent_steps):
+        trace = step.trace
+        if trace is None:
+            raise ValueError(
+                f"turn {turn_index} of rollout {rollout.id}: agent step {k} (rollout index "
+                f"{step.index}) has no token trace; request token ids with "
+                "InferenceSpec(returns=ReturnSpec.for_rl()), or pass retokenize=True with a "
+                "chat_template"
+            )
+        prompt = trace.prompt_token_ids
+        if k == 0:
+            seq.add_context(prompt)
+            seq.prompt_length = len(prompt)
+        else:
+            n = len(seq.input_ids)
+            if tuple(prompt[:n]) != tuple(seq.input_ids):
+                raise TokenAlignmentError(
+                    f"turn {turn_index} of rollout {rollout.id}: the prompt of agent step {k} "
+                    f"(rollout index {step.index}) does not extend the earlier tokens (earlier "
+                    f"prompt + completion, {n} tokens; first mismatch at token "
+                    f"{_first_mismatch(prompt, seq.input_ids)}); build in-turn prompts with "
+                    "ChatTemplate.extend, or use retokenize=True"
+                )
+            seq.add_context(prompt[n:])
+        seq.add_action(trace.completion_token_ids, trace.completion_logprobs)
+    return seq
+
+
+def _retokenized_turn(
+    rollout: Rollout, turn_index: int, turn: Turn, chat_template: ChatTemplate
+) -> _Sequence:
+    seq = _Sequence()
+    for k, step in enumerate(turn.agent_steps):
+        prompt = list(chat_template.render(step.prompt_messages, add_generation_prompt=True))
+        full = list(
+            chat_template.render(
+                [*step.prompt_messages, _assistant_message(step)], add_generation_prompt=False
+            )
+        )
+        if full[: len(prompt)] != prompt:
+            raise TokenAlignmentError(
+                f"turn {turn_index} of rollout {rollout.id}: agent step {k} (rollout index "
+                f"{step.index}): the chat template renders the prompt differently when the "
+                "assistant reply is appended, so the completion tokens cannot be located; use "
+                "token mode (retokenize=False) with traces from ReturnSpec.for_rl()"
+            )
+        if k == 0:
+            seq.add_context(prompt)
+            seq.prompt_length = len(prompt)
+        else:
+            n = len(seq.input_ids)
+            if prompt[:n] != seq.input_ids:
+                raise TokenAlignmentError(
+                    f"turn {turn_index} of rollout {rollout.id}: the re-rendered prompt of agent "
+                    f"step {k} (rollout index {step.index}) does not extend the earlier messages "
+                    f"(first mismatch at token {_first_mismatch(prompt, seq.input_ids)}); its "
+                    "prompt_messages must start with the earlier prompt plus the assistant reply"
+                )
+            seq.add_context(prompt[n:])
+        seq.add_action(full[len(prompt) :], None)
+    return seq
+
+
+def _assistant_message(step: AgentStep) -> Message:
+    message: Message = {"role": "assistant", "content": step.completion}
+    if step.tool_calls:
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in step.tool_calls
+        ]
+    return message
+
+
+def _first_mismatch(a: Sequence[int], b: Sequence[int]) -> int:
+    for t, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return t
+    return min(len(a), len(b))
+
+
+def _policy_version(turn: Turn) -> int | None:
+    """The oldest known weight version among the turn's calls (``None`` if none is known)."""
+    versions = [
+        s.trace.policy_version
+        for s in turn.agent_steps
+        if s.trace is not None and s.trace.policy_version is not None
+    ]
+    return min(versions) if versions else None
+
+
+def _item_meta(rollout: Rollout, turn_index: int, turn: Turn, seq: _Sequence) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "rollout_id": rollout.id,
+        "turn_index": turn_index,
+        "turn_id": turn.turn_id,
+        "group_id": rollout.meta.get("group_id"),
+        "reward": turn.reward,
+        "total_reward": rollout.total_reward,
+        "terminated": rollout.terminated,
+        "truncated": rollout.truncated,
+        "finish_reason": turn.agent_steps[-1].finish_reason,
+        "parse_error": any(s.parse_error for s in turn.agent_steps),
+        "num_agent_steps": len(turn.agent_steps),
+        "prompt_length": seq.prompt_length,
+        "completion_length": seq.completion_length,
+    }
+    for key in ROLLOUT_META_KEYS:
+        if key in rollout.meta and key not in meta:
+            meta[key] = rollout.meta[key]
+    return meta
+
+
+def parse_error_rate(rollout: Rollout) -> float:
+    """Fraction of the rollout's agent steps whose completion did not parse (0.0 if none)."""
+    steps = rollout.agent_steps
+    return sum(s.parse_error for s in steps) / len(steps) if steps else 0.0
+
+
+def summarize_rollouts(rollouts: Sequence[Rollout]) -> dict[str, Any]:
+    """Batch-level rollout statistics (reward, length, truncation, parse errors).
+
+    ``parse_error_rate`` is the mean over rollouts of :func:`parse_error_rate`;
+    ``total_rewards`` lists every rollout's total reward in order.
+    """
+    n = len(rollouts)
+    rewards = [r.total_reward for r in rollouts]
+    if n == 0:
+        return {"num_rollouts": 0, "total_rewards": []}
+    return {
+        "num_rollouts": n,
+        "reward_mean": sum(rewards) / n,
+        "reward_min": min(rewards),
+        "reward_max": max(rewards),
+        "length_mean": sum(r.length for r in rollouts) / n,
+        "truncated_frac": sum(r.truncated for r in rollouts) / n,
+        "terminated_frac": sum(r.terminated for r in rollouts) / n,
+        "parse_error_rate": sum(parse_error_rate(r) for r in rollouts) / n,
+        "total_rewards": rewards,
+    }
+
+
+def build_saw_batch(
+    rollouts: Sequence[Rollout],
+    *,
+    credit_assigner: CreditAssigner,
+    retokenize: bool = False,
+    chat_template: ChatTemplate | None = None,
+    sample_filter: SampleFilter | None = None,
+) -> SAWBatch:
+    """Credit-assign ``rollouts``, convert them to items, filter, and attach statistics.
+
+    ``batch.meta`` holds :func:`summarize_rollouts` plus ``num_items``,
+    ``num_items_filtered`` (dropped by ``sample_filter``) and ``num_action_tokens``.
+    """
+    weights = credit_assigner.compute(rollouts)
+    items = rollouts_to_saw_items(
+        rollouts, weights, retokenize=retokenize, chat_template=chat_template
+    )
+    kept = items if sample_filter is None else [it for it in items if sample_filter(it)]
+    meta = summarize_rollouts(rollouts)
+    meta.update(
+        num_items=len(kept),
+        num_items_filtered=len(items) - len(kept),
+        num_action_tokens=sum(it.num_action_tokens for it in kept),
+    )
+    return SAWBatch(items=kept, meta=meta)

@@ -1,0 +1,97 @@
+"""Synchronous on-policy batches: the trainer waits while rollouts are generated.
+
+Each ``next_batch`` call: ``requests_fn()`` -> request strategy (e.g. GRPO groups) ->
+``RolloutEngine.generate_rollouts`` -> credit -> ``SAWItem``s -> ``sample_filter``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ludic.inference.chat_template import ChatTemplate
+from ludic.training.batching.intra_batch_control import RequestStrategy
+from ludic.training.batching.rollout_engine import RolloutEngine
+from ludic.training.batching.saw import SampleFilter, build_saw_batch
+from ludic.training.types import CreditAssigner, RolloutRequest, SAWBatch
+from ludic.types import Rollout
+
+
+class EmptyBatchError(RuntimeError):
+    """Every attempt produced a batch with no training items."""
+
+
+class RolloutBatchSource:
+    """A ``BatchSource`` that generates fresh rollouts for every batch.
+
+    If ``sample_filter`` (or empty completions) leaves no item, the batch is regenerated
+    with a new ``requests_fn()`` call; after ``max_empty_batches`` consecutive empty
+    attempts ``next_batch`` raises :class:`EmptyBatchError` instead of looping forever.
+
+    ``last_rollouts`` holds the rollouts behind the latest batch (for logging/inspection).
+    ``batch.meta`` holds the rollout statistics (see ``summarize_rollouts``) plus
+    ``attempts`` (generation rounds this batch took).
+    """
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        requests_fn: Callable[[], list[RolloutRequest]],
+        credit_assigner: CreditAssigner,
+        *,
+        request_strategy: RequestStrategy | None = None,
+        retokenize: bool = False,
+        chat_template: ChatTemplate | None = None,
+        sample_filter: SampleFilter | None = None,
+        max_empty_batches: int = 3,
+    ) -> None:
+        if max_empty_batches < 1:
+            raise ValueError(
+                f"RolloutBatchSource: max_empty_batches must be >= 1, got {max_empty_batches}"
+            )
+        if retokenize and chat_template is None:
+            raise ValueError(
+                "RolloutBatchSource: retokenize=True needs a chat_template to rebuild tokens"
+            )
+        self.engine = engine
+        self.requests_fn = requests_fn
+        self.credit_assigner = credit_assigner
+        self.request_strategy = request_strategy
+        self.retokenize = retokenize
+        self.chat_template = chat_template
+        self.sample_filter = sample_filter
+        self.max_empty_batches = max_empty_batches
+        self.last_rollouts: list[Rollout] = []
+
+    def _requests(self) -> list[RolloutRequest]:
+        requests = list(self.requests_fn())
+        if not requests:
+            raise ValueError(
+                "RolloutBatchSource: requests_fn() returned no requests; it must return at "
+                "least one RolloutRequest per call (raise DataExhausted to end training)"
+            )
+        if self.request_strategy is not None:
+            requests = self.request_strategy.expand(requests)
+        return requests
+
+    async def next_batch(self) -> SAWBatch:
+        last_meta: dict[str, object] = {}
+        for attempt in range(1, self.max_empty_batches + 1):
+            rollouts = await self.engine.generate_rollouts(self._requests())
+            self.last_rollouts = rollouts
+            batch = build_saw_batch(
+                rollouts,
+                credit_assigner=self.credit_assigner,
+                retokenize=self.retokenize,
+                chat_template=self.chat_template,
+                sample_filter=self.sample_filter,
+            )
+            if batch.items:
+                batch.meta["attempts"] = attempt
+                return batch
+            last_meta = batch.meta
+        raise EmptyBatchError(
+            f"RolloutBatchSource: {self.max_empty_batches} consecutive batches had no training "
+            f"items (last: {last_meta.get('num_rollouts')} rollouts, "
+            f"{last_meta.get('num_items_filtered')} items dropped by sample_filter); loosen "
+            "sample_filter, check that completions are non-empty, or raise max_empty_batches"
+        )
