@@ -1,0 +1,205 @@
+"""Checkpoints: model, optimizer, scheduler, step, RNG states and trainer extra state.
+
+Layout: ``<dir>/step_00000012/`` holding ``model.pt`` (the full ``model.state_dict()``,
+so plain and peft models alike), ``optimizer.pt``, ``scheduler.pt``, ``rng.pt`` and
+``trainer_state.json`` (``{"step": ..., "extra": {...}}``). A checkpoint is written to a
+temporary folder and renamed into place, so a crash never leaves a half-written
+``step_*`` folder; only the last ``keep_last`` are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+STEP_PREFIX = "step_"
+STATE_FILE = "trainer_state.json"
+FILES = ("model.pt", "optimizer.pt", "scheduler.pt", "rng.pt", STATE_FILE)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Where and how often to checkpoint."""
+
+    dir: str | Path
+    """Folder holding the ``step_*`` checkpoints (created if missing)."""
+    every_n_steps: int = 100
+    """Save after every this many optimizer steps; 0 saves only when asked."""
+    keep_last: int | None = 3
+    """Keep the newest this many checkpoints; ``None`` keeps all."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dir", Path(self.dir))
+        if self.every_n_steps < 0:
+            raise ValueError(
+                f"CheckpointConfig.every_n_steps={self.every_n_steps} is invalid; expected "
+                ">= 0 (0 = only explicit saves)"
+            )
+        if self.keep_last is not None and self.keep_last < 1:
+            raise ValueError(
+                f"CheckpointConfig.keep_last={self.keep_last} is invalid; expected >= 1, or "
+                "None to keep every checkpoint"
+            )
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """What :meth:`CheckpointManager.load` restored besides the objects it loaded into."""
+
+    step: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete or unreadable."""
+
+
+class CheckpointManager:
+    def __init__(self, config: CheckpointConfig) -> None:
+        self.config = config
+        self.dir = Path(config.dir)
+
+    def is_due(self, step: int) -> bool:
+        every = self.config.every_n_steps
+        return every > 0 and step > 0 and step % every == 0
+
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints, oldest first."""
+        if not self.dir.is_dir():
+            return []
+        found = [
+            p for p in self.dir.glob(f"{STEP_PREFIX}*") if p.is_dir() and (p / STATE_FILE).exists()
+        ]
+        return sorted(found, key=_step_of)
+
+    def latest(self) -> Path | None:
+        found = self.checkpoints()
+        return found[-1] if found else None
+
+    def save(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> Path:
+        """Write checkpoint ``step`` atomically, prune old ones, return its folder."""
+        final = self.dir / f"{STEP_PREFIX}{step:08d}"
+        tmp = self.dir / f".tmp-{final.name}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        torch.save(model.state_dict(), tmp / "model.pt")
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(scheduler.state_dict() if scheduler is not None else {}, tmp / "scheduler.pt")
+        torch.save(_rng_state(), tmp / "rng.pt")
+        state = {"step": step, "extra": extra or {}}
+        (tmp / STATE_FILE).write_text(json.dumps(state, indent=2, default=str))
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        self._prune()
+        return final
+
+    def load(
+        self,
+        path: str | Path,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any | None = None,
+    ) -> LoadedCheckpoint:
+        """See :func:`load_checkpoint`."""
+        return load_checkpoint(path, model, optimizer, scheduler)
+
+    def _prune(self) -> None:
+        keep = self.config.keep_last
+        if keep is None:
+            return
+        for old in self.checkpoints()[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(
+    path: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any | None = None,
+) -> LoadedCheckpoint:
+    """Restore checkpoint ``path`` into the given objects and the global RNGs."""
+    path = Path(path)
+    missing = [name for name in FILES if not (path / name).is_file()]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is missing {missing}; it is not a complete "
+            f"checkpoint (pick one from CheckpointManager.checkpoints())"
+        )
+    try:
+        state = json.loads((path / STATE_FILE).read_text())
+        model.load_state_dict(_load(path / "model.pt"))
+        if optimizer is not None:
+            optimizer.load_state_dict(_load(path / "optimizer.pt"))
+        if scheduler is not None:
+            scheduler.load_state_dict(_load(path / "scheduler.pt"))
+        _set_rng_state(_load(path / "rng.pt"))
+        return LoadedCheckpoint(step=int(state["step"]), extra=dict(state.get("extra", {})))
+    except (
+        OSError,
+        EOFError,
+        pickle.UnpicklingError,
+        RuntimeError,
+        KeyError,
+        ValueError,
+        TypeError,
+    ) as err:
+        raise CheckpointError(
+            f"cannot load checkpoint {str(path)!r}: {err}. It is corrupt or was saved "
+            "for a different model/optimizer setup"
+        ) from err
+
+
+def _step_of(path: Path) -> int:
+    try:
+        return int(path.name[len(STEP_PREFIX) :])
+    except ValueError:
+        return -1
+
+
+def _load(path: Path) -> Any:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _rng_state() -> dict[str, Any]:
+    """RNG states as tensors/ints/tuples only, so they load with ``weights_only=True``."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(_as_tuples(state["python"]))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _as_tuples(value: Any) -> Any:
+    """``random.setstate`` needs tuples; be robust to serializers that turn them to lists."""
+    if isinstance(value, list | tuple):
+        return tuple(_as_tuples(v) for v in value)
+    return value

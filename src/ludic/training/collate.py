@@ -1,0 +1,111 @@
+"""``SAWItem`` lists -> dense, right-padded tensors, and packing items into micro-batches.
+
+Shapes (``B`` items, ``T`` = longest item): ``input_ids`` / ``attention_mask`` are
+``[B, T]``; everything scored per token is shifted to the ``T-1`` next-token positions,
+where position ``t`` refers to ``input_ids[:, t+1]`` (the ``LossInputs`` convention).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ludic.training.types import SAWItem
+
+
+@dataclass
+class CollatedBatch:
+    """Tensors for one micro-batch.
+
+    * ``input_ids``: [B, T] long, right-padded with ``pad_token_id``.
+    * ``attention_mask``: [B, T] long, 1 on real tokens.
+    * ``action_mask``: [B, T-1] float, ``action_mask[:, t] = item.action_mask[t+1]``.
+    * ``weights``: [B] float32.
+    * ``old_logprobs``: [B, T-1] float32 shifted like ``action_mask`` (0 off-mask), or
+      ``None`` if any item lacks them.
+    * ``policy_versions``: one entry per item (``None`` where unknown).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    action_mask: torch.Tensor
+    weights: torch.Tensor
+    old_logprobs: torch.Tensor | None
+    policy_versions: tuple[int | None, ...]
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_action_tokens(self) -> int:
+        return int(self.action_mask.sum().item())
+
+    @property
+    def num_tokens(self) -> int:
+        """Real (non-pad) tokens."""
+        return int(self.attention_mask.sum().item())
+
+
+def collate(
+    items: Sequence[SAWItem], pad_token_id: int, device: str | torch.device = "cpu"
+) -> CollatedBatch:
+    """Right-pad ``items`` to the longest one and shift per-token fields to ``[B, T-1]``."""
+    if not items:
+        raise ValueError("collate: got no items; a micro-batch needs at least one SAWItem")
+    batch, t_max = len(items), max(item.num_tokens for item in items)
+    input_ids = torch.full((batch, t_max), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((batch, t_max), dtype=torch.long)
+    action_mask = torch.zeros((batch, t_max), dtype=torch.float32)
+    has_old = all(item.old_logprobs is not None for item in items)
+    old_logprobs = torch.zeros((batch, t_max), dtype=torch.float32)
+    for row, item in enumerate(items):
+        n = item.num_tokens
+        input_ids[row, :n] = torch.tensor(item.input_ids, dtype=torch.long)
+        attention_mask[row, :n] = 1
+        action_mask[row, :n] = torch.tensor(item.action_mask, dtype=torch.float32)
+        if has_old:
+            old = torch.tensor(item.old_logprobs, dtype=torch.float32)
+            old_logprobs[row, :n] = old * action_mask[row, :n]  # 0.0 off-mask, always
+    return CollatedBatch(
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        action_mask=action_mask[:, 1:].to(device),
+        weights=torch.tensor([item.weight for item in items], dtype=torch.float32).to(device),
+        old_logprobs=old_logprobs[:, 1:].to(device) if has_old else None,
+        policy_versions=tuple(item.policy_version for item in items),
+    )
+
+
+def split_microbatches(
+    items: Sequence[SAWItem], max_tokens_per_microbatch: int
+) -> list[list[SAWItem]]:
+    """Pack ``items`` into micro-batches whose padded size ``B * T_max`` fits the budget.
+
+    Items are sorted by length (longest first, stable) before greedy packing, so items of
+    similar length share a micro-batch and little compute is spent on padding. The order
+    of items therefore changes; the loss does not depend on it because normalizers count
+    the whole optimizer step.
+    """
+    ordered = sorted(items, key=lambda item: item.num_tokens, reverse=True)
+    microbatches: list[list[SAWItem]] = []
+    current: list[SAWItem] = []
+    for item in ordered:
+        if item.num_tokens > max_tokens_per_microbatch:
+            raise ValueError(
+                f"SAWItem of {item.num_tokens} tokens (rollout "
+                f"{item.meta.get('rollout_id')!r}) exceeds max_tokens_per_microbatch="
+                f"{max_tokens_per_microbatch}; raise TrainerConfig.max_tokens_per_microbatch "
+                "to at least the longest sequence, or cap the generation length"
+            )
+        # Sorted longest first, so the current micro-batch's T_max is its first item's length.
+        t_max = current[0].num_tokens if current else item.num_tokens
+        if current and (len(current) + 1) * t_max > max_tokens_per_microbatch:
+            microbatches.append(current)
+            current = []
+        current.append(item)
+    if current:
+        microbatches.append(current)
+    return microbatches

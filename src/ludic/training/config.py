@@ -1,0 +1,112 @@
+"""``TrainerConfig``: every optimisation hyperparameter of the Trainer in one typed object.
+
+Each field is documented where it is declared; invalid values fail at construction with
+a ``ValueError`` that names the field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+LRSchedule = Literal["constant", "linear", "cosine"]
+LR_SCHEDULES: tuple[str, ...] = ("constant", "linear", "cosine")
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """Hyperparameters of one training run (optimizer, schedule, batching, sync)."""
+
+    lr: float = 1e-5
+    """AdamW peak learning rate (reached after ``warmup_steps``)."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW (beta1, beta2), each in [0, 1)."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    max_grad_norm: float | None = 1.0
+    """Clip the global gradient L2 norm to this value; ``None`` turns clipping off."""
+    lr_schedule: LRSchedule = "constant"
+    """After warmup: ``"constant"``, or ``"linear"`` / ``"cosine"`` decay to 0 at
+    ``total_steps``."""
+    warmup_steps: int = 0
+    """Linear warmup from ``lr / warmup_steps`` to ``lr`` over this many optimizer steps."""
+    total_steps: int | None = None
+    """Length of the run in optimizer steps; required by the linear and cosine schedules."""
+    max_tokens_per_microbatch: int = 8192
+    """Padded-token budget of one forward/backward pass: ``B * T_max <= budget``. Lower it
+    to save activation memory; the loss and gradient do not depend on it."""
+    pad_token_id: int = 0
+    """Token id used to right-pad sequences (padded positions are masked out of attention
+    and of the loss; use ``tokenizer.pad_token_id``)."""
+    max_lag: int | None = None
+    """Drop items whose ``policy_version < trainer.step - max_lag`` (stale experience in
+    asynchronous pipelines); ``None`` keeps everything."""
+    publish_every: int = 1
+    """Publish weights to the inference side every this many optimizer steps (with
+    ``version = step``); 0 never publishes."""
+    seed: int = 0
+    """Seeds python, numpy and torch RNGs when the Trainer is built."""
+    device: str = "cpu"
+    """Device the model (and reference model) is moved to, e.g. ``"cuda"``."""
+    dtype: str | None = None
+    """Forward-pass compute dtype via ``torch.autocast`` (``"bfloat16"``, ``"float16"``,
+    ``"float32"``); ``None`` runs in the model's own dtype. Logprobs are always computed
+    in float32."""
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "a finite value > 0")
+        _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
+        object.__setattr__(self, "betas", tuple(self.betas))
+        _check(
+            len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas),
+            "betas",
+            self.betas,
+            "two values in [0, 1)",
+        )
+        _check(self.eps > 0, "eps", self.eps, "> 0")
+        _check(
+            self.max_grad_norm is None or self.max_grad_norm > 0,
+            "max_grad_norm",
+            self.max_grad_norm,
+            "> 0, or None to turn clipping off",
+        )
+        _check(self.lr_schedule in LR_SCHEDULES, "lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        _check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, ">= 0")
+        self._check_total_steps()
+        _check(
+            self.max_tokens_per_microbatch >= 2,
+            "max_tokens_per_microbatch",
+            self.max_tokens_per_microbatch,
+            ">= 2 (one sequence of at least two tokens)",
+        )
+        _check(self.pad_token_id >= 0, "pad_token_id", self.pad_token_id, ">= 0")
+        _check(
+            self.max_lag is None or self.max_lag >= 0,
+            "max_lag",
+            self.max_lag,
+            ">= 0, or None to keep stale items",
+        )
+        _check(self.publish_every >= 0, "publish_every", self.publish_every, ">= 0 (0 = never)")
+        _check(self.dtype is None or self.dtype in DTYPES, "dtype", self.dtype, DTYPES)
+
+    def _check_total_steps(self) -> None:
+        if self.total_steps is not None:
+            _check(self.total_steps >= 1, "total_steps", self.total_steps, ">= 1")
+        if self.lr_schedule == "constant":
+            return
+        if self.total_steps is None or self.total_steps <= self.warmup_steps:
+            raise ValueError(
+                f"TrainerConfig.total_steps={self.total_steps}: lr_schedule="
+                f"{self.lr_schedule!r} decays to 0 at total_steps, so it needs total_steps > "
+                f"warmup_steps={self.warmup_steps}; set total_steps or use "
+                "lr_schedule='constant'"
+            )
+
+
+def _check(ok: bool, name: str, value: object, expected: object) -> None:
+    if not ok:
+        raise ValueError(f"TrainerConfig.{name}={value!r} is invalid; expected {expected}")

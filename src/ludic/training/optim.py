@@ -1,0 +1,57 @@
+"""Optimizer and learning-rate schedule built from a ``TrainerConfig``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+from ludic.training.config import TrainerConfig
+
+
+def build_optimizer(model: torch.nn.Module, config: TrainerConfig) -> torch.optim.AdamW:
+    """AdamW over the parameters that require grad (frozen base weights of a LoRA model
+    are left out)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError(
+            f"{type(model).__name__} has no parameter with requires_grad=True; unfreeze "
+            "the weights to train (or attach a LoRA adapter with peft)"
+        )
+    return torch.optim.AdamW(
+        params,
+        lr=config.lr,
+        betas=config.betas,
+        eps=config.eps,
+        weight_decay=config.weight_decay,
+    )
+
+
+def lr_multiplier(config: TrainerConfig) -> Callable[[int], float]:
+    """The factor applied to ``config.lr`` at optimizer step ``s`` (0-based).
+
+    Warmup: ``(s + 1) / warmup_steps`` for ``s < warmup_steps``. Then ``constant``: 1;
+    ``linear``: ``1 - p``; ``cosine``: ``0.5 * (1 + cos(pi * p))``, where
+    ``p = (s - warmup_steps) / (total_steps - warmup_steps)`` clamped to [0, 1].
+    """
+    warmup, total, schedule = config.warmup_steps, config.total_steps, config.lr_schedule
+
+    def multiplier(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        assert total is not None  # TrainerConfig checks it for linear/cosine
+        progress = min(max((step - warmup) / (total - warmup), 0.0), 1.0)
+        if schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return multiplier
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, config: TrainerConfig) -> LambdaLR:
+    """A ``LambdaLR`` following :func:`lr_multiplier`; step it once per optimizer step."""
+    return LambdaLR(optimizer, lr_multiplier(config))
