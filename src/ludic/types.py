@@ -161,9 +161,9 @@ class AgentStep:
     training needs the full reasoning trace, not only the final action.
 
     ``reward`` is the parser's reward for this call (a format bonus or penalty); the
-    environment's reward lives on the ``EnvironmentStep``. ``tool_results`` are messages
-    the agent appended to its context after this call (internal tools); their tokens are
-    masked out of training. ``turn_id`` groups all calls that led to one env step.
+    environment's reward lives on the ``EnvironmentStep``. ``tool_results`` are the tool
+    messages answering this call's tool calls: internal tools (recorded by the agent) or
+    external ones (recorded by the protocol); their tokens are masked out of training. ``turn_id`` groups all calls that led to one env step.
     """
 
     index: int

@@ -21,7 +21,7 @@ from ludic.training.loggers import JsonlLogger
 from ludic.training.losses.base import LossInputs, LossOutput
 from ludic.training.stats import Reducer
 from ludic.training.trainer import EmptyBatchError, NonFiniteError, StepTotals, Trainer
-from ludic.training.types import SAWBatch, SAWItem
+from ludic.training.types import DataExhausted, SAWBatch, SAWItem
 
 
 @dataclass
@@ -354,3 +354,40 @@ def test_train_sync_inside_an_event_loop_points_to_await_train(tiny_model) -> No
 def test_algorithm_without_a_loss_is_rejected(tiny_model) -> None:
     with pytest.raises(TypeError, match="RLAlgorithm"):
         Trainer(tiny_model, object(), ListSource(), _config())
+
+
+def test_preprocess_sees_only_items_that_survive_the_filter(tiny_model) -> None:
+    seen: list[int] = []
+
+    def count(batch: SAWBatch) -> SAWBatch:
+        seen.append(len(batch))
+        return batch
+
+    items = _items(4)
+    items[0] = SAWItem(items[0].input_ids, items[0].action_mask, 1.0, meta={"truncated": True})
+    trainer = Trainer(
+        tiny_model,
+        _algorithm(preprocess=count),
+        ListSource(SAWBatch(items)),
+        _config(),
+        sample_filter=drop_truncated(),
+    )
+    asyncio.run(trainer.train_step())
+    assert seen == [3]
+
+
+class FiniteSource:
+    def __init__(self, n: int) -> None:
+        self.left = n
+
+    async def next_batch(self) -> SAWBatch:
+        if self.left == 0:
+            raise DataExhausted("no more batches")
+        self.left -= 1
+        return SAWBatch(_items(2))
+
+
+def test_train_stops_cleanly_when_the_source_is_exhausted(tiny_model) -> None:
+    trainer = Trainer(tiny_model, _algorithm(), FiniteSource(2), _config())
+    history = asyncio.run(trainer.train(5))
+    assert len(history) == 2 and trainer.step == 2

@@ -1,6 +1,24 @@
 """Inference contracts (``ChatClient``), request data, chat templates and tool-call parsing."""
 
+from ludic.inference.chat_template import ChatTemplate, HFChatTemplate
 from ludic.inference.client import ChatClient
 from ludic.inference.request import CompletionRequest, InferenceSpec, ReturnSpec, SamplingSpec
+from ludic.inference.sampling import to_openai_params
+from ludic.inference.scripted_client import ScriptedChatClient, ScriptExhaustedError
+from ludic.inference.tool_parser import ToolCallParse, ToolCallParser, XMLJsonToolCallParser
 
-__all__ = ["ChatClient", "CompletionRequest", "InferenceSpec", "ReturnSpec", "SamplingSpec"]
+__all__ = [
+    "ChatClient",
+    "ChatTemplate",
+    "CompletionRequest",
+    "HFChatTemplate",
+    "InferenceSpec",
+    "ReturnSpec",
+    "SamplingSpec",
+    "ScriptExhaustedError",
+    "ScriptedChatClient",
+    "ToolCallParse",
+    "ToolCallParser",
+    "XMLJsonToolCallParser",
+    "to_openai_params",
+]

@@ -46,7 +46,7 @@ from ludic.training.loggers import MultiLogger, TrainingLogger
 from ludic.training.losses.base import LossInputs
 from ludic.training.optim import build_lr_scheduler, build_optimizer
 from ludic.training.stats import Reducer, aggregate_stats
-from ludic.training.types import BatchSource, SAWBatch, SAWItem
+from ludic.training.types import BatchSource, DataExhausted, SAWBatch, SAWItem
 
 
 class EmptyBatchError(RuntimeError):
@@ -152,8 +152,15 @@ class Trainer:
         return metrics
 
     async def train(self, num_steps: int) -> list[dict[str, float]]:
-        """Run ``num_steps`` optimizer steps; returns each step's metrics."""
-        return [await self.train_step() for _ in range(num_steps)]
+        """Run ``num_steps`` optimizer steps, or fewer if the batch source raises
+        :class:`DataExhausted`; returns each completed step's metrics."""
+        history: list[dict[str, float]] = []
+        for _ in range(num_steps):
+            try:
+                history.append(await self.train_step())
+            except DataExhausted:
+                break
+        return history
 
     def train_sync(self, num_steps: int) -> list[dict[str, float]]:
         """:meth:`train` for scripts without an event loop."""
@@ -168,10 +175,8 @@ class Trainer:
 
     # ---------------------------------------------------------------- stages
     def _select_items(self, batch: SAWBatch) -> tuple[SAWBatch, dict[str, int]]:
-        """Preprocess, then drop filtered and stale items; raise if none is left."""
-        preprocess = getattr(self.algorithm, "preprocess", None)
-        if preprocess is not None:
-            batch = preprocess(batch)
+        """Drop filtered and stale items, then preprocess what is left (so a batch
+        baseline is computed over exactly the items trained on); raise if none is left."""
         received = len(batch.items)
         kept = [i for i in batch.items if self.sample_filter is None or self.sample_filter(i)]
         fresh = [i for i in kept if not self._is_stale(i)]
@@ -184,7 +189,9 @@ class Trainer:
                 f"{self.config.max_lag}); loosen the filter, raise TrainerConfig.max_lag, or "
                 "check the batch source"
             )
-        return SAWBatch(items=fresh, meta=batch.meta), dropped
+        batch = SAWBatch(items=fresh, meta=batch.meta)
+        preprocess = getattr(self.algorithm, "preprocess", None)
+        return (batch if preprocess is None else preprocess(batch)), dropped
 
     def _is_stale(self, item: SAWItem) -> bool:
         max_lag, version = self.config.max_lag, item.policy_version

@@ -122,9 +122,17 @@ class SAWBatch:
         return len(self.items)
 
 
+class DataExhausted(Exception):
+    """Raised by a batch source (or a request function) that has no more data.
+
+    ``Trainer.train`` treats it as the end of training, not as a failure.
+    """
+
+
 @runtime_checkable
 class BatchSource(Protocol):
-    """What the Trainer pulls from. Must not block forever: raise on exhaustion/timeout."""
+    """What the Trainer pulls from. Must not block forever: raise :class:`DataExhausted`
+    when the data runs out, or an error on timeout."""
 
     async def next_batch(self) -> SAWBatch: ...
 

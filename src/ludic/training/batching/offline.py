@@ -15,15 +15,11 @@ from typing import Any
 
 from ludic.inference.chat_template import ChatTemplate
 from ludic.training.batching.saw import SampleFilter, rollouts_to_saw_items
-from ludic.training.types import CreditAssigner, SAWBatch, SAWItem
+from ludic.training.types import CreditAssigner, DataExhausted, SAWBatch, SAWItem
 from ludic.types import Rollout, rollout_from_dict, rollout_to_dict
 
 RolloutFilter = Callable[[Rollout], bool]
 """Keeps a rollout when it returns ``True``."""
-
-
-class DataExhausted(Exception):
-    """A finite batch source has nothing left (all epochs served, or the queue is empty)."""
 
 
 def write_rollouts_jsonl(

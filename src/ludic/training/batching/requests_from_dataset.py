@@ -11,8 +11,7 @@ import queue
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from ludic.training.batching.offline import DataExhausted
-from ludic.training.types import RolloutRequest
+from ludic.training.types import DataExhausted, RolloutRequest
 
 T = TypeVar("T")
 

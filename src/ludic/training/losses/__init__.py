@@ -1,0 +1,48 @@
+"""Losses: ``Loss(inputs: LossInputs) -> LossOutput``, one module per family.
+
+* ``policy_gradient``: ``ReinforceLoss``, ``CISPOLoss``
+* ``clipped``: ``TokenClippedSurrogateLoss`` (PPO/GRPO), ``ClippedSurrogateLoss`` (GSPO),
+  ``GMPOLoss``
+* ``sft``: ``MaskedCausalLMCrossEntropyLoss``
+* ``regularizers``: ``KLPenalty``, ``EntropyBonus``
+* ``composite``: ``CompositeLoss``
+"""
+
+from ludic.training.losses.base import (
+    Loss,
+    LossInputs,
+    LossOutput,
+    TokenAggregation,
+    aggregate_sequences,
+    aggregate_tokens,
+    masked_token_entropy,
+)
+from ludic.training.losses.clipped import (
+    ClippedSurrogateLoss,
+    GMPOLoss,
+    TokenClippedSurrogateLoss,
+)
+from ludic.training.losses.composite import CompositeLoss
+from ludic.training.losses.policy_gradient import CISPOLoss, ReinforceLoss
+from ludic.training.losses.regularizers import EntropyBonus, KLPenalty, kl_estimate
+from ludic.training.losses.sft import MaskedCausalLMCrossEntropyLoss
+
+__all__ = [
+    "CISPOLoss",
+    "ClippedSurrogateLoss",
+    "CompositeLoss",
+    "EntropyBonus",
+    "GMPOLoss",
+    "KLPenalty",
+    "Loss",
+    "LossInputs",
+    "LossOutput",
+    "MaskedCausalLMCrossEntropyLoss",
+    "ReinforceLoss",
+    "TokenAggregation",
+    "TokenClippedSurrogateLoss",
+    "aggregate_sequences",
+    "aggregate_tokens",
+    "kl_estimate",
+    "masked_token_entropy",
+]

@@ -42,6 +42,10 @@ class LossInputs:
 
 @dataclass
 class LossOutput:
+    """``loss``: this micro-batch's share of the step loss (micro-batch losses sum to the
+    step loss). ``stats``: micro-batch means (ratio means, clip fractions, ...); the
+    trainer averages them over micro-batches weighted by action tokens."""
+
     loss: torch.Tensor
     stats: dict[str, float] = field(default_factory=dict)
 
@@ -104,5 +108,74 @@ def aggregate_sequences(values: torch.Tensor, inputs: LossInputs) -> torch.Tenso
 
 def masked_token_entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy [B, T-1] of the next-token distribution at each scored position."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    logp = torch.log_softmax(
+        logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32)), dim=-1
+    )
     return -(logp.exp() * logp).sum(dim=-1)
+
+
+def require_old_logprobs(inputs: LossInputs, owner: str) -> torch.Tensor:
+    """``inputs.old_logprobs`` [B, T-1], or a ``ValueError`` naming ``owner`` and the fix."""
+    if inputs.old_logprobs is None:
+        raise ValueError(
+            f"{owner} needs behaviour logprobs but the batch has none; request them with "
+            "InferenceSpec(returns=ReturnSpec.for_rl())"
+        )
+    if inputs.old_logprobs.shape != inputs.logprobs.shape:
+        raise ValueError(
+            f"{owner}: old_logprobs has shape {tuple(inputs.old_logprobs.shape)} but logprobs "
+            f"has {tuple(inputs.logprobs.shape)}; both must be next-token positions [B, T-1]"
+        )
+    return inputs.old_logprobs
+
+
+def require_ref_logprobs(inputs: LossInputs, owner: str) -> torch.Tensor:
+    """``inputs.ref_logprobs`` [B, T-1], or a ``ValueError`` naming ``owner`` and the fix."""
+    if inputs.ref_logprobs is None:
+        raise ValueError(
+            f"{owner} needs reference-model logprobs but the batch has none; give the trainer "
+            "a reference model, or use the behaviour policy as reference (reference='old')"
+        )
+    if inputs.ref_logprobs.shape != inputs.logprobs.shape:
+        raise ValueError(
+            f"{owner}: ref_logprobs has shape {tuple(inputs.ref_logprobs.shape)} but logprobs "
+            f"has {tuple(inputs.logprobs.shape)}; both must be next-token positions [B, T-1]"
+        )
+    return inputs.ref_logprobs
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean of ``values`` where ``mask`` is 1, over this micro-batch only (for stats)."""
+    with torch.no_grad():
+        v = values.detach().to(torch.promote_types(values.dtype, torch.float32))
+        return float(((v * mask).sum() / mask.sum().clamp(min=1.0)).item())
+
+
+def check_aggregation(
+    owner: str, aggregation: TokenAggregation | str, constant_normalizer: int | None
+) -> TokenAggregation:
+    """Validate a loss's ``aggregation`` / ``constant_normalizer`` pair at construction."""
+    try:
+        mode = TokenAggregation(aggregation)
+    except ValueError:
+        raise ValueError(
+            f"{owner}: aggregation={aggregation!r}; expected one of "
+            f"{[m.value for m in TokenAggregation]}"
+        ) from None
+    if mode == TokenAggregation.CONSTANT and (
+        constant_normalizer is None or constant_normalizer < 1
+    ):
+        raise ValueError(
+            f"{owner}: aggregation='constant' needs constant_normalizer >= 1, got "
+            f"{constant_normalizer!r}; pass the generation budget (SamplingSpec.max_tokens)"
+        )
+    return mode
+
+
+def check_clip_eps(owner: str, **eps: float | None) -> None:
+    """Raise naming the argument when a clip epsilon is negative or not finite."""
+    for name, value in eps.items():
+        if value is None:
+            continue
+        if not (value >= 0 and value < float("inf")):
+            raise ValueError(f"{owner}: {name}={value!r}; expected a finite value >= 0")

@@ -1,0 +1,218 @@
+"""Algorithms as data: ``RLAlgorithm`` = credit assigner + loss (+ a batch preprocess).
+
+Each ``make_*`` preset is a few lines that pick the parts; copy one to make a new
+algorithm. The trainer runs: ``credit_assigner.compute(rollouts)`` -> ``SAWItem`` weights
+-> ``preprocess(batch)`` (if any) -> ``loss`` per micro-batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from ludic.training.credit_assignment import (
+    ConstantCredit,
+    GroupNormalizedReturn,
+    MonteCarloReturn,
+)
+from ludic.training.losses import (
+    CISPOLoss,
+    ClippedSurrogateLoss,
+    GMPOLoss,
+    Loss,
+    MaskedCausalLMCrossEntropyLoss,
+    ReinforceLoss,
+    TokenAggregation,
+    TokenClippedSurrogateLoss,
+)
+from ludic.training.types import CreditAssigner, SAWBatch
+
+
+@dataclass(frozen=True)
+class RLAlgorithm:
+    """A named pair of parts: ``credit_assigner`` makes per-turn weights, ``loss`` turns
+    weights and tokens into a scalar; ``preprocess`` (optional) rewrites the optimizer-step
+    batch in between (e.g. ``BatchMeanBaseline``)."""
+
+    name: str
+    credit_assigner: CreditAssigner
+    loss: Loss
+    preprocess: Callable[[SAWBatch], SAWBatch] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.credit_assigner, CreditAssigner):
+            raise TypeError(
+                f"RLAlgorithm({self.name!r}): credit_assigner={self.credit_assigner!r} has no "
+                "compute(rollouts) -> list[list[float]]"
+            )
+        if not isinstance(self.loss, Loss):
+            raise TypeError(
+                f"RLAlgorithm({self.name!r}): loss={self.loss!r} is not a Loss; it needs "
+                "requires_old_logprobs, requires_ref_logprobs and __call__(LossInputs)"
+            )
+        if self.preprocess is not None and not callable(self.preprocess):
+            raise TypeError(
+                f"RLAlgorithm({self.name!r}): preprocess={self.preprocess!r} is not callable"
+            )
+
+
+@dataclass(frozen=True)
+class BatchMeanBaseline:
+    """Batch-mean baseline for REINFORCE (Williams 1992, the "reinforcement baseline").
+
+    w_i' = w_i - mean_j(w_j)                         over every item of the step's batch,
+    w_i' = (w_i - mean_j(w_j)) / (std_j(w_j) + eps)   if ``normalize_std`` (population std).
+    A batch whose weights are all equal gets all-zero weights. Returns a new ``SAWBatch``
+    of new ``SAWItem``s (``dataclasses.replace``); the input batch is left untouched.
+    """
+
+    normalize_std: bool = False
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.eps < 0:
+            raise ValueError(f"BatchMeanBaseline: eps={self.eps!r}; expected eps >= 0")
+
+    def __call__(self, batch: SAWBatch) -> SAWBatch:
+        weights = [item.weight for item in batch.items]
+        if not weights or all(w == weights[0] for w in weights):
+            new = [0.0] * len(weights)
+        else:
+            mean = sum(weights) / len(weights)
+            std = math.sqrt(sum((w - mean) ** 2 for w in weights) / len(weights))
+            scale = std + self.eps if self.normalize_std else 1.0
+            new = [(w - mean) / scale for w in weights]
+        items = [replace(item, weight=w) for item, w in zip(batch.items, new)]
+        return SAWBatch(items=items, meta=dict(batch.meta))
+
+
+def _group_credit(preset: str, group_size: int, normalize_std: bool) -> GroupNormalizedReturn:
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
+        raise ValueError(
+            f"{preset}: group_size={group_size!r}; group-relative advantages need an int "
+            "group_size >= 2 rollouts per prompt (and GRPORequestStrategy with the same value)"
+        )
+    return GroupNormalizedReturn(group_size=group_size, normalize_std=normalize_std)
+
+
+def make_reinforce(gamma: float = 1.0) -> RLAlgorithm:
+    """REINFORCE: credit ``MonteCarloReturn(gamma)``; loss ``ReinforceLoss``
+    (-A * logp); aggregation TOKEN_MEAN. No baseline (see ``make_reinforce_baseline``)."""
+    return RLAlgorithm("reinforce", MonteCarloReturn(gamma=gamma), ReinforceLoss())
+
+
+def make_reinforce_baseline(gamma: float = 1.0, normalize_std: bool = False) -> RLAlgorithm:
+    """REINFORCE with a batch-mean baseline: credit ``MonteCarloReturn(gamma)``; preprocess
+    ``BatchMeanBaseline(normalize_std)``; loss ``ReinforceLoss``; aggregation TOKEN_MEAN."""
+    return RLAlgorithm(
+        "reinforce_baseline",
+        MonteCarloReturn(gamma=gamma),
+        ReinforceLoss(),
+        preprocess=BatchMeanBaseline(normalize_std=normalize_std),
+    )
+
+
+def make_grpo(
+    group_size: int,
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.2,
+    normalize_std: bool = True,
+) -> RLAlgorithm:
+    """GRPO (arXiv:2402.03300): credit ``GroupNormalizedReturn(group_size, normalize_std)``;
+    loss ``TokenClippedSurrogateLoss(clip_eps_low, clip_eps_high)``; aggregation
+    SEQ_MEAN_TOKEN_MEAN. No KL term (add ``KLPenalty`` with ``CompositeLoss``)."""
+    credit = _group_credit("make_grpo", group_size, normalize_std)
+    loss = TokenClippedSurrogateLoss(
+        clip_eps_low=clip_eps_low,
+        clip_eps_high=clip_eps_high,
+        aggregation=TokenAggregation.SEQ_MEAN_TOKEN_MEAN,
+    )
+    return RLAlgorithm("grpo", credit, loss)
+
+
+def make_dr_grpo(
+    group_size: int,
+    max_tokens: int,
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.2,
+) -> RLAlgorithm:
+    """Dr. GRPO (arXiv:2503.20783): credit ``GroupNormalizedReturn(group_size,
+    normalize_std=False)`` (no std division); loss ``TokenClippedSurrogateLoss``;
+    aggregation CONSTANT with constant_normalizer=max_tokens (the generation budget)."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(
+            f"make_dr_grpo: max_tokens={max_tokens!r}; pass the generation budget "
+            "(SamplingSpec.max_tokens), an int >= 1"
+        )
+    credit = _group_credit("make_dr_grpo", group_size, normalize_std=False)
+    loss = TokenClippedSurrogateLoss(
+        clip_eps_low=clip_eps_low,
+        clip_eps_high=clip_eps_high,
+        aggregation=TokenAggregation.CONSTANT,
+        constant_normalizer=max_tokens,
+    )
+    return RLAlgorithm("dr_grpo", credit, loss)
+
+
+def make_gspo(
+    group_size: int,
+    clip_eps_low: float = 3e-4,
+    clip_eps_high: float = 4e-4,
+    normalize_std: bool = True,
+) -> RLAlgorithm:
+    """GSPO (arXiv:2507.18071): credit ``GroupNormalizedReturn(group_size, normalize_std)``;
+    loss ``ClippedSurrogateLoss`` (sequence-level ratio, clip 1-3e-4 .. 1+4e-4); aggregation
+    mean over sequences."""
+    credit = _group_credit("make_gspo", group_size, normalize_std)
+    loss = ClippedSurrogateLoss(clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high)
+    return RLAlgorithm("gspo", credit, loss)
+
+
+def make_cispo(
+    group_size: int,
+    clip_eps_low: float | None = None,
+    clip_eps_high: float = 0.28,
+    normalize_std: bool = True,
+) -> RLAlgorithm:
+    """CISPO (arXiv:2506.13585): credit ``GroupNormalizedReturn(group_size, normalize_std)``;
+    loss ``CISPOLoss`` (stop-gradient truncated IS weight, no lower bound by default);
+    aggregation TOKEN_MEAN."""
+    credit = _group_credit("make_cispo", group_size, normalize_std)
+    loss = CISPOLoss(clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high)
+    return RLAlgorithm("cispo", credit, loss)
+
+
+def make_gmpo(
+    group_size: int = 4,
+    clip_eps_low: float = 0.4,
+    clip_eps_high: float = 0.4,
+    normalize_std: bool = True,
+) -> RLAlgorithm:
+    """GMPO (arXiv:2507.20673): credit ``GroupNormalizedReturn(group_size, normalize_std)``;
+    loss ``GMPOLoss`` (geometric mean of clipped token ratios, range e^-0.4 .. e^0.4);
+    aggregation mean over sequences of the per-sequence objective."""
+    credit = _group_credit("make_gmpo", group_size, normalize_std)
+    loss = GMPOLoss(clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high)
+    return RLAlgorithm("gmpo", credit, loss)
+
+
+def make_sft() -> RLAlgorithm:
+    """SFT as offline RL with weight 1: credit ``ConstantCredit(1.0)``; loss
+    ``MaskedCausalLMCrossEntropyLoss`` (NLL of action tokens); aggregation TOKEN_MEAN.
+    Equal to ``ReinforceLoss`` with every weight 1.0."""
+    return RLAlgorithm("sft", ConstantCredit(1.0), MaskedCausalLMCrossEntropyLoss())
+
+
+__all__ = [
+    "BatchMeanBaseline",
+    "RLAlgorithm",
+    "make_cispo",
+    "make_dr_grpo",
+    "make_gmpo",
+    "make_grpo",
+    "make_gspo",
+    "make_reinforce",
+    "make_reinforce_baseline",
+    "make_sft",
+]

@@ -1,0 +1,164 @@
+"""Credit assigners: rewards -> one scalar weight per turn.
+
+Every assigner implements ``CreditAssigner.compute(rollouts) -> weights`` where
+``weights[i][j]`` is the weight of turn ``j`` of ``rollouts[i].turns()``. A turn's reward
+``r_j`` is ``Turn.reward`` (env reward + parser rewards of its agent steps); an episode's
+return ``R`` is ``Rollout.total_reward`` (the undiscounted sum of turn rewards).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+from ludic.types import Rollout
+
+
+@dataclass(frozen=True)
+class MonteCarloReturn:
+    """Discounted return-to-go per turn (REINFORCE, Williams 1992).
+
+    G_j = sum_{k>=0} gamma^k * r_{j+k},  over the turns of one rollout.
+    Reads: ``Turn.reward`` of each turn. Output: ``[len(rollouts)][num_turns_i]``.
+    """
+
+    gamma: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"MonteCarloReturn: gamma={self.gamma!r}; expected 0 <= gamma <= 1")
+
+    def compute(self, rollouts: Sequence[Rollout]) -> list[list[float]]:
+        out: list[list[float]] = []
+        for rollout in rollouts:
+            rewards = [t.reward for t in rollout.turns()]
+            returns = [0.0] * len(rewards)
+            running = 0.0
+            for j in range(len(rewards) - 1, -1, -1):
+                running = rewards[j] + self.gamma * running
+                returns[j] = running
+            out.append(returns)
+        return out
+
+
+@dataclass(frozen=True)
+class GroupNormalizedReturn:
+    """Group-relative advantage (GRPO, arXiv:2402.03300, sec. 4.1.2).
+
+    A_i = (R_i - mean_g(R)) / (std_g(R) + eps)   if normalize_std
+    A_i =  R_i - mean_g(R)                        otherwise (Dr. GRPO, arXiv:2503.20783)
+    where g is the group of rollout i, R = ``Rollout.total_reward`` and std is the
+    *population* standard deviation (divide by the group size, not size - 1). A_i is
+    assigned to every turn of rollout i. A group whose returns are all equal gets all-zero
+    advantages (never NaN).
+
+    Groups: ``rollout.meta["group_id"]`` when present, else ``rollout.initial_obs`` (same
+    problem). Every group must hold exactly ``group_size`` rollouts.
+
+    Delegated sub-agent rollouts (``meta["delegated"]``, set by the delegation handler)
+    carry their parent's ``group_id`` but are a different policy role: they form their own
+    group per ``group_id``, are normalized among themselves, and are exempt from the
+    ``group_size`` check (how many a parent spawns varies). A lone delegated rollout gets
+    advantage 0.
+    Output: ``[len(rollouts)][num_turns_i]``.
+    """
+
+    group_size: int
+    normalize_std: bool = True
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.group_size < 2:
+            raise ValueError(
+                f"GroupNormalizedReturn: group_size={self.group_size!r}; a group-relative "
+                "advantage needs group_size >= 2 (a group of one always has advantage 0)"
+            )
+        if self.eps < 0:
+            raise ValueError(f"GroupNormalizedReturn: eps={self.eps!r}; expected eps >= 0")
+
+    def _group_key(self, rollout: Rollout) -> Hashable:
+        if rollout.meta.get("delegated"):
+            return ("delegated", rollout.meta.get("group_id", rollout.initial_obs))
+        if "group_id" in rollout.meta:
+            return ("group_id", rollout.meta["group_id"])
+        obs = rollout.initial_obs
+        if obs is None:
+            raise ValueError(
+                f"GroupNormalizedReturn: rollout {rollout.id!r} has no meta['group_id'] and no "
+                "initial observation to group by; set RolloutRequest.meta['group_id'] "
+                "(GRPORequestStrategy does this)"
+            )
+        return ("initial_obs", obs)
+
+    def compute(self, rollouts: Sequence[Rollout]) -> list[list[float]]:
+        groups: dict[Hashable, list[int]] = {}
+        for i, rollout in enumerate(rollouts):
+            groups.setdefault(self._group_key(rollout), []).append(i)
+
+        advantages = [0.0] * len(rollouts)
+        for (kind, name), members in groups.items():
+            if kind != "delegated" and len(members) != self.group_size:
+                label = repr(name) if kind == "group_id" else f"initial_obs={str(name)[:40]!r}"
+                raise ValueError(
+                    f"group_size={self.group_size} but group {label} has {len(members)} "
+                    "rollouts; make rollouts per request a multiple of group_size "
+                    f"(GRPORequestStrategy(group_size={self.group_size}))"
+                )
+            returns = [rollouts[i].total_reward for i in members]
+            if all(r == returns[0] for r in returns):
+                continue  # zero variance: no learning signal, advantages stay 0.0
+            mean = sum(returns) / len(returns)
+            std = math.sqrt(sum((r - mean) ** 2 for r in returns) / len(returns))
+            for i, r in zip(members, returns):
+                a = r - mean
+                advantages[i] = a / (std + self.eps) if self.normalize_std else a
+        return [[advantages[i]] * len(r.turns()) for i, r in enumerate(rollouts)]
+
+
+@dataclass(frozen=True)
+class EpisodicReturn:
+    """Every turn gets the undiscounted episode return: w_j = R = sum_k r_k.
+
+    Reads: ``Rollout.total_reward``. Output: ``[len(rollouts)][num_turns_i]``.
+    """
+
+    def compute(self, rollouts: Sequence[Rollout]) -> list[list[float]]:
+        return [[r.total_reward] * len(r.turns()) for r in rollouts]
+
+
+@dataclass(frozen=True)
+class PerStepReward:
+    """Each turn gets its own immediate reward: w_j = r_j (no propagation).
+
+    Reads: ``Turn.reward``. Output: ``[len(rollouts)][num_turns_i]``.
+    """
+
+    def compute(self, rollouts: Sequence[Rollout]) -> list[list[float]]:
+        return [[t.reward for t in r.turns()] for r in rollouts]
+
+
+@dataclass(frozen=True)
+class ConstantCredit:
+    """Every turn gets the same weight: w_j = value (1.0 makes REINFORCE plain SFT/NLL).
+
+    Reads nothing from the rollouts but their turns. Output: ``[len(rollouts)][num_turns_i]``.
+    """
+
+    value: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.value):
+            raise ValueError(f"ConstantCredit: value={self.value!r}; expected a finite float")
+
+    def compute(self, rollouts: Sequence[Rollout]) -> list[list[float]]:
+        return [[float(self.value)] * len(r.turns()) for r in rollouts]
+
+
+__all__ = [
+    "ConstantCredit",
+    "EpisodicReturn",
+    "GroupNormalizedReturn",
+    "MonteCarloReturn",
+    "PerStepReward",
+]

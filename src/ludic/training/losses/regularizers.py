@@ -1,0 +1,132 @@
+"""Regularizers added to a policy loss with ``CompositeLoss``: KL penalty, entropy bonus."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+
+from ludic.training.losses.base import (
+    LossInputs,
+    LossOutput,
+    TokenAggregation,
+    aggregate_tokens,
+    check_aggregation,
+    masked_mean,
+    masked_token_entropy,
+    require_old_logprobs,
+    require_ref_logprobs,
+)
+
+KLEstimator = Literal["k1", "k2", "k3"]
+KLReference = Literal["ref", "old"]
+_ESTIMATORS = ("k1", "k2", "k3")
+_REFERENCES = ("ref", "old")
+
+
+def kl_estimate(log_rho: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) from tokens sampled by pi_theta.
+
+    ``log_rho`` = log(pi_ref / pi_theta) = ref_logp - logp per token (mask it first: 0.0
+    off-mask gives an estimate of exactly 0 there).
+    k1 = -log_rho, k2 = log_rho^2 / 2, k3 = exp(log_rho) - 1 - log_rho
+    (Schulman, http://joschu.net/blog/kl-approx.html; k3 is GRPO's, arXiv:2402.03300 eq. 4).
+    """
+    if estimator == "k1":
+        return -log_rho
+    if estimator == "k2":
+        return 0.5 * log_rho**2
+    if estimator == "k3":
+        return torch.exp(log_rho) - 1.0 - log_rho
+    raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {_ESTIMATORS}")
+
+
+@dataclass(frozen=True)
+class KLPenalty:
+    """KL penalty towards a reference policy (Schulman's estimators,
+    http://joschu.net/blog/kl-approx.html; GRPO uses k3 with beta=0.04, arXiv:2402.03300).
+
+    L = beta * agg_t( k(logp_t, ref_logp_t) ),  TOKEN_MEAN by default,
+    k1 = logp - ref,  k2 = (logp - ref)^2 / 2,  k3 = exp(ref - logp) - 1 - (ref - logp).
+    ``reference="ref"`` reads ``ref_logprobs`` (a frozen reference model); ``"old"`` reads
+    ``old_logprobs`` (the behaviour policy). The tokens come from the behaviour policy, so
+    the estimate is exact on-policy and approximate off-policy.
+    Reads: logprobs, action_mask [B, T-1]; ref_logprobs or old_logprobs [B, T-1].
+    Stats: loss, kl (unweighted estimate, micro-batch token mean).
+    """
+
+    beta: float
+    estimator: KLEstimator = "k3"
+    reference: KLReference = "ref"
+    aggregation: TokenAggregation = TokenAggregation.TOKEN_MEAN
+    constant_normalizer: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.beta >= 0 and self.beta < float("inf")):
+            raise ValueError(f"KLPenalty: beta={self.beta!r}; expected a finite value >= 0")
+        if self.estimator not in _ESTIMATORS:
+            raise ValueError(
+                f"KLPenalty: estimator={self.estimator!r}; expected one of {_ESTIMATORS}"
+            )
+        if self.reference not in _REFERENCES:
+            raise ValueError(
+                f"KLPenalty: reference={self.reference!r}; expected 'ref' (reference model) "
+                "or 'old' (behaviour policy)"
+            )
+        mode = check_aggregation("KLPenalty", self.aggregation, self.constant_normalizer)
+        object.__setattr__(self, "aggregation", mode)
+
+    @property
+    def requires_ref_logprobs(self) -> bool:
+        return self.reference == "ref"
+
+    @property
+    def requires_old_logprobs(self) -> bool:
+        return self.reference == "old"
+
+    def __call__(self, inputs: LossInputs) -> LossOutput:
+        owner = f"KLPenalty(reference={self.reference!r})"
+        if self.reference == "ref":
+            ref = require_ref_logprobs(inputs, owner)
+        else:
+            ref = require_old_logprobs(inputs, owner)
+        log_rho = (ref - inputs.logprobs) * inputs.action_mask  # 0.0 off-mask
+        kl = kl_estimate(log_rho, self.estimator)  # [B, T-1]
+        loss = self.beta * aggregate_tokens(
+            kl, inputs, self.aggregation, constant_normalizer=self.constant_normalizer
+        )
+        stats = {"loss": float(loss.detach()), "kl": masked_mean(kl, inputs.action_mask)}
+        return LossOutput(loss=loss, stats=stats)
+
+
+@dataclass(frozen=True)
+class EntropyBonus:
+    """Entropy bonus (arXiv:1707.06347, eq. 9 uses c2 * S[pi]).
+
+    L = -coef * agg_t( H_t ),  H_t = -sum_v p_t(v) log p_t(v)  (next-token entropy),
+    TOKEN_MEAN by default. Minimizing L raises the policy's entropy on action positions.
+    Reads: logits [B, T, V] (through ``masked_token_entropy``), action_mask [B, T-1].
+    Stats: loss, entropy (micro-batch token mean).
+    """
+
+    coef: float
+    aggregation: TokenAggregation = TokenAggregation.TOKEN_MEAN
+    constant_normalizer: int | None = None
+
+    requires_old_logprobs: ClassVar[bool] = False
+    requires_ref_logprobs: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if not (self.coef >= 0 and self.coef < float("inf")):
+            raise ValueError(f"EntropyBonus: coef={self.coef!r}; expected a finite value >= 0")
+        mode = check_aggregation("EntropyBonus", self.aggregation, self.constant_normalizer)
+        object.__setattr__(self, "aggregation", mode)
+
+    def __call__(self, inputs: LossInputs) -> LossOutput:
+        entropy = masked_token_entropy(inputs.logits)  # [B, T-1]
+        loss = -self.coef * aggregate_tokens(
+            entropy, inputs, self.aggregation, constant_normalizer=self.constant_normalizer
+        )
+        stats = {"loss": float(loss.detach()), "entropy": masked_mean(entropy, inputs.action_mask)}
+        return LossOutput(loss=loss, stats=stats)
