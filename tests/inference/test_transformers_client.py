@@ -108,3 +108,14 @@ def test_sync_weights_rejects_unknown_names_and_wrong_shapes(tiny_model, tiny_to
     with pytest.raises(ValueError, match=name):
         client.sync_weights({name: torch.zeros(p.shape[0] + 1)}, version=1)
     assert client.policy_version == 0
+
+
+def test_sync_weights_accepts_a_full_state_dict_with_tied_aliases(
+    tiny_model, tiny_tokenizer
+) -> None:
+    client = TransformersChatClient(tiny_model, tiny_tokenizer)
+    other = build_tiny_causal_lm(tiny_tokenizer, seed=1)
+    state = other.state_dict()
+    assert "lm_head.weight" in state  # tied to the embedding, absent from named_parameters
+    client.sync_weights(state, version=2)
+    torch.testing.assert_close(tiny_model.lm_head.weight, other.lm_head.weight)

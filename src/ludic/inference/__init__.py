@@ -6,8 +6,10 @@ from ludic.inference.request import CompletionRequest, InferenceSpec, ReturnSpec
 from ludic.inference.sampling import to_openai_params
 from ludic.inference.scripted_client import ScriptedChatClient, ScriptExhaustedError
 from ludic.inference.tool_parser import ToolCallParse, ToolCallParser, XMLJsonToolCallParser
+from ludic.inference.transformers_client import TransformersChatClient
 
 __all__ = [
+    "TransformersChatClient",
     "ChatClient",
     "ChatTemplate",
     "CompletionRequest",

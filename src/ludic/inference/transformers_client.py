@@ -80,8 +80,8 @@ class TransformersChatClient:
 
     def sync_weights(self, params: Mapping[str, torch.Tensor], *, version: int) -> str:
         """Copy ``params`` into the serving model in place; names and shapes must match."""
-        own = dict(self.model.named_parameters())
-        own.update(dict(self.model.named_buffers()))
+        # state_dict names include tied aliases (e.g. lm_head.weight = embed_tokens.weight).
+        own = self.model.state_dict(keep_vars=True)
         unknown = sorted(set(params) - set(own))
         if unknown:
             raise KeyError(

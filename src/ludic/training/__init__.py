@@ -6,8 +6,7 @@ Names are imported lazily on first access, so importing a light module such as
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ludic._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     # pure data and contracts
@@ -18,6 +17,34 @@ _EXPORTS: dict[str, str] = {
     "RolloutRequest": "ludic.training.types",
     "EnvSpec": "ludic.training.types",
     "ProtocolSpec": "ludic.training.types",
+    "DataExhausted": "ludic.training.types",
+    # algorithms = credit assignment + loss
+    "RLAlgorithm": "ludic.training.algorithm",
+    "BatchMeanBaseline": "ludic.training.algorithm",
+    "make_reinforce": "ludic.training.algorithm",
+    "make_reinforce_baseline": "ludic.training.algorithm",
+    "make_grpo": "ludic.training.algorithm",
+    "make_dr_grpo": "ludic.training.algorithm",
+    "make_gspo": "ludic.training.algorithm",
+    "make_cispo": "ludic.training.algorithm",
+    "make_gmpo": "ludic.training.algorithm",
+    "make_sft": "ludic.training.algorithm",
+    "MonteCarloReturn": "ludic.training.credit_assignment",
+    "GroupNormalizedReturn": "ludic.training.credit_assignment",
+    "EpisodicReturn": "ludic.training.credit_assignment",
+    "PerStepReward": "ludic.training.credit_assignment",
+    "ConstantCredit": "ludic.training.credit_assignment",
+    # batch sources
+    "RolloutEngine": "ludic.training.batching",
+    "GRPORequestStrategy": "ludic.training.batching",
+    "RolloutBatchSource": "ludic.training.batching",
+    "OfflineBatchSource": "ludic.training.batching",
+    "rollouts_to_saw_items": "ludic.training.batching",
+    "write_rollouts_jsonl": "ludic.training.batching",
+    "read_rollouts_jsonl": "ludic.training.batching",
+    "make_requests_fn_from_queue": "ludic.training.batching",
+    "Reducer": "ludic.training.stats",
+    "aggregate_stats": "ludic.training.stats",
     # trainer and utilities
     "Trainer": "ludic.training.trainer",
     "EmptyBatchError": "ludic.training.trainer",
@@ -48,17 +75,4 @@ _EXPORTS: dict[str, str] = {
     "MultiLogger": "ludic.training.loggers",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ludic.training' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __all__ = lazy_exports(__name__, globals(), _EXPORTS)
