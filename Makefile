@@ -1,4 +1,5 @@
-# Two commands for a fresh machine:
+# On a fresh machine:
+#   make demo   -- create .venv, install ludic, train a tiny model (SFT then GRPO) on CPU
 #   make test   -- create .venv, install ludic with dev extras, run the test suite
 #   make lint   -- ruff check + format check
 PYTHON ?= python3
@@ -6,7 +7,7 @@ VENV ?= .venv
 # The CPU build of torch; pip resolves it from the local wheel cache where one exists.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup test lint clean
+.PHONY: setup demo test lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +17,9 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 setup: $(VENV)/.installed
+
+demo: setup
+	$(VENV)/bin/python examples/sft_then_grpo_arithmetic.py
 
 test: setup
 	$(VENV)/bin/pytest -q
