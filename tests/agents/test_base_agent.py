@@ -122,11 +122,16 @@ def test_trace_with_different_prompt_ids_raises(make_agent) -> None:
         run_act(make_agent(_RetokenizingClient()))
 
 
-def test_system_prompt_on_env_reset_overrides_the_contexts(make_agent) -> None:
-    agent = make_agent(["<answer>1</answer>"])
+def test_env_system_prompt_is_used_only_when_the_context_has_none(make_agent) -> None:
+    agent = make_agent(["<answer>1</answer>", "<answer>2</answer>"])
+    own = agent.context.system_prompt
     agent.on_env_reset("q", {}, system_prompt="New rules.")
     first = run_act(agent).steps[0].prompt_messages[0]
-    assert first == {"role": "system", "content": "New rules."}
+    expected = own if own is not None else "New rules."
+    assert first == {"role": "system", "content": expected}
+    agent.context.system_prompt = None
+    agent.on_env_reset("q", {}, system_prompt="New rules.")
+    assert run_act(agent).steps[0].prompt_messages[0] == {"role": "system", "content": "New rules."}
 
 
 def test_next_turn_after_on_after_step_renders_the_history_fresh(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 from typing import Literal
 
 import pytest
@@ -93,6 +94,19 @@ def test_as_tool_requires_a_function_for_internal_tools() -> None:
         as_tool("delegate", internal=True)
     schema = {"type": "function", "function": {"name": "search", "parameters": {}}}
     assert as_tool(schema, internal=False) == Tool(name="search", schema=schema)
+
+
+def test_as_tool_on_an_unnamed_callable_names_the_tool_wrapper_fix() -> None:
+    def scale(x: float, factor: float) -> float:
+        return x * factor
+
+    double = functools.partial(scale, factor=2.0)
+    with pytest.raises(ValueError, match=r"no usable name.*Tool\(name=\.\.\., schema=tool_schema"):
+        as_tool(double, internal=True)
+    wrapped = Tool(name="double", schema=tool_schema(double, name="double"), fn=double)
+    assert as_tool(wrapped, internal=True).name == "double"
+    assert wrapped.schema["function"]["parameters"]["required"] == ["x"]
+    assert _call(wrapped, "double", x=3.0).message["content"] == "6.0"
 
 
 def _call(tool, name: str, **arguments):

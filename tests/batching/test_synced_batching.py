@@ -57,6 +57,17 @@ def test_empty_batches_are_retried_then_raise_after_max_empty_batches(fakes):
     assert requests.calls == 3
 
 
+def test_source_and_trainer_raise_the_same_empty_batch_error_class(fakes):
+    """``except ludic.training.EmptyBatchError`` must catch the batch source's error too."""
+    from ludic.training import EmptyBatchError as TrainingEmptyBatchError
+
+    source = RolloutBatchSource(
+        engine(fakes), CountingRequests(), fakes.TurnRewardCredit(), sample_filter=lambda i: False
+    )
+    with pytest.raises(TrainingEmptyBatchError):
+        asyncio.run(source.next_batch())
+
+
 def test_a_batch_that_is_empty_once_is_regenerated(fakes):
     state = {"calls": 0}
 

@@ -39,3 +39,17 @@ def test_full_dialog_reset_clears_previous_episode() -> None:
         {"role": "system", "content": "sys"},
         {"role": "user", "content": "b"},
     ]
+
+
+def test_env_system_prompt_applies_per_episode_and_never_overrides_the_users() -> None:
+    from ludic.context import FullDialog
+
+    own = FullDialog(system_prompt="mine")
+    own.on_env_reset("q", {}, system_prompt="env's")
+    assert own.messages[0] == {"role": "system", "content": "mine"}
+
+    bare = FullDialog()
+    bare.on_env_reset("q1", {}, system_prompt="env A")
+    assert bare.messages[0]["content"] == "env A"
+    bare.on_env_reset("q2", {})  # the next env suggests nothing: no leak from the last one
+    assert bare.messages == [{"role": "user", "content": "q2"}]

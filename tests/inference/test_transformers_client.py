@@ -39,6 +39,25 @@ def test_logprobs_equal_a_plain_forward_of_the_same_tokens(tiny_model, tiny_toke
     torch.testing.assert_close(torch.tensor(trace.completion_logprobs), expected, atol=1e-4, rtol=0)
 
 
+def test_sampling_runs_without_dropout_and_restores_train_mode(tiny_tokenizer) -> None:
+    """A policy shared with the Trainer sits in train mode; behaviour logprobs must still
+    be the deterministic (eval-mode) ones."""
+    model = build_tiny_causal_lm(tiny_tokenizer, seed=0)
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.5
+    model.train()
+    client = TransformersChatClient(model, tiny_tokenizer)
+    prompt = tiny_tokenizer.encode("2+3=", add_special_tokens=False)
+    resp = asyncio.run(client.complete(_request(prompt, max_tokens=6, seed=1)))
+    assert model.training
+    model.eval()
+    assert resp.trace is not None
+    expected = _forward_logprobs(model, prompt, resp.trace.completion_token_ids)
+    torch.testing.assert_close(
+        torch.tensor(resp.trace.completion_logprobs), expected, atol=1e-4, rtol=0
+    )
+
+
 def test_batched_requests_match_one_at_a_time(tiny_model, tiny_tokenizer) -> None:
     client = TransformersChatClient(tiny_model, tiny_tokenizer)
     prompts = [tiny_tokenizer.encode(t, add_special_tokens=False) for t in ["1+1=", "12*34=", "x"]]

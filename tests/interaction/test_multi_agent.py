@@ -173,6 +173,14 @@ def test_one_agent_object_for_two_ids_is_rejected() -> None:
         MultiAgentProtocol({"a": shared, "b": shared})
 
 
+def test_two_agents_sharing_one_context_strategy_are_rejected_at_run() -> None:
+    shared_context = object()
+    a, b = ScriptedAgent([answer("done")]), ScriptedAgent([answer("done")])
+    a.context = b.context = shared_context  # type: ignore[attr-defined]
+    with pytest.raises(RuntimeError, match=r"context strategy of agent 'b' is already in use"):
+        play({"a": a, "b": b}, CouncilEnv(["a", "b"]))
+
+
 def test_external_tools_and_their_rollouts_are_handled_per_agent() -> None:
     async def handler(call):
         return ExternalToolResult(content=f"re {call.id}")

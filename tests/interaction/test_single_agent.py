@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from tests.interaction.fakes import (
     LineEnv,
@@ -297,3 +299,49 @@ def test_only_agent_and_env_steps_are_in_the_timeline() -> None:
     [rollout] = play(ScriptedAgent([answer("stop", internal_calls=1)]), LineEnv())
     assert all(isinstance(s, AgentStep | EnvironmentStep) for s in rollout.steps)
     assert rollout.agent_steps[0].trace is not None
+
+
+def test_a_failing_external_handler_cancels_its_sibling_calls() -> None:
+    finished: list[str] = []
+
+    async def handler(call):
+        if call.id == "bad":
+            raise RuntimeError("tool backend down")
+        await asyncio.sleep(0.05)
+        finished.append(call.id)
+        return ExternalToolResult(content="late")
+
+    calls = [ToolCall("slow", "t", {}), ToolCall("bad", "t", {})]
+    agent = ScriptedAgent([Reply("<two calls>", external=calls)])
+
+    async def main() -> None:
+        protocol = SingleAgentProtocol(agent, external_tool_handler=handler)
+        with pytest.raises(RuntimeError, match="tool backend down"):
+            await protocol.run(env=LineEnv(), max_steps=2)
+        await asyncio.sleep(0.1)  # a leaked sibling would finish here
+
+    run(main())
+    assert finished == []
+
+
+def test_one_agent_in_two_concurrent_episodes_raises_naming_the_fix() -> None:
+    async def pause() -> None:
+        await asyncio.sleep(0.01)
+
+    agent = ScriptedAgent([answer("stop"), answer("stop")], gate=pause)
+
+    async def two_at_once() -> None:
+        await asyncio.gather(
+            SingleAgentProtocol(agent).run(env=LineEnv(), max_steps=2),
+            SingleAgentProtocol(agent).run(env=LineEnv(), max_steps=2),
+        )
+
+    with pytest.raises(RuntimeError, match=r"already in use.*build fresh ones per episode"):
+        run(two_at_once())
+
+
+def test_an_agent_may_play_consecutive_episodes() -> None:
+    agent = ScriptedAgent([answer("stop"), answer("stop")])
+    for _ in range(2):
+        [rollout] = play(agent, LineEnv())
+        assert rollout.terminated

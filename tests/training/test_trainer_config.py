@@ -28,12 +28,18 @@ from ludic.training.optim import build_lr_scheduler, build_optimizer, lr_multipl
         ({"pad_token_id": -1}, "pad_token_id"),
         ({"max_lag": -1}, "max_lag"),
         ({"publish_every": -1}, "publish_every"),
+        ({"publish_every": 4, "max_lag": 2}, "max_lag"),
         ({"dtype": "float64"}, "dtype"),
     ],
 )
 def test_invalid_trainer_config_raises_naming_the_field(kwargs, field) -> None:
     with pytest.raises(ValueError, match=f"TrainerConfig.{field}="):
         TrainerConfig(**kwargs)
+
+
+def test_max_lag_may_cover_exactly_the_publish_interval() -> None:
+    assert TrainerConfig(publish_every=4, max_lag=3).max_lag == 3
+    assert TrainerConfig(publish_every=0, max_lag=0).max_lag == 0
 
 
 def test_default_trainer_config_is_valid() -> None:

@@ -82,9 +82,7 @@ class Agent:
     def on_env_reset(
         self, obs: Observation, info: Info, *, system_prompt: str | None = None
     ) -> None:
-        if system_prompt is not None:
-            self.context.reset(system_prompt)
-        self.context.on_env_reset(obs, info)
+        self.context.on_env_reset(obs, info, system_prompt=system_prompt)
         self._turn = None
 
     def on_tool_results(self, messages: list[Message]) -> None:
@@ -116,10 +114,12 @@ class Agent:
         """One model call: build the prompt, complete, record the assistant message.
 
         The returned step is unparsed (``action=None``); ``info["finish_reason"]`` holds
-        the completion's finish reason.
+        the completion's finish reason and ``info["tools"]`` the tool schemas the prompt
+        was rendered with (when there are any), so ``retokenize=True`` can render it again.
         """
         calls_before = self.model_calls_in_turn(turn_id)
-        prompt_ids, messages = self._next_prompt(turn_id)
+        tools = self.tool_schemas()
+        prompt_ids, messages = self._next_prompt(turn_id, tools)
         request = CompletionRequest(prompt_token_ids=tuple(prompt_ids), inference=inference)
         response = await self.client.complete(request)
         trace = self._checked_trace(request, response)
@@ -133,13 +133,16 @@ class Agent:
             messages=[*messages, assistant],
             model_calls=calls_before + 1,
         )
+        info: Info = {"finish_reason": response.finish_reason}
+        if tools:
+            info["tools"] = tools
         return AgentStep(
             index=-1,
             turn_id=turn_id,
             prompt_messages=messages,
             completion=response.text,
             trace=trace,
-            info={"finish_reason": response.finish_reason},
+            info=info,
         )
 
     def _finish_with_parse(self, steps: list[AgentStep]) -> AgentAct:
@@ -174,10 +177,12 @@ class Agent:
             return ParseResult(action=None, reward=penalty, obs=INCOMPLETE_FEEDBACK)
         return self.parser(step.completion)
 
-    def _next_prompt(self, turn_id: str) -> tuple[list[int], list[Message]]:
+    def _next_prompt(
+        self, turn_id: str, tools: list[dict[str, Any]] | None
+    ) -> tuple[list[int], list[Message]]:
         """``(prompt ids, prompt messages)``: extend the turn's last call when continuing
         it with new messages, else render the context strategy's view."""
-        turn, tools = self._turn, self.tool_schemas()
+        turn = self._turn
         if turn is not None and turn.turn_id == turn_id and turn.pending:
             messages = [*turn.messages, *turn.pending]
             if turn.completion_ids is None:  # no trace (e.g. eval): text-mode render

@@ -24,14 +24,9 @@ and its step has ``info["forced_final_answer"] = True``. A turn thus makes at mo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import Any
 
-from ludic.agents.tool_agent import ToolAgent, ToolSpec
-from ludic.context.base import ContextStrategy
-from ludic.inference.chat_template import ChatTemplate
-from ludic.inference.client import ChatClient
-from ludic.inference.tool_parser import ToolCallParser
-from ludic.parsers import Parser
+from ludic.agents.tool_agent import ToolAgent
 
 FINAL_ANSWER_PROMPT = (
     "You must answer now. Do not call any more tools; give your final answer in the "
@@ -46,37 +41,18 @@ class ReActAgent(ToolAgent):
         max_react_steps: model calls per turn that may use tools before the agent forces a
             final answer (>= 1).
         final_answer_prompt: the user message that forces it.
-        others: as ``ToolAgent``.
+        **tool_agent_kwargs: every ``ToolAgent`` argument (``client``, ``context``,
+            ``parser``, ``chat_template``, ``tools``, ``external_tools``, ...).
     """
 
     def __init__(
         self,
         *,
-        client: ChatClient,
-        context: ContextStrategy,
-        parser: Parser,
-        chat_template: ChatTemplate,
-        tools: Sequence[ToolSpec] = (),
-        external_tools: Sequence[ToolSpec] = (),
-        tool_call_parser: ToolCallParser | None = None,
         max_react_steps: int = 5,
         final_answer_prompt: str = FINAL_ANSWER_PROMPT,
-        max_tool_calls: int = 8,
-        tool_error_penalty: float = 0.0,
-        incomplete_completion_penalty: float | None = None,
+        **tool_agent_kwargs: Any,
     ) -> None:
-        super().__init__(
-            client=client,
-            context=context,
-            parser=parser,
-            chat_template=chat_template,
-            tools=tools,
-            external_tools=external_tools,
-            tool_call_parser=tool_call_parser,
-            max_tool_calls=max_tool_calls,
-            tool_error_penalty=tool_error_penalty,
-            incomplete_completion_penalty=incomplete_completion_penalty,
-        )
+        super().__init__(**tool_agent_kwargs)
         if max_react_steps < 1:
             raise ValueError(
                 f"ReActAgent: max_react_steps must be >= 1, got {max_react_steps}; it counts "

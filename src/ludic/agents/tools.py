@@ -20,6 +20,7 @@ goes back to the model as the tool's result.
 from __future__ import annotations
 
 import enum
+import functools
 import inspect
 import json
 import re
@@ -64,7 +65,7 @@ def tool_schema(
     if not tool_name or tool_name == "<lambda>":
         raise ValueError(f"tool_schema: {fn!r} has no usable name; pass name=... explicitly")
     sig = inspect.signature(fn)
-    hints = typing.get_type_hints(fn)
+    hints = typing.get_type_hints(_annotated_function(fn))
     summary, param_docs = _parse_docstring(inspect.getdoc(fn) or "")
     properties: dict[str, Any] = {}
     required: list[str] = []
@@ -117,7 +118,13 @@ def as_tool(spec: Tool | Callable[..., Any] | Mapping[str, Any] | str, *, intern
         schema = dict(spec) if "function" in spec else {"type": "function", "function": dict(spec)}
         tool = Tool(name=fn_schema["name"], schema=schema)
     elif callable(spec):
-        tool = Tool(name=spec.__name__, schema=tool_schema(spec), fn=spec)
+        name = getattr(spec, "__name__", None)
+        if not name or name == "<lambda>":
+            raise ValueError(
+                f"tool {spec!r} has no usable name (a lambda, functools.partial or callable "
+                "object); wrap it as Tool(name=..., schema=tool_schema(fn, name=...), fn=fn)"
+            )
+        tool = Tool(name=name, schema=tool_schema(spec), fn=spec)
     else:
         raise TypeError(
             f"tool spec {spec!r} is a {type(spec).__name__}; expected a function, a Tool, "
@@ -166,6 +173,16 @@ async def call_tool(tool: Tool | None, call: ToolCall, available: list[str]) -> 
 
 
 # ---- helpers --------------------------------------------------------------------------
+def _annotated_function(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The function whose annotations describe ``fn``: the wrapped function of a
+    ``functools.partial``, ``__call__`` of a callable object, else ``fn`` itself."""
+    if isinstance(fn, functools.partial):
+        return _annotated_function(fn.func)
+    if inspect.isroutine(fn) or inspect.isclass(fn):
+        return fn
+    return type(fn).__call__
+
+
 def _to_content(result: Any) -> str:
     if isinstance(result, str):
         return result

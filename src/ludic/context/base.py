@@ -24,14 +24,17 @@ class ContextStrategy(ABC):
         return [dict(m) for m in self._messages]
 
     def reset(self, system_prompt: str | None = None) -> None:
-        if system_prompt is not None:
-            self.system_prompt = system_prompt
+        """Start a new, empty history. ``system_prompt`` is a suggestion (e.g. the env's)
+        used for this episode only when the strategy has no system prompt of its own."""
         self._messages = []
-        if self.system_prompt:
-            self._messages.append({"role": "system", "content": self.system_prompt})
+        prompt = self.system_prompt if self.system_prompt is not None else system_prompt
+        if prompt:
+            self._messages.append({"role": "system", "content": prompt})
 
-    def on_env_reset(self, obs: Observation, info: Info) -> None:
-        self.reset()
+    def on_env_reset(
+        self, obs: Observation, info: Info, *, system_prompt: str | None = None
+    ) -> None:
+        self.reset(system_prompt)
         self._messages.append({"role": "user", "content": obs})
 
     def on_after_act(self, assistant_message: Message) -> None:

@@ -2,7 +2,7 @@
 vLLM server.
 
 Concurrent ``complete`` calls are gathered into one left-padded batch and sampled
-together with a KV cache. Returned logprobs are the model's own log-probabilities of the
+together with a KV cache, in eval mode (no dropout; the model's mode is restored after). Returned logprobs are the model's own log-probabilities of the
 chosen tokens (log-softmax of the raw logits, before temperature / top-k / top-p), the
 same quantity vLLM returns by default and the trainer recomputes.
 """
@@ -10,8 +10,9 @@ same quantity vLLM returns by default and the trainer recomputes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -117,7 +118,7 @@ class TransformersChatClient:
                         fut.set_result(resp)
 
     def _generate(self, requests: list[CompletionRequest]) -> list[ChatResponse]:
-        with self._lock, torch.no_grad():
+        with self._lock, torch.no_grad(), _eval_mode(self.model):
             version = self.policy_version
             rows = [
                 _Row(
@@ -203,6 +204,18 @@ class TransformersChatClient:
                 policy_version=version,
             )
         return ChatResponse(text=text, finish_reason=row.finish_reason, trace=trace)
+
+
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Sample with dropout off (a model shared with the Trainer is left in train mode),
+    then restore the model's mode."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 def _sample_token(logits: torch.Tensor, s: SamplingSpec, gen: torch.Generator | None) -> int:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from typing import Any
 
+from ludic._async import gather_or_cancel
 from ludic.envs.env import LudicEnv
 from ludic.inference.request import InferenceSpec
 from ludic.interaction.base import ActingAgent, ExternalToolHandler
@@ -13,7 +13,8 @@ from ludic.interaction.info import PROTOCOL_META_KEYS, merge_step_info
 from ludic.interaction.step_collector import (
     DEFAULT_MAX_TOOL_ROUNDS,
     TraceCollector,
-    link_to_parent,
+    check_run_args,
+    exclusive_agents,
     run_agent_turn,
 )
 from ludic.types import AgentId, Rollout, StepOutcome, new_id
@@ -101,12 +102,21 @@ class MultiAgentProtocol:
         meta: dict[str, Any] | None = None,
     ) -> list[Rollout]:
         """Run one episode; returns ``[*per_agent_rollouts, *delegated_rollouts]``."""
-        if max_steps < 1:
-            raise ValueError(f"MultiAgentProtocol.run: max_steps={max_steps}; expected >= 1")
-        inference = inference or InferenceSpec()
-        env_name = type(env).__name__
+        inference = check_run_args(type(self).__name__, max_steps, inference)
         env_ids = self._check_ids(env)
+        with exclusive_agents(type(self).__name__, self.agents):
+            return await self._play(env, env_ids, max_steps, env_seed, inference, meta)
 
+    async def _play(
+        self,
+        env: LudicEnv,
+        env_ids: list[AgentId],
+        max_steps: int,
+        env_seed: int | None,
+        inference: InferenceSpec,
+        meta: dict[str, Any] | None,
+    ) -> list[Rollout]:
+        env_name = type(env).__name__
         resets = env.reset(seed=env_seed)
         if missing := [a for a in env_ids if a not in resets]:
             raise ValueError(f"{env_name}.reset() returned no observation for agents {missing}")
@@ -125,10 +135,9 @@ class MultiAgentProtocol:
             self.agents[aid].on_env_reset(obs[aid], info, system_prompt=system_prompt)
 
         done: set[AgentId] = set()
-        delegated: list[Rollout] = []
         for _ in range(max_steps):
             active = self._active(env, done)
-            turns = await asyncio.gather(
+            turns = await gather_or_cancel(
                 *(
                     run_agent_turn(
                         self.agents[aid],
@@ -145,12 +154,7 @@ class MultiAgentProtocol:
             actions: dict[AgentId, str] = {}
             turn_of = dict(zip(active, turns))
             for aid, turn in turn_of.items():
-                link_to_parent(turn.delegated, collector.rollout(aid), turn.turn_id)
-                delegated.extend(turn.delegated)
-                if turn.tool_rounds_exceeded:
-                    collector.finish(
-                        aid, terminated=False, truncated=True, reason="max_tool_rounds"
-                    )
+                if collector.collect_turn(aid, turn):
                     done.add(aid)
                 elif turn.act.parse_error:
                     step = collector.record_parse_failure(
@@ -196,7 +200,7 @@ class MultiAgentProtocol:
             for aid in env_ids:
                 if aid not in done:
                     collector.truncate_at_max_steps(aid)
-        return [*collector.rollouts(), *delegated]
+        return collector.all_rollouts()
 
     def _active(self, env: LudicEnv, done: set[AgentId]) -> list[AgentId]:
         active = list(env.active_agents)
@@ -250,14 +254,7 @@ def _apply_passive_outcome(
     """Fold an outcome for an agent that did not act into its latest env step (see
     ``MultiAgentProtocol``)."""
     env_steps = collector.rollout(agent_id).env_steps
-    ended = outcome.terminated or outcome.truncated
-    if ended:
-        collector.finish(
-            agent_id,
-            terminated=outcome.terminated,
-            truncated=outcome.truncated,
-            reason="env" if outcome.truncated else None,
-        )
+    collector.finish_if_ended(agent_id, outcome)
     if not env_steps:
         if outcome.reward != 0.0:
             raise ValueError(

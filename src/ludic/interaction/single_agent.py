@@ -11,7 +11,8 @@ from ludic.interaction.info import PROTOCOL_META_KEYS, merge_step_info
 from ludic.interaction.step_collector import (
     DEFAULT_MAX_TOOL_ROUNDS,
     TraceCollector,
-    link_to_parent,
+    check_run_args,
+    exclusive_agents,
     run_agent_turn,
 )
 from ludic.types import AgentId, Rollout, new_id
@@ -99,11 +100,20 @@ class SingleAgentProtocol:
         meta: dict[str, Any] | None = None,
     ) -> list[Rollout]:
         """Run one episode; returns ``[rollout, *delegated_rollouts]``."""
-        if max_steps < 1:
-            raise ValueError(f"SingleAgentProtocol.run: max_steps={max_steps}; expected >= 1")
-        inference = inference or InferenceSpec()
+        inference = check_run_args(type(self).__name__, max_steps, inference)
         agent_id = self._resolve_agent_id(env)
+        with exclusive_agents(type(self).__name__, {agent_id: self.agent}):
+            return await self._play(env, agent_id, max_steps, env_seed, inference, meta)
 
+    async def _play(
+        self,
+        env: LudicEnv,
+        agent_id: AgentId,
+        max_steps: int,
+        env_seed: int | None,
+        inference: InferenceSpec,
+        meta: dict[str, Any] | None,
+    ) -> list[Rollout]:
         resets = env.reset(seed=env_seed)
         if agent_id not in resets:
             raise ValueError(
@@ -121,7 +131,6 @@ class SingleAgentProtocol:
         rollout.meta["truncation_reason"] = None
         self.agent.on_env_reset(obs, info, system_prompt=self.system_prompt or env.system_prompt)
 
-        delegated: list[Rollout] = []
         ended = False
         while rollout.length < max_steps and not ended:
             active = env.active_agents
@@ -140,12 +149,7 @@ class SingleAgentProtocol:
                 external_tool_handler=self.external_tool_handler,
                 max_tool_rounds=self.max_tool_rounds,
             )
-            link_to_parent(turn.delegated, rollout, turn.turn_id)
-            delegated.extend(turn.delegated)
-            if turn.tool_rounds_exceeded:
-                collector.finish(
-                    agent_id, terminated=False, truncated=True, reason="max_tool_rounds"
-                )
+            if collector.collect_turn(agent_id, turn):
                 break
             act = turn.act
             if act.parse_error:
@@ -179,4 +183,4 @@ class SingleAgentProtocol:
 
         if not ended and rollout.meta["truncation_reason"] is None:
             collector.truncate_at_max_steps(agent_id)
-        return [rollout, *delegated]
+        return collector.all_rollouts()

@@ -3,16 +3,18 @@
 ``TraceCollector`` owns the rollouts of one episode and is the only place that assigns
 step indices, so ``step.index == position in rollout.steps`` always holds.
 ``run_agent_turn`` runs one agent's turn: ``act`` -> (external tools -> ``act``)* until
-the agent produces an env action or a parse failure. Both protocols use them.
+the agent produces an env action or a parse failure. ``exclusive_agents`` keeps one agent
+from playing two episodes at once. Both protocols use them.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ludic._async import gather_or_cancel
 from ludic.inference.request import InferenceSpec
 from ludic.interaction.base import ActingAgent, ExternalToolHandler, ExternalToolResult
 from ludic.interaction.info import PROTOCOL_META_KEYS, merge_step_info
@@ -36,6 +38,48 @@ DEFAULT_MAX_TOOL_ROUNDS = 8
 """Default cap on external-tool rounds (handler calls) within one turn."""
 
 
+def check_run_args(owner: str, max_steps: int, inference: InferenceSpec | None) -> InferenceSpec:
+    """Validate a protocol ``run``'s ``max_steps``; return ``inference`` or the default."""
+    if max_steps < 1:
+        raise ValueError(f"{owner}.run: max_steps={max_steps}; expected >= 1")
+    return inference or InferenceSpec()
+
+
+_IN_USE: dict[int, str] = {}
+"""``id`` of every agent (and context strategy) playing an episode right now -> its role."""
+
+
+@contextlib.contextmanager
+def exclusive_agents(owner: str, agents: Mapping[AgentId, ActingAgent]) -> Iterator[None]:
+    """Hold ``agents`` and their ``context`` strategies (if they have one) for one episode.
+
+    Agents keep per-episode state (conversation, in-turn tokens), so one agent object in
+    two concurrent episodes would interleave both histories silently; this raises
+    instead. Reusing an agent for a later episode is fine (``on_env_reset`` resets it).
+    """
+    claims: dict[int, str] = {}
+    for aid, agent in agents.items():
+        parts = [(agent, f"agent {aid!r} ({type(agent).__name__})")]
+        context = getattr(agent, "context", None)
+        if context is not None:
+            parts.append((context, f"the context strategy of agent {aid!r}"))
+        for obj, role in parts:
+            if id(obj) in _IN_USE or id(obj) in claims:
+                raise RuntimeError(
+                    f"{owner}: {role} is already in use by an episode that is still running; "
+                    "agents and context strategies hold per-episode state, so build fresh "
+                    "ones per episode (e.g. a protocol factory `lambda: "
+                    "SingleAgentProtocol(Agent(context=FullDialog(), ...))`)"
+                )
+            claims[id(obj)] = role
+    _IN_USE.update(claims)
+    try:
+        yield
+    finally:
+        for key in claims:
+            _IN_USE.pop(key, None)
+
+
 class TraceCollector:
     """One ``Rollout`` per agent id; assigns every step its index in its rollout.
 
@@ -52,6 +96,7 @@ class TraceCollector:
             aid: Rollout(meta=merge_step_info(meta, {"agent_id": aid}, reserved=PROTOCOL_META_KEYS))
             for aid in agent_ids
         }
+        self._delegated: list[Rollout] = []
 
     @property
     def agent_ids(self) -> list[AgentId]:
@@ -68,6 +113,22 @@ class TraceCollector:
     def rollouts(self) -> list[Rollout]:
         """All rollouts, in the order of ``agent_ids``."""
         return list(self._rollouts.values())
+
+    def all_rollouts(self) -> list[Rollout]:
+        """What a protocol returns: :meth:`rollouts`, then the delegated ones (in the order
+        their turns were collected)."""
+        return [*self.rollouts(), *self._delegated]
+
+    def collect_turn(self, agent_id: AgentId, turn: TurnResult) -> bool:
+        """Keep the turn's delegated rollouts (stamped with ``parent_rollout_id`` /
+        ``parent_turn_id``, see :func:`link_to_parent`). If the turn hit the tool-round cap,
+        end the rollout truncated (``truncation_reason="max_tool_rounds"``) and return True.
+        """
+        link_to_parent(turn.delegated, self.rollout(agent_id), turn.turn_id)
+        self._delegated.extend(turn.delegated)
+        if turn.tool_rounds_exceeded:
+            self.finish(agent_id, terminated=False, truncated=True, reason="max_tool_rounds")
+        return turn.tool_rounds_exceeded
 
     def add_agent_steps(
         self, agent_id: AgentId, turn_id: str, steps: Sequence[AgentStep]
@@ -149,13 +210,7 @@ class TraceCollector:
             truncated=outcome.truncated,
             info=merge_step_info(protocol_info, outcome.info),
         )
-        if outcome.terminated or outcome.truncated:
-            self.finish(
-                agent_id,
-                terminated=outcome.terminated,
-                truncated=outcome.truncated,
-                reason="env" if outcome.truncated else None,
-            )
+        self.finish_if_ended(agent_id, outcome)
         return step
 
     def record_parse_failure(
@@ -190,6 +245,19 @@ class TraceCollector:
         rollout.terminated = terminated
         rollout.truncated = truncated
         rollout.meta["truncation_reason"] = reason
+
+    def finish_if_ended(self, agent_id: AgentId, outcome: StepOutcome) -> bool:
+        """:meth:`finish` the rollout if ``outcome`` ended it (an env truncation gets
+        ``truncation_reason="env"``); returns whether it did."""
+        ended = outcome.terminated or outcome.truncated
+        if ended:
+            self.finish(
+                agent_id,
+                terminated=outcome.terminated,
+                truncated=outcome.truncated,
+                reason="env" if outcome.truncated else None,
+            )
+        return ended
 
     def truncate_at_max_steps(self, agent_id: AgentId) -> None:
         """Protocol truncation: mark the last env step (if any) and the rollout truncated
@@ -284,7 +352,7 @@ async def _handle_external_calls(
             f"agent {agent_id!r}: AgentAct.action_target='external' but tool_calls is empty; "
             "an external act must carry the ToolCalls for the protocol to handle"
         )
-    results = await asyncio.gather(*(handler(call) for call in calls))
+    results = await gather_or_cancel(*(handler(call) for call in calls))
     messages: list[Message] = []
     rollouts: list[Rollout] = []
     for call, result in zip(calls, results):

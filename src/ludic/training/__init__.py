@@ -18,6 +18,7 @@ _EXPORTS: dict[str, str] = {
     "EnvSpec": "ludic.training.types",
     "ProtocolSpec": "ludic.training.types",
     "DataExhausted": "ludic.training.types",
+    "EmptyBatchError": "ludic.training.types",
     # algorithms = credit assignment + loss
     "RLAlgorithm": "ludic.training.algorithm",
     "BatchMeanBaseline": "ludic.training.algorithm",
@@ -47,7 +48,6 @@ _EXPORTS: dict[str, str] = {
     "aggregate_stats": "ludic.training.stats",
     # trainer and utilities
     "Trainer": "ludic.training.trainer",
-    "EmptyBatchError": "ludic.training.trainer",
     "NonFiniteError": "ludic.training.trainer",
     "token_logprobs": "ludic.training.trainer",
     "TrainerConfig": "ludic.training.config",

@@ -44,7 +44,8 @@ class TrainerConfig:
     and of the loss; use ``tokenizer.pad_token_id``)."""
     max_lag: int | None = None
     """Drop items whose ``policy_version < trainer.step - max_lag`` (stale experience in
-    asynchronous pipelines); ``None`` keeps everything."""
+    asynchronous pipelines); ``None`` keeps everything. Must be at least
+    ``publish_every - 1``: the newest published version can be that many steps old."""
     publish_every: int = 1
     """Publish weights to the inference side every this many optimizer steps (with
     ``version = step``); 0 never publishes."""
@@ -91,6 +92,15 @@ class TrainerConfig:
             ">= 0, or None to keep stale items",
         )
         _check(self.publish_every >= 0, "publish_every", self.publish_every, ">= 0 (0 = never)")
+        _check(
+            self.max_lag is None or self.max_lag >= self.publish_every - 1,
+            "max_lag",
+            self.max_lag,
+            f">= publish_every - 1 = {self.publish_every - 1}: weights are published every "
+            f"{self.publish_every} steps, so items from the newest published version are up "
+            "to that many steps old and would all be dropped; raise max_lag or lower "
+            "publish_every",
+        )
         _check(self.dtype is None or self.dtype in DTYPES, "dtype", self.dtype, DTYPES)
 
     def _check_total_steps(self) -> None:

@@ -46,11 +46,7 @@ from ludic.training.loggers import MultiLogger, TrainingLogger
 from ludic.training.losses.base import LossInputs
 from ludic.training.optim import build_lr_scheduler, build_optimizer
 from ludic.training.stats import Reducer, aggregate_stats
-from ludic.training.types import BatchSource, DataExhausted, SAWBatch, SAWItem
-
-
-class EmptyBatchError(RuntimeError):
-    """No item of a batch survived preprocessing, the sample filter and ``max_lag``."""
+from ludic.training.types import BatchSource, DataExhausted, EmptyBatchError, SAWBatch, SAWItem
 
 
 class NonFiniteError(FloatingPointError):

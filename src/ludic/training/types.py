@@ -129,6 +129,12 @@ class DataExhausted(Exception):
     """
 
 
+class EmptyBatchError(RuntimeError):
+    """A batch has no training item left: a batch source's retries all came back empty, or
+    the trainer's sample filter and ``max_lag`` dropped every item. One class for both, so
+    ``except EmptyBatchError`` catches either."""
+
+
 @runtime_checkable
 class BatchSource(Protocol):
     """What the Trainer pulls from. Must not block forever: raise :class:`DataExhausted`

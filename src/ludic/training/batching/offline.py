@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ludic.inference.chat_template import ChatTemplate
-from ludic.training.batching.saw import SampleFilter, rollouts_to_saw_items
+from ludic.training.batching.saw import SampleFilter, build_saw_batch, check_retokenize_args
 from ludic.training.types import CreditAssigner, DataExhausted, SAWBatch, SAWItem
 from ludic.types import Rollout, rollout_from_dict, rollout_to_dict
 
@@ -89,6 +89,7 @@ class OfflineBatchSource:
             raise ValueError(f"OfflineBatchSource: batch_size must be >= 1, got {batch_size}")
         if epochs is not None and epochs < 1:
             raise ValueError(f"OfflineBatchSource: epochs must be >= 1 or None, got {epochs}")
+        check_retokenize_args("OfflineBatchSource", retokenize, chat_template)
         paths = (
             [Path(path_or_paths)]
             if isinstance(path_or_paths, str | Path)
@@ -114,17 +115,19 @@ class OfflineBatchSource:
                 f"OfflineBatchSource: rollout_filter kept 0 of {len(loaded)} rollouts from "
                 f"{[str(p) for p in paths]}; loosen the filter"
             )
-        weights = credit_assigner.compute(self.rollouts)
-        items = rollouts_to_saw_items(
-            self.rollouts, weights, retokenize=retokenize, chat_template=chat_template
+        converted = build_saw_batch(
+            self.rollouts,
+            credit_assigner=credit_assigner,
+            retokenize=retokenize,
+            chat_template=chat_template,
+            sample_filter=sample_filter,
         )
-        self.items: list[SAWItem] = (
-            items if sample_filter is None else [it for it in items if sample_filter(it)]
-        )
+        self.items: list[SAWItem] = converted.items
         if not self.items:
+            before = converted.meta["num_items"] + converted.meta["num_items_filtered"]
             raise ValueError(
                 f"OfflineBatchSource: 0 training items left from {len(self.rollouts)} rollouts "
-                f"({len(items)} before sample_filter); loosen the filters or check the data"
+                f"({before} before sample_filter); loosen the filters or check the data"
             )
         if drop_last and len(self.items) < batch_size:
             raise ValueError(

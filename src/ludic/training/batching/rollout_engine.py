@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ludic._async import gather_or_cancel
 from ludic.envs.env import LudicEnv
 from ludic.inference.chat_template import ChatTemplate
 from ludic.interaction.base import InteractionProtocol
@@ -153,18 +154,13 @@ class RolloutEngine:
         cancelled and the error is raised."""
         self._check_kinds(requests)
         sem = asyncio.Semaphore(self.max_concurrency)
-        tasks = [
-            asyncio.ensure_future(self._run_episode(req, i, e, sem))
-            for i, req in enumerate(requests)
-            for e in range(req.num_episodes)
-        ]
-        try:
-            results = await asyncio.gather(*tasks)
-        except BaseException:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
+        results = await gather_or_cancel(
+            *(
+                self._run_episode(req, i, e, sem)
+                for i, req in enumerate(requests)
+                for e in range(req.num_episodes)
+            )
+        )
         return [r for episode in results for r in episode]
 
     async def generate_batch(

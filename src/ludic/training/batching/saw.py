@@ -14,10 +14,13 @@ what ``ChatTemplate.extend`` guarantees.
 Retokenize mode (``retokenize=True``) rebuilds the tokens from the recorded messages with a
 ``ChatTemplate`` (for offline data without traces, or for a different tokenizer). Each
 call's action tokens are ``render(prompt + [assistant completion], add_generation_prompt=
-False)`` minus ``render(prompt)``, so they include the template's end-of-turn tokens. It
-cannot reproduce a completion cut off by ``max_tokens``; such items keep
-``finish_reason="length"`` in their meta so a sample filter can drop them. Retokenized
-items carry no ``old_logprobs``.
+False)`` minus ``render(prompt)``, so they include the template's end-of-turn tokens. The
+assistant message is rendered as the agent recorded it in its history (the raw completion
+text, tool-call markup included), and the tool schemas the agent rendered with
+(``AgentStep.info["tools"]``) are passed to the template again. It cannot reproduce a
+completion cut off by ``max_tokens``; such items keep ``finish_reason="length"`` in their
+meta (read from the trace, else from ``AgentStep.info["finish_reason"]``) so a sample
+filter can drop them. Retokenized items carry no ``old_logprobs``.
 
 ``SAWItem.meta`` keys: ``rollout_id``, ``turn_index``, ``turn_id``, ``group_id``,
 ``reward`` (the turn's reward), ``total_reward`` (the rollout's), ``terminated``,
@@ -53,6 +56,15 @@ class TokenAlignmentError(ValueError):
     """A turn's token ids cannot be concatenated into one training sequence."""
 
 
+def check_retokenize_args(owner: str, retokenize: bool, chat_template: ChatTemplate | None) -> None:
+    """Raise naming ``owner`` when ``retokenize=True`` comes without a chat template."""
+    if retokenize and chat_template is None:
+        raise ValueError(
+            f"{owner}: retokenize=True needs a chat_template (e.g. HFChatTemplate(tokenizer)) "
+            "to rebuild token ids from the recorded messages"
+        )
+
+
 def rollouts_to_saw_items(
     rollouts: Sequence[Rollout],
     weights: Sequence[Sequence[float]],
@@ -66,11 +78,7 @@ def rollouts_to_saw_items(
     Turns whose completions are all empty (no generated token) are skipped: there is
     nothing to train on.
     """
-    if retokenize and chat_template is None:
-        raise ValueError(
-            "rollouts_to_saw_items: retokenize=True needs a chat_template (e.g. "
-            "HFChatTemplate(tokenizer)) to rebuild token ids from the recorded messages"
-        )
+    check_retokenize_args("rollouts_to_saw_items", retokenize, chat_template)
     if len(weights) != len(rollouts):
         raise ValueError(
             f"credit assigner returned weights for {len(weights)} rollouts but the batch has "
@@ -175,10 +183,16 @@ def _retokenized_turn(
 ) -> _Sequence:
     seq = _Sequence()
     for k, step in enumerate(turn.agent_steps):
-        prompt = list(chat_template.render(step.prompt_messages, add_generation_prompt=True))
+        tools = step.info.get("tools")
+        prompt = list(
+            chat_template.render(step.prompt_messages, tools=tools, add_generation_prompt=True)
+        )
+        # The assistant message exactly as the agent keeps it in its history (and as the
+        # next call's prompt_messages hold it): the raw completion, tool-call text included.
+        assistant: Message = {"role": "assistant", "content": step.completion}
         full = list(
             chat_template.render(
-                [*step.prompt_messages, _assistant_message(step)], add_generation_prompt=False
+                [*step.prompt_messages, assistant], tools=tools, add_generation_prompt=False
             )
         )
         if full[: len(prompt)] != prompt:
@@ -205,16 +219,6 @@ def _retokenized_turn(
     return seq
 
 
-def _assistant_message(step: AgentStep) -> Message:
-    message: Message = {"role": "assistant", "content": step.completion}
-    if step.tool_calls:
-        message["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in step.tool_calls
-        ]
-    return message
-
-
 def _first_mismatch(a: Sequence[int], b: Sequence[int]) -> int:
     for t, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -232,6 +236,15 @@ def _policy_version(turn: Turn) -> int | None:
     return min(versions) if versions else None
 
 
+def _finish_reason(step: AgentStep) -> str | None:
+    """The trace's finish reason, else the one the agent recorded in ``info`` (a step
+    without a trace, e.g. sampled with ``ReturnSpec.for_eval()``)."""
+    if step.finish_reason is not None:
+        return step.finish_reason
+    reason = step.info.get("finish_reason")
+    return reason if isinstance(reason, str) else None
+
+
 def _item_meta(rollout: Rollout, turn_index: int, turn: Turn, seq: _Sequence) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "rollout_id": rollout.id,
@@ -242,7 +255,7 @@ def _item_meta(rollout: Rollout, turn_index: int, turn: Turn, seq: _Sequence) ->
         "total_reward": rollout.total_reward,
         "terminated": rollout.terminated,
         "truncated": rollout.truncated,
-        "finish_reason": turn.agent_steps[-1].finish_reason,
+        "finish_reason": _finish_reason(turn.agent_steps[-1]),
         "parse_error": any(s.parse_error for s in turn.agent_steps),
         "num_agent_steps": len(turn.agent_steps),
         "prompt_length": seq.prompt_length,

@@ -11,13 +11,9 @@ from collections.abc import Callable
 from ludic.inference.chat_template import ChatTemplate
 from ludic.training.batching.intra_batch_control import RequestStrategy
 from ludic.training.batching.rollout_engine import RolloutEngine
-from ludic.training.batching.saw import SampleFilter, build_saw_batch
-from ludic.training.types import CreditAssigner, RolloutRequest, SAWBatch
+from ludic.training.batching.saw import SampleFilter, build_saw_batch, check_retokenize_args
+from ludic.training.types import CreditAssigner, EmptyBatchError, RolloutRequest, SAWBatch
 from ludic.types import Rollout
-
-
-class EmptyBatchError(RuntimeError):
-    """Every attempt produced a batch with no training items."""
 
 
 class RolloutBatchSource:
@@ -48,10 +44,7 @@ class RolloutBatchSource:
             raise ValueError(
                 f"RolloutBatchSource: max_empty_batches must be >= 1, got {max_empty_batches}"
             )
-        if retokenize and chat_template is None:
-            raise ValueError(
-                "RolloutBatchSource: retokenize=True needs a chat_template to rebuild tokens"
-            )
+        check_retokenize_args("RolloutBatchSource", retokenize, chat_template)
         self.engine = engine
         self.requests_fn = requests_fn
         self.credit_assigner = credit_assigner

@@ -114,34 +114,34 @@ def masked_token_entropy(logits: torch.Tensor) -> torch.Tensor:
     return -(logp.exp() * logp).sum(dim=-1)
 
 
+_MISSING_PER_TOKEN = {
+    "old_logprobs": "needs behaviour logprobs but the batch has none; request them with "
+    "InferenceSpec(returns=ReturnSpec.for_rl())",
+    "ref_logprobs": "needs reference-model logprobs but the batch has none; give the trainer "
+    "a reference model, or use the behaviour policy as reference (reference='old')",
+}
+
+
 def require_old_logprobs(inputs: LossInputs, owner: str) -> torch.Tensor:
     """``inputs.old_logprobs`` [B, T-1], or a ``ValueError`` naming ``owner`` and the fix."""
-    if inputs.old_logprobs is None:
-        raise ValueError(
-            f"{owner} needs behaviour logprobs but the batch has none; request them with "
-            "InferenceSpec(returns=ReturnSpec.for_rl())"
-        )
-    if inputs.old_logprobs.shape != inputs.logprobs.shape:
-        raise ValueError(
-            f"{owner}: old_logprobs has shape {tuple(inputs.old_logprobs.shape)} but logprobs "
-            f"has {tuple(inputs.logprobs.shape)}; both must be next-token positions [B, T-1]"
-        )
-    return inputs.old_logprobs
+    return _require_per_token(inputs, owner, "old_logprobs")
 
 
 def require_ref_logprobs(inputs: LossInputs, owner: str) -> torch.Tensor:
     """``inputs.ref_logprobs`` [B, T-1], or a ``ValueError`` naming ``owner`` and the fix."""
-    if inputs.ref_logprobs is None:
+    return _require_per_token(inputs, owner, "ref_logprobs")
+
+
+def _require_per_token(inputs: LossInputs, owner: str, field_name: str) -> torch.Tensor:
+    values: torch.Tensor | None = getattr(inputs, field_name)
+    if values is None:
+        raise ValueError(f"{owner} {_MISSING_PER_TOKEN[field_name]}")
+    if values.shape != inputs.logprobs.shape:
         raise ValueError(
-            f"{owner} needs reference-model logprobs but the batch has none; give the trainer "
-            "a reference model, or use the behaviour policy as reference (reference='old')"
+            f"{owner}: {field_name} has shape {tuple(values.shape)} but logprobs has "
+            f"{tuple(inputs.logprobs.shape)}; both must be next-token positions [B, T-1]"
         )
-    if inputs.ref_logprobs.shape != inputs.logprobs.shape:
-        raise ValueError(
-            f"{owner}: ref_logprobs has shape {tuple(inputs.ref_logprobs.shape)} but logprobs "
-            f"has {tuple(inputs.logprobs.shape)}; both must be next-token positions [B, T-1]"
-        )
-    return inputs.ref_logprobs
+    return values
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
