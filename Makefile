@@ -1,5 +1,5 @@
 # On a fresh machine:
-#   make demo   -- create .venv, install ludic, train a tiny model (SFT then GRPO) on CPU
+#   make demo   -- create .venv, install ludic, run `ludic demo` (SFT then GRPO, tiny model, CPU)
 #   make test   -- create .venv, install ludic with dev extras, run the test suite
 #   make lint   -- ruff check + format check
 PYTHON ?= python3
@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 demo: setup
-	$(VENV)/bin/python examples/sft_then_grpo_arithmetic.py
+	$(VENV)/bin/ludic demo
 
 test: setup
 	$(VENV)/bin/pytest -q

@@ -45,7 +45,7 @@ class RichConsoleLogger:
         keys = self.keys if self.keys is not None else list(metrics)
         parts = [f"[bold]step {step}[/bold]"]
         parts += [f"[cyan]{k}[/cyan] {_fmt(metrics[k])}" for k in keys if k in metrics]
-        self.console.print(" | ".join(parts), highlight=False)
+        self.console.print(" | ".join(parts), highlight=False, soft_wrap=True)
 
     def close(self) -> None:
         return None
@@ -127,7 +127,7 @@ def _require(module: str, extra: str) -> Any:
 
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
     return str(value)
 
 

@@ -1,0 +1,7 @@
+"""``python -m ludic``: the same as the ``ludic`` command."""
+
+import sys
+
+from ludic.cli import main
+
+sys.exit(main())

@@ -1,0 +1,293 @@
+"""The ``ludic`` command: ``ludic train``, ``ludic eval`` and ``ludic demo``.
+
+Each command loads a config (YAML or TOML, schema in ``ludic/run/config.py``), applies
+``dotted.key=value`` overrides and calls :mod:`ludic.run.job`. Failures the user can fix
+(a bad config, a missing file, a :class:`~ludic.run.job.RunError`) print one
+``error: ...`` line and exit 2; ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
+
+from ludic import __version__
+from ludic.run.loading import ConfigError, load_config
+
+EXIT_OK = 0
+EXIT_FAILURE = 1  # an unexpected exception (a bug, or an environment problem)
+EXIT_USAGE = 2  # a mistake the user can fix: bad config, missing file, RunError
+EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
+
+DEMO_CONFIG = "arithmetic_demo.yaml"
+
+_OVERRIDES_HELP = """\
+overrides:
+  Any config field can be set on the command line as dotted.key=value, applied in
+  order after the config file. Values are parsed as YAML (numbers, true/false, null,
+  [lists], {mappings}); anything else is a string. Examples:
+    trainer.lr=1e-5 algorithm.name=gspo
+    trainer.steps=200 algorithm.group_size=16 sampling.temperature=0.8
+    model.path=Qwen/Qwen2.5-0.5B-Instruct inference.backend=vllm
+  Every field is documented in ludic/run/config.py (the RunConfig schema); unknown
+  fields are errors that suggest the closest name.
+"""
+
+_DESCRIPTION = """\
+ludic: reinforcement learning of LLMs with policy gradients.
+
+  ludic train CONFIG [OVERRIDE ...]   train (or --resume) a run
+  ludic eval CONFIG [OVERRIDE ...]    evaluate a run's newest checkpoint
+  ludic demo [OVERRIDE ...]           train the built-in arithmetic demo
+"""
+
+_EPILOG = (
+    _OVERRIDES_HELP
+    + """
+examples:
+  ludic demo
+  ludic demo trainer.steps=20
+  ludic train my_run.yaml trainer.lr=1e-5 algorithm.name=gspo
+  ludic train my_run.yaml --resume runs/my-run-20250101-120000
+  ludic eval my_run.yaml --run-dir runs/my-run-20250101-120000
+
+exit codes: 0 ok, 1 unexpected error, 2 bad config or input, 130 interrupted.
+Run `ludic COMMAND --help` for a command's options.
+"""
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``ludic`` command line; returns the exit code."""
+    parser = _build_parser()
+    try:
+        # parse_known_args + _take_late_overrides lets overrides follow options:
+        # `ludic train cfg.yaml --resume DIR trainer.lr=1e-5`.
+        args, extra = parser.parse_known_args(argv)
+        _take_late_overrides(parser, args, extra)
+    except SystemExit as exit_:  # --help, --version, or an argparse usage error
+        return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+
+    if args.debug:
+        return args.handler(args)
+    try:
+        return args.handler(args)
+    except KeyboardInterrupt:
+        _print_error(_interrupted_message(args))
+        return EXIT_INTERRUPTED
+    except Exception as err:
+        if isinstance(err, _user_error_types()):
+            _print_error(f"error: {_one_line(err)}")
+            return EXIT_USAGE
+        message = _one_line(err)
+        detail = f"{type(err).__name__}: {message}" if message else type(err).__name__
+        _print_error(f"error: {detail} (run with --debug for the traceback)")
+        return EXIT_FAILURE
+
+
+# ---------------------------------------------------------------------------- commands
+
+
+def _train(args: argparse.Namespace) -> int:
+    from ludic.run import job
+
+    config = load_config(args.config, args.overrides)
+    run_dir = job.train(config, resume=args.resume)
+    _stdout().print(f"run directory: {run_dir}", highlight=False, soft_wrap=True)
+    return EXIT_OK
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from ludic.run import job
+
+    config = load_config(args.config, args.overrides)
+    metrics = job.evaluate(config, run_dir=args.run_dir)
+    _print_metrics(metrics, source=args.run_dir or "initial model")
+    return EXIT_OK
+
+
+def _demo(args: argparse.Namespace) -> int:
+    with ExitStack() as stack:
+        # as_file gives a real path even when ludic is installed as a zip.
+        args.config = stack.enter_context(resources.as_file(demo_config_path()))
+        if not Path(args.config).is_file():
+            raise FileNotFoundError(f"the demo config {DEMO_CONFIG} is missing from ludic")
+        _stdout().print(f"ludic demo: training {args.config}", highlight=False, soft_wrap=True)
+        return _train(args)
+
+
+def demo_config_path() -> Traversable:
+    """The built-in demo config (package data ``ludic/configs/arithmetic_demo.yaml``)."""
+    return resources.files("ludic") / "configs" / DEMO_CONFIG
+
+
+def _print_metrics(metrics: dict[str, float], source: str | Path) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"eval ({source})", title_justify="left")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in metrics.items():
+        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+        table.add_row(key, shown)
+    _stdout().print(table)
+
+
+# ------------------------------------------------------------------------------ parser
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="ludic", description=_DESCRIPTION, epilog=_EPILOG, formatter_class=formatter
+    )
+    parser.add_argument("--version", action="version", version=f"ludic {__version__}")
+    parser.set_defaults(command=None)
+    commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--debug",
+        action="store_true",
+        help="let errors propagate with their full traceback instead of one error line",
+    )
+
+    def add(name: str, handler: Callable[[argparse.Namespace], int], summary: str, **kw):
+        sub = commands.add_parser(
+            name,
+            help=summary,
+            description=summary + "\n\n" + kw.pop("details"),
+            epilog=_OVERRIDES_HELP + "\nexamples:\n" + kw.pop("examples"),
+            formatter_class=formatter,
+            parents=[common],
+        )
+        sub.set_defaults(handler=handler)
+        if kw.pop("with_config"):
+            sub.add_argument(
+                "config", metavar="CONFIG", help="run config file (.yaml, .yml or .toml)"
+            )
+        sub.add_argument(
+            "overrides",
+            metavar="OVERRIDE",
+            nargs="*",
+            help="dotted.key=value config override, e.g. trainer.lr=1e-5",
+        )
+        return sub
+
+    train = add(
+        "train",
+        _train,
+        "Train a policy: optional SFT warm start, then RL with the configured algorithm.",
+        details=(
+            "Creates OUTPUT_DIR/NAME-TIMESTAMP (config, metrics.jsonl, checkpoints) and\n"
+            "prints it at the end. Ctrl-C saves a checkpoint; continue with --resume."
+        ),
+        examples=(
+            "  ludic train my_run.yaml\n"
+            "  ludic train my_run.yaml trainer.lr=1e-5 algorithm.name=gspo\n"
+            "  ludic train my_run.yaml --resume runs/my-run-20250101-120000\n"
+        ),
+        with_config=True,
+    )
+    train.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its newest checkpoint (same step and optimizer)",
+    )
+
+    evaluate = add(
+        "eval",
+        _eval,
+        "Evaluate a policy greedily and print the metrics.",
+        details=(
+            "Evaluates the newest checkpoint in --run-dir, or the config's initial model\n"
+            "when --run-dir is not given (eval.num_problems problems of the config's env)."
+        ),
+        examples=(
+            "  ludic eval my_run.yaml --run-dir runs/my-run-20250101-120000\n"
+            "  ludic eval my_run.yaml eval.num_problems=500\n"
+        ),
+        with_config=True,
+    )
+    evaluate.add_argument(
+        "--run-dir",
+        metavar="RUN_DIR",
+        help="run directory whose newest checkpoint to evaluate (default: the initial model)",
+    )
+
+    demo = add(
+        "demo",
+        _demo,
+        "Train the built-in demo config: a tiny model learning arithmetic.",
+        details=(
+            f"Uses the packaged config ludic/configs/{DEMO_CONFIG}; overrides apply on top.\n"
+            "Copy that file to start your own config."
+        ),
+        examples="  ludic demo\n  ludic demo trainer.steps=20 algorithm.name=gspo\n",
+        with_config=False,
+    )
+    demo.add_argument(
+        "--resume", metavar="RUN_DIR", help="continue an interrupted demo run in RUN_DIR"
+    )
+    return parser
+
+
+def _take_late_overrides(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]
+) -> None:
+    """Overrides given after an option arrive in ``extra``; anything else there is an error."""
+    unknown = [arg for arg in extra if arg.startswith("-") or args.command is None]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+
+
+# ------------------------------------------------------------------------------ errors
+
+
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    """Errors reported as one line with exit 2. ``RunError`` counts only once the job
+    module is imported (checking it must not import the job itself)."""
+    job = sys.modules.get("ludic.run.job")
+    run_error = (job.RunError,) if job is not None else ()
+    return (ConfigError, FileNotFoundError, *run_error)
+
+
+def _interrupted_message(args: argparse.Namespace) -> str:
+    if args.command == "eval":
+        return "interrupted"
+    command = ["ludic", args.command] + ([str(args.config)] if args.command == "train" else [])
+    command += [*args.overrides, "--resume", str(args.resume or "RUN_DIR")]
+    return f"interrupted; continue from the last checkpoint with: {shlex.join(command)}"
+
+
+def _one_line(err: BaseException) -> str:
+    if isinstance(err, FileNotFoundError) and err.filename is not None:
+        text = f"{err.strerror or 'no such file or directory'}: {err.filename}"
+    else:
+        text = str(err)
+    return " ".join(text.split())
+
+
+def _print_error(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def _stdout():
+    from rich.console import Console
+
+    return Console()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""Config -> parts: the policy model, the inference backend, the rollout engine, the
+algorithm and the trainer settings. Each builder raises :class:`RunError` naming the
+config field when the config asks for something that cannot be built."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ludic.agents import Agent
+from ludic.context import FullDialog
+from ludic.inference import (
+    ChatClient,
+    HFChatTemplate,
+    InferenceSpec,
+    ReturnSpec,
+    SamplingSpec,
+    TransformersChatClient,
+)
+from ludic.interaction import SingleAgentProtocol
+from ludic.models.tiny import build_tiny_causal_lm, build_tiny_tokenizer
+from ludic.run.config import RunConfig
+from ludic.run.registries import ALGORITHMS, ENVS, PARSERS, resolve
+from ludic.training import (
+    EnvSpec,
+    ProtocolSpec,
+    RLAlgorithm,
+    RolloutEngine,
+    RolloutRequest,
+    TrainerConfig,
+)
+
+
+class RunError(RuntimeError):
+    """A run that cannot proceed for a reason the user can fix; the message says how."""
+
+
+ENV_NAME = "env"
+PROTOCOL_NAME = "single_agent"
+
+
+def load_policy(config: RunConfig, model_dir: Path) -> tuple[torch.nn.Module, Any]:
+    """The policy model and its tokenizer.
+
+    ``model.path`` null: build the tiny model and save it (with its tokenizer) to
+    ``model_dir`` -- an ordinary HF folder -- then load it back through the same path a
+    real model takes.
+    """
+    path = config.model.path
+    if path is None:
+        if not (model_dir / "config.json").is_file():
+            tiny = config.model.tiny
+            tokenizer = build_tiny_tokenizer()
+            model = build_tiny_causal_lm(
+                tokenizer,
+                seed=tiny.seed,
+                hidden_size=tiny.hidden_size,
+                num_layers=tiny.num_layers,
+                num_heads=tiny.num_heads,
+            )
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+            model.save_pretrained(model_dir)
+            tokenizer.save_pretrained(model_dir)
+        path = str(model_dir)
+    model, tokenizer = _from_pretrained(path)
+    if config.model.lora is not None:
+        model = _with_lora(model, config)
+    return model.to(config.model.device), tokenizer
+
+
+def _from_pretrained(path: str) -> tuple[torch.nn.Module, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the run has its own progress display
+
+    local = Path(path).expanduser()
+    looks_local = local.exists() or path.startswith((".", "/", "~")) or path.count("/") > 1
+    if looks_local and not local.is_dir():
+        raise RunError(f"model.path: folder {path!r} does not exist")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(local) if looks_local else path)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(local) if looks_local else path, dtype=torch.float32
+        )
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RunError(f"model.path: cannot load {path!r}: {first}") from None
+    if tokenizer.chat_template is None:
+        raise RunError(f"model.path: the tokenizer of {path!r} has no chat template")
+    return model, tokenizer
+
+
+def _with_lora(model: torch.nn.Module, config: RunConfig) -> torch.nn.Module:
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise RunError("model.lora needs peft: pip install 'ludic-rl[peft]'") from None
+    lora = config.model.lora
+    assert lora is not None
+    try:
+        peft_config = LoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules),
+            task_type="CAUSAL_LM",
+        )
+        return get_peft_model(model, peft_config)
+    except ValueError as e:
+        raise RunError(f"model.lora.target_modules: {e}") from None
+
+
+def serving_copy(policy: torch.nn.Module) -> torch.nn.Module:
+    """A plain (non-peft) copy of the policy for the in-process backend to sample from."""
+    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+    serving = copy.deepcopy(base)
+    if hasattr(policy, "get_base_model"):  # peft layers in the copy -> merge them away
+        from peft import PeftModel
+
+        serving = PeftModel(serving, policy.peft_config["default"]).merge_and_unload()
+    serving.requires_grad_(False)
+    return serving
+
+
+def make_client(config: RunConfig, policy: torch.nn.Module, tokenizer: Any) -> ChatClient:
+    backend = config.inference.backend
+    if backend == "transformers":
+        return TransformersChatClient(
+            serving_copy(policy), tokenizer, max_batch_size=config.inference.max_batch_size
+        )
+    raise RunError(
+        f"inference.backend={backend!r} is not available in this version of ludic; "
+        "use inference.backend=transformers"
+    )
+
+
+def make_engine(
+    config: RunConfig,
+    client: ChatClient,
+    template: HFChatTemplate,
+    *,
+    env_overrides: Mapping[str, Any] | None = None,
+) -> RolloutEngine:
+    """One env kind and one single-agent protocol, built fresh for every episode."""
+    env_factory = resolve("env", config.env.kind, ENVS)
+    parser = resolve("parser", config.agent.parser, PARSERS)
+    env_kwargs = {**config.env.kwargs, **(env_overrides or {})}
+
+    def make_env():
+        try:
+            return env_factory(**env_kwargs)
+        except TypeError as e:
+            raise RunError(f"env.kwargs: {e}") from None
+
+    def make_protocol() -> SingleAgentProtocol:
+        agent = Agent(
+            client=client,
+            context=FullDialog(system_prompt=config.agent.system_prompt),
+            parser=parser,
+            chat_template=template,
+            incomplete_completion_penalty=config.agent.incomplete_completion_penalty,
+        )
+        return SingleAgentProtocol(agent)
+
+    make_env()  # fail now, with the field named, rather than inside the first episode
+    return RolloutEngine({ENV_NAME: make_env}, {PROTOCOL_NAME: make_protocol})
+
+
+def sampling_spec(config: RunConfig, *, greedy: bool = False) -> InferenceSpec:
+    s = config.sampling
+    if greedy:
+        return InferenceSpec(
+            SamplingSpec(temperature=0.0, max_tokens=s.max_tokens), ReturnSpec.for_eval()
+        )
+    return InferenceSpec(
+        SamplingSpec(
+            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens
+        )
+    )
+
+
+def make_requests(
+    config: RunConfig, seeds: range | list[int], inference: InferenceSpec
+) -> list[RolloutRequest]:
+    return [
+        RolloutRequest(
+            EnvSpec(ENV_NAME),
+            ProtocolSpec(PROTOCOL_NAME),
+            env_seed=seed,
+            inference=inference,
+            max_steps=config.agent.max_steps,
+        )
+        for seed in seeds
+    ]
+
+
+def make_algorithm(config: RunConfig) -> RLAlgorithm:
+    """The configured ``make_*`` preset. ``group_size`` goes to presets that take it and
+    Dr. GRPO's constant normalizer defaults to ``sampling.max_tokens``."""
+    preset: Callable[..., RLAlgorithm] = resolve("algorithm", config.algorithm.name, ALGORITHMS)
+    params = inspect.signature(preset).parameters
+    kwargs = dict(config.algorithm.kwargs)
+    if "group_size" in params:
+        kwargs.setdefault("group_size", config.algorithm.group_size)
+    if "max_tokens" in params:
+        kwargs.setdefault("max_tokens", config.sampling.max_tokens)
+    try:
+        return preset(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise RunError(f"algorithm.kwargs for {config.algorithm.name!r}: {e}") from None
+
+
+def rl_trainer_config(config: RunConfig, pad_token_id: int) -> TrainerConfig:
+    t = config.trainer
+    return TrainerConfig(
+        lr=t.lr,
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm,
+        lr_schedule=t.lr_schedule,
+        warmup_steps=t.warmup_steps,
+        total_steps=t.steps,
+        max_tokens_per_microbatch=t.max_tokens_per_microbatch,
+        pad_token_id=pad_token_id,
+        max_lag=t.max_lag,
+        publish_every=t.publish_every,
+        seed=config.seed,
+        device=config.model.device,
+        dtype=None if config.model.dtype == "float32" else config.model.dtype,
+    )
+
+
+def warm_start_trainer_config(config: RunConfig, pad_token_id: int) -> TrainerConfig:
+    w = config.warm_start
+    return TrainerConfig(
+        lr=w.lr,
+        max_grad_norm=config.trainer.max_grad_norm,
+        total_steps=max(w.steps, 1),
+        max_tokens_per_microbatch=config.trainer.max_tokens_per_microbatch,
+        pad_token_id=pad_token_id,
+        seed=config.seed,
+        device=config.model.device,
+        dtype=None if config.model.dtype == "float32" else config.model.dtype,
+    )

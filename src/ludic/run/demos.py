@@ -1,0 +1,71 @@
+"""Demonstrations for the supervised warm start.
+
+``dataset_answers``: a QA env's own reference answers, played through the *same* agent,
+protocol and chat template as RL uses (a scripted client answers each prompt with its
+reference answer), so SFT trains on exactly the token layout RL samples in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from ludic.context import FullDialog
+from ludic.envs import DatasetQAEnv
+from ludic.inference import HFChatTemplate, InferenceSpec, ScriptedChatClient
+from ludic.run.builders import RunError, make_engine, make_requests
+from ludic.run.config import RunConfig
+from ludic.run.registries import ENVS, resolve
+from ludic.training import write_rollouts_jsonl
+
+
+def demonstrations_path(config: RunConfig, tokenizer: Any, out: Path) -> Path:
+    """A JSONL of demonstration rollouts for the warm start: ``warm_start.demos`` itself
+    when it is a file, else generated from the env's reference answers into ``out``."""
+    demos = config.warm_start.demos
+    if demos != "dataset_answers":
+        path = Path(demos).expanduser()
+        if not path.is_file():
+            raise RunError(
+                f"warm_start.demos: {demos!r} is neither 'dataset_answers' nor an existing "
+                "JSONL file of rollouts"
+            )
+        return path
+    if not out.is_file():
+        rollouts = dataset_answer_rollouts(config, tokenizer)
+        write_rollouts_jsonl(rollouts, out)
+    return out
+
+
+def dataset_answer_rollouts(config: RunConfig, tokenizer: Any) -> list:
+    template = HFChatTemplate(tokenizer)
+    answers = _reference_answers(config, template)
+
+    def answer(request, prompt_text: str) -> str:
+        return answers[tuple(request.prompt_token_ids)]
+
+    engine = make_engine(config, ScriptedChatClient(tokenizer, answer), template)
+    seeds = range(config.warm_start.num_demos)
+    return asyncio.run(engine.generate_rollouts(make_requests(config, seeds, InferenceSpec())))
+
+
+def _reference_answers(config: RunConfig, template: HFChatTemplate) -> dict[tuple[int, ...], str]:
+    """Prompt token ids (as the agent renders them) -> the env's reference answer."""
+    factory = resolve("env", config.env.kind, ENVS)
+    answers: dict[tuple[int, ...], str] = {}
+    for seed in range(config.warm_start.num_demos):
+        env = factory(**config.env.kwargs)
+        if not isinstance(env, DatasetQAEnv):
+            raise RunError(
+                f"warm_start.demos=dataset_answers needs a QA env with reference answers; "
+                f"env.kind={config.env.kind!r} has none. Pass a JSONL of demonstration "
+                "rollouts as warm_start.demos, or set warm_start.steps=0"
+            )
+        agent_id = env.agent_ids[0]
+        obs, info = env.reset(seed)[agent_id]
+        context = FullDialog(system_prompt=config.agent.system_prompt)
+        context.on_env_reset(obs, info, system_prompt=env.system_prompt)
+        prompt = tuple(template.render(context.on_before_act()))
+        answers[prompt] = str(env.current_sample[env.answer_key])
+    return answers

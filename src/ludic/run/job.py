@@ -1,0 +1,327 @@
+"""The main job: ``ludic train`` / ``ludic eval`` as plain functions.
+
+A training run has two phases, each with its own Trainer and checkpoints:
+``warm_start`` (SFT on demonstrations; skipped when ``warm_start.steps == 0``) then ``rl``
+(the configured algorithm, sampling from the inference backend, which the trainer
+re-syncs every ``trainer.publish_every`` steps). ``metrics.jsonl`` gets one line per step
+of either phase and one per evaluation (greedy, before RL, every ``eval.every`` steps and
+after RL).
+
+Ctrl-C stops at a step boundary, saves a checkpoint and re-raises ``KeyboardInterrupt``;
+``train(config, resume=RUN_DIR)`` continues from the newest checkpoint with the same step
+count and optimizer state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ludic.distributed import ClientPolicyPublisher
+from ludic.eval import default_reducers, run_eval
+from ludic.inference import HFChatTemplate
+from ludic.run.builders import (
+    RunError,
+    load_policy,
+    make_algorithm,
+    make_client,
+    make_engine,
+    make_requests,
+    rl_trainer_config,
+    sampling_spec,
+    warm_start_trainer_config,
+)
+from ludic.run.config import RunConfig
+from ludic.run.demos import demonstrations_path
+from ludic.run.plot import plot_reward_curve
+from ludic.run.progress import ProgressLogger
+from ludic.run.run_dir import PhaseMetricsWriter, RunDirectory
+from ludic.training import (
+    CheckpointConfig,
+    CheckpointManager,
+    GRPORequestStrategy,
+    OfflineBatchSource,
+    RichConsoleLogger,
+    RolloutBatchSource,
+    RolloutEngine,
+    Trainer,
+    make_sft,
+)
+from ludic.training.checkpoint import load_checkpoint
+
+__all__ = ["RunError", "evaluate", "train"]
+
+CONSOLE_KEYS = ["batch/reward_mean", "loss", "grad_norm", "tokens_per_s"]
+RESUMABLE_CHANGES = {"trainer.steps", "logging", "eval.every"}
+"""Config fields a resumed run may change; anything else must match the saved config."""
+
+
+def train(config: RunConfig, *, resume: str | Path | None = None) -> Path:
+    """Run (or resume) a training job; returns the run directory."""
+    console = Console()
+    if resume is not None:
+        run = RunDirectory.open(resume)
+        config = _resumed_config(run.load_config(), config)
+    else:
+        run = RunDirectory.create(config.output_dir, config.name)
+    run.save_config(config)
+    console.print(f"run directory: [bold]{run.path}[/bold]")
+    started = time.perf_counter()
+    policy, tokenizer = load_policy(config, run.model_dir)
+    if config.warm_start.steps > 0 and not run.has_checkpoint("rl"):
+        _warm_start(config, run, policy, tokenizer, resuming=resume is not None, console=console)
+    _reinforce(config, run, policy, tokenizer, resuming=resume is not None, console=console)
+    plot_reward_curve(run.read_metrics(), run.plot_path, title=config.name)
+    summary = _summary(run, time.perf_counter() - started)
+    run.write_summary(summary)
+    _print_summary(console, summary)
+    return run.path
+
+
+def evaluate(config: RunConfig, *, run_dir: str | Path | None = None) -> dict[str, float]:
+    """Greedy evaluation of the newest checkpoint in ``run_dir`` (or of the config's
+    initial model when ``run_dir`` is None); returns the metrics."""
+    run = RunDirectory.open(run_dir) if run_dir is not None else None
+    model_dir = run.model_dir if run is not None else Path(tempfile.mkdtemp(prefix="ludic-eval-"))
+    policy, tokenizer = load_policy(config, model_dir)
+    if run is not None:
+        checkpoint = _newest_checkpoint(run)
+        if checkpoint is None:
+            raise RunError(f"{run.path}: no checkpoint to evaluate yet")
+        load_checkpoint(checkpoint, policy)
+    engine = make_engine(
+        config,
+        make_client(config, policy, tokenizer),
+        HFChatTemplate(tokenizer),
+        env_overrides=config.env.eval_kwargs,
+    )
+    return asyncio.run(_evaluate(config, engine))
+
+
+# ---------------------------------------------------------------------------- phases
+def _warm_start(
+    config: RunConfig, run: RunDirectory, policy, tokenizer, *, resuming: bool, console: Console
+) -> None:
+    steps = config.warm_start.steps
+    demos = demonstrations_path(config, tokenizer, run.path / "demos.jsonl")
+    algorithm = make_sft()
+    source = OfflineBatchSource(
+        demos,
+        credit_assigner=algorithm.credit_assigner,
+        batch_size=config.warm_start.batch_size,
+        seed=config.seed,
+    )
+    trainer = Trainer(
+        policy,
+        algorithm,
+        source,
+        warm_start_trainer_config(config, _pad_id(tokenizer)),
+        checkpoint=_checkpoint_config(config, run, "warm_start"),
+        loggers=_loggers(config, run, "warm_start", "warm start (SFT)", steps, console),
+    )
+    if resuming and run.has_checkpoint("warm_start"):
+        trainer.resume()
+        run.truncate_metrics("warm_start", trainer.step)
+    _run_steps(trainer, steps - trainer.step)
+    trainer.close()
+
+
+def _reinforce(
+    config: RunConfig, run: RunDirectory, policy, tokenizer, *, resuming: bool, console: Console
+) -> None:
+    template = HFChatTemplate(tokenizer)
+    client = make_client(config, policy, tokenizer)
+    engine = make_engine(config, client, template)
+    eval_engine = make_engine(config, client, template, env_overrides=config.env.eval_kwargs)
+    algorithm = make_algorithm(config)
+    trainer: Trainer
+
+    def next_requests():
+        # Problems and sampling seeds are a function of the step, so a resumed run sees
+        # exactly the problems an uninterrupted one would.
+        per_step = config.trainer.prompts_per_step
+        first = trainer.step * per_step
+        base = sampling_spec(config)
+        return [
+            replace(req, inference=base.with_seed(config.seed * 1_000_003 + req.env_seed))
+            for req in make_requests(config, range(first, first + per_step), base)
+        ]
+
+    source = RolloutBatchSource(
+        engine,
+        next_requests,
+        algorithm.credit_assigner,
+        request_strategy=GRPORequestStrategy(group_size=config.algorithm.group_size),
+    )
+    trainer = Trainer(
+        policy,
+        algorithm,
+        source,
+        rl_trainer_config(config, _pad_id(tokenizer)),
+        publisher=ClientPolicyPublisher(client),
+        checkpoint=_checkpoint_config(config, run, "rl"),
+        loggers=_loggers(
+            config, run, "rl", f"RL ({algorithm.name})", config.trainer.steps, console
+        ),
+    )
+    if resuming and run.has_checkpoint("rl"):
+        trainer.resume()
+    run.truncate_metrics("rl", trainer.step)
+    trainer.publish_policy()  # the backend samples from the current weights, version = step
+
+    async def record_eval() -> None:
+        metrics = await _evaluate(config, eval_engine)
+        run.append_metrics({"phase": "eval", "step": trainer.step, **metrics})
+        console.print(
+            f"eval at RL step {trainer.step}: success_rate {metrics['success_rate']:.3f}, "
+            f"reward_mean {metrics['reward_mean']:.3f}"
+        )
+
+    async def after_step(step: int) -> None:
+        if config.logging.num_sample_rollouts and step % config.logging.console_every == 0:
+            run.append_samples(step, source.last_rollouts[: config.logging.num_sample_rollouts])
+        if config.eval.every and step % config.eval.every == 0 and step < config.trainer.steps:
+            await record_eval()
+
+    if trainer.step == 0:
+        asyncio.run(record_eval())
+    _run_steps(trainer, config.trainer.steps - trainer.step, after_step)
+    asyncio.run(record_eval())
+    trainer.close()
+
+
+def _run_steps(
+    trainer: Trainer, num_steps: int, after_step: Callable[[int], Awaitable[None]] | None = None
+) -> None:
+    """``num_steps`` optimizer steps in one event loop. Ctrl-C cancels at the next await
+    (a step boundary: the only await inside a step is fetching its batch), saves a
+    checkpoint of the last completed step and re-raises."""
+
+    async def loop() -> None:
+        for _ in range(num_steps):
+            await trainer.train_step()
+            if after_step is not None:
+                await after_step(trainer.step)
+
+    try:
+        asyncio.run(loop())
+    except KeyboardInterrupt:
+        trainer.save_checkpoint()
+        trainer.close()
+        raise
+
+
+async def _evaluate(config: RunConfig, engine: RolloutEngine) -> dict[str, float]:
+    requests = make_requests(
+        config, range(config.eval.num_problems), sampling_spec(config, greedy=True)
+    )
+    metrics, _ = await run_eval(engine, requests, default_reducers())
+    return metrics
+
+
+# ---------------------------------------------------------------------------- helpers
+def _loggers(
+    config: RunConfig, run: RunDirectory, phase: str, title: str, steps: int, console: Console
+) -> list[Any]:
+    shown = "loss" if phase == "warm_start" else "batch/reward_mean"
+    loggers: list[Any] = [
+        PhaseMetricsWriter(run, phase),
+        ProgressLogger(steps, title, reward_key=shown, console=console),
+        RichConsoleLogger(keys=CONSOLE_KEYS, every=config.logging.console_every, console=console),
+    ]
+    if config.logging.wandb:
+        from ludic.training import WandbLogger
+
+        loggers.append(WandbLogger(project="ludic", name=f"{run.path.name}/{phase}"))
+    if config.logging.tensorboard:
+        from ludic.training import TensorBoardLogger
+
+        loggers.append(TensorBoardLogger(run.path / "tensorboard" / phase))
+    return loggers
+
+
+def _checkpoint_config(config: RunConfig, run: RunDirectory, phase: str) -> CheckpointConfig:
+    return CheckpointConfig(
+        run.checkpoint_dir(phase),
+        every_n_steps=config.trainer.checkpoint_every,
+        keep_last=config.trainer.keep_last,
+    )
+
+
+def _newest_checkpoint(run: RunDirectory) -> Path | None:
+    for phase in ("rl", "warm_start"):
+        if run.has_checkpoint(phase):
+            return CheckpointManager(_checkpoint_config(run.load_config(), run, phase)).latest()
+    return None
+
+
+def _pad_id(tokenizer) -> int:
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise RunError("model.path: the tokenizer has neither a pad nor an EOS token")
+    return int(pad)
+
+
+def _resumed_config(saved: RunConfig, given: RunConfig) -> RunConfig:
+    """The saved config, with the few fields a resume may change taken from ``given``."""
+    saved_d, given_d = saved.model_dump(), given.model_dump()
+    changed = sorted(
+        key
+        for key in _flat_diff(saved_d, given_d)
+        if not any(key == r or key.startswith(r + ".") for r in RESUMABLE_CHANGES)
+    )
+    if changed:
+        raise RunError(
+            f"--resume: the config differs from the run's saved config at {changed}; resume "
+            "with the run's own config.yaml (only trainer.steps, eval.every and logging.* "
+            "may change) or start a new run"
+        )
+    return given
+
+
+def _flat_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    keys: list[str] = []
+    for k in sorted(set(a) | set(b)):
+        path = f"{prefix}{k}"
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict) and k not in ("kwargs", "eval_kwargs"):
+            keys += _flat_diff(va, vb, path + ".")
+        elif va != vb:
+            keys.append(path)
+    return keys
+
+
+def _summary(run: RunDirectory, seconds: float) -> dict[str, Any]:
+    records = run.read_metrics()
+    rl = [
+        r["reward_mean"]
+        for r in records
+        if r.get("phase") == "rl" and r.get("reward_mean") is not None
+    ]
+    evals = [r for r in records if r.get("phase") == "eval"]
+    k = max(1, len(rl) // 10)
+    return {
+        "run_dir": str(run.path),
+        "warm_start_steps": sum(1 for r in records if r.get("phase") == "warm_start"),
+        "rl_steps": len(rl),
+        "reward_first_10pct": sum(rl[:k]) / k if rl else None,
+        "reward_last_10pct": sum(rl[-k:]) / k if rl else None,
+        "eval_success_before": evals[0]["success_rate"] if evals else None,
+        "eval_success_after": evals[-1]["success_rate"] if evals else None,
+        "seconds": round(seconds, 1),
+    }
+
+
+def _print_summary(console: Console, summary: dict[str, Any]) -> None:
+    table = Table(title="ludic run summary", show_header=False)
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    console.print(table)

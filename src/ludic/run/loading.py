@@ -1,0 +1,122 @@
+"""Load a run config from YAML or TOML, apply ``dotted.key=value`` overrides, validate.
+
+Every failure raises :class:`ConfigError` whose message is one line naming the field and
+the problem, e.g. ``trainer.lrr: unknown field (did you mean 'lr'?)``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from ludic.run.config import RunConfig
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the field and the fix."""
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read ``path`` (``.yaml``/``.yml``/``.toml``; ``None`` = all defaults), apply
+    ``overrides`` in order, and validate."""
+    data = read_config_file(path) if path is not None else {}
+    for override in overrides:
+        apply_override(data, override)
+    return validate_config(data)
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file {str(file)!r} does not exist")
+    text = file.read_text()
+    try:
+        if file.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif file.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text)
+        else:
+            raise ConfigError(f"config file {file.name!r}: use a .yaml, .yml or .toml file")
+    except (yaml.YAMLError, tomllib.TOMLDecodeError) as e:
+        first_line = str(e).strip().splitlines()[0]
+        raise ConfigError(f"config file {file.name!r} is not valid: {first_line}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {file.name!r}: expected a mapping at the top level")
+    return data
+
+
+def parse_value(text: str) -> Any:
+    """Override values: numbers (``1e-5`` included), booleans, null, lists and mappings
+    in YAML flow style; anything else is a string."""
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_override(data: dict[str, Any], override: str) -> None:
+    """Set ``a.b.c=value`` in the nested dict ``data`` (creating mappings on the way)."""
+    key, sep, value = override.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {override!r}: expected dotted.key=value, e.g. trainer.lr=1e-5")
+    parts = key.strip().split(".")
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            where = ".".join(parts[: i + 1])
+            raise ConfigError(f"override {override!r}: {where} is a value, not a section")
+        node = child
+    node[parts[-1]] = parse_value(value)
+
+
+def validate_config(data: Mapping[str, Any]) -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError("; ".join(_describe(err) for err in e.errors())) from None
+
+
+def _describe(err: Mapping[str, Any]) -> str:
+    loc = [str(p) for p in err["loc"]]
+    where = ".".join(loc) or "config"
+    if err["type"] == "extra_forbidden":
+        hint = _close_field(loc)
+        return f"{where}: unknown field{hint}"
+    message = err["msg"].removeprefix("Value error, ")
+    if err["type"] in ("missing",):
+        return f"{where}: required"
+    got = err.get("input")
+    shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+    return f"{where}: {message}{shown}"
+
+
+def _close_field(loc: list[str]) -> str:
+    """' (did you mean ...?)' for an unknown field, from the schema's field names."""
+    model: type[BaseModel] = RunConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(part)
+        annotation = getattr(field, "annotation", None)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return ""
+        model = annotation
+    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else f"; fields: {sorted(model.model_fields)}"
+
+
+def dump_config(config: RunConfig) -> str:
+    """The resolved config as YAML (what the run directory stores)."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

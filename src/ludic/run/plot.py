@@ -1,0 +1,130 @@
+"""The reward curve of a run, from its ``metrics.jsonl``.
+
+Each line of ``metrics.jsonl`` is one record with a ``phase``:
+
+* ``"rl"``: one RL step; ``step``, ``reward_mean`` (sampled reward; may be missing);
+* ``"eval"``: one evaluation; ``step`` (the RL step it was taken at), ``reward_mean``,
+  ``success_rate``;
+* ``"warm_start"``: one SFT step; ``step``, ``loss``.
+
+The figure is drawn with matplotlib's Agg canvas directly (no pyplot), so plotting never
+changes a user's pyplot backend or open figures.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` (blank lines skipped)."""
+    with Path(path).open(encoding="utf-8") as file:
+        return [json.loads(line) for line in file if line.strip()]
+
+
+def plot_reward_curve(
+    records: Iterable[dict[str, Any]], out_png: str | Path, *, title: str = "ludic run"
+) -> Path:
+    """Write a PNG of sampled RL reward per step, its moving average and eval rewards
+    (plus a warm-start SFT loss panel when the run had one); returns ``out_png``."""
+    records = list(records)
+    rl = _points(records, "rl", "reward_mean")
+    evals = _points(records, "eval", "reward_mean")
+    sft_loss = _points(records, "warm_start", "loss")
+
+    figure = Figure(figsize=(8, 6.5) if sft_loss else (8, 4.5), layout="constrained")
+    FigureCanvasAgg(figure)
+    if sft_loss:
+        reward_ax, loss_ax = figure.subplots(2, 1, height_ratios=[3, 1])
+    else:
+        reward_ax, loss_ax = figure.subplots(1, 1), None
+    reward_ax.set_title(title)
+
+    if not (rl or evals or sft_loss):
+        reward_ax.text(
+            0.5,
+            0.5,
+            "no data",
+            ha="center",
+            va="center",
+            fontsize=14,
+            transform=reward_ax.transAxes,
+        )
+        reward_ax.set_axis_off()
+    else:
+        _draw_rewards(reward_ax, rl, evals)
+    if loss_ax is not None:
+        steps, losses = zip(*sft_loss)
+        loss_ax.plot(steps, losses, color="tab:gray", linewidth=1.0, label="SFT loss")
+        loss_ax.set_xlabel("warm-start step")
+        loss_ax.set_ylabel("loss")
+        loss_ax.legend(loc="upper right")
+        loss_ax.grid(alpha=0.3)
+
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=120)
+    return out
+
+
+def _draw_rewards(ax: Any, rl: list[tuple[float, float]], evals: list[tuple[float, float]]):
+    if rl:
+        steps, rewards = zip(*rl)
+        ax.plot(steps, rewards, color="tab:blue", linewidth=0.8, alpha=0.5, label="sampled reward")
+        window = max(1, round(0.1 * len(rewards)))
+        ax.plot(
+            steps,
+            moving_average(rewards, window),
+            color="tab:blue",
+            linewidth=2.0,
+            label=f"moving average ({window} steps)",
+        )
+    if evals:
+        steps, rewards = zip(*evals)
+        ax.plot(
+            steps,
+            rewards,
+            linestyle="none",
+            marker="o",
+            color="tab:orange",
+            label="eval reward (greedy)",
+        )
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("mean reward")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best")
+
+
+def moving_average(values: Sequence[float], window: int) -> list[float]:
+    """Trailing mean over the last ``window`` values (fewer at the start)."""
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def _points(records: list[dict[str, Any]], phase: str, key: str) -> list[tuple[float, float]]:
+    """(step, value) of ``phase`` records whose ``key`` is a finite number, sorted by step.
+
+    Non-numbers (JsonlLogger writes NaN as ``"nan"``) are skipped. A step logged twice
+    (steps redone after ``--resume``) keeps its last value."""
+    by_step: dict[float, float] = {}
+    for record in records:
+        step, value = record.get("step"), record.get(key)
+        if record.get("phase") == phase and _is_finite(step) and _is_finite(value):
+            by_step[float(step)] = float(value)
+    return sorted(by_step.items())
+
+
+def _is_finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,168 @@
+"""The run directory: everything a training run leaves behind.
+
+```
+RUN_DIR/
+  config.yaml          the resolved config (what actually ran)
+  model/               the initial model + tokenizer when the run built the tiny model
+  metrics.jsonl        one line per optimizer step (phase, step, reward_mean, loss,
+                       tokens_per_s, policy_version, ...) and one per evaluation
+  samples.jsonl        a few full rollouts every logged RL step
+  checkpoints/PHASE/step_*/   resumable checkpoints per phase (warm_start, rl)
+  reward_curve.png     written at the end
+  summary.json         final figures
+```
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ludic.run.config import RunConfig
+from ludic.run.loading import ConfigError, dump_config, read_config_file, validate_config
+from ludic.types import Rollout, rollout_to_dict
+
+PHASES = ("warm_start", "rl")
+
+
+class RunDirectory:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    @classmethod
+    def create(cls, output_dir: str | Path, name: str) -> RunDirectory:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        base = Path(output_dir) / f"{name}-{stamp}"
+        path, n = base, 1
+        while path.exists():
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
+        path.mkdir(parents=True)
+        return cls(path)
+
+    @classmethod
+    def open(cls, path: str | Path) -> RunDirectory:
+        run = cls(path)
+        if not run.config_path.is_file():
+            raise FileNotFoundError(
+                f"--resume {str(path)!r}: not a run directory (no config.yaml); pass the "
+                "folder a previous `ludic train` printed"
+            )
+        return run
+
+    # ---- paths -------------------------------------------------------------------------
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def model_dir(self) -> Path:
+        return self.path / "model"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def samples_path(self) -> Path:
+        return self.path / "samples.jsonl"
+
+    @property
+    def plot_path(self) -> Path:
+        return self.path / "reward_curve.png"
+
+    @property
+    def summary_path(self) -> Path:
+        return self.path / "summary.json"
+
+    def checkpoint_dir(self, phase: str) -> Path:
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; expected one of {PHASES}")
+        return self.path / "checkpoints" / phase
+
+    def has_checkpoint(self, phase: str) -> bool:
+        folder = self.checkpoint_dir(phase)
+        return folder.is_dir() and any(p.name.startswith("step_") for p in folder.iterdir())
+
+    # ---- config ------------------------------------------------------------------------
+    def save_config(self, config: RunConfig) -> None:
+        self.config_path.write_text(dump_config(config))
+
+    def load_config(self) -> RunConfig:
+        try:
+            return validate_config(read_config_file(self.config_path))
+        except ConfigError as e:
+            raise ConfigError(f"{self.config_path}: {e}") from None
+
+    # ---- records -----------------------------------------------------------------------
+    def append_metrics(self, record: Mapping[str, Any]) -> None:
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(_jsonable(record)) + "\n")
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        if not self.metrics_path.is_file():
+            return []
+        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line]
+
+    def truncate_metrics(self, phase: str, after_step: int) -> None:
+        """Drop ``phase`` records past ``after_step`` (steps a resume will redo), and
+        every later phase's records."""
+        later = PHASES[PHASES.index(phase) + 1 :] if phase in PHASES else ()
+        kept = [
+            r
+            for r in self.read_metrics()
+            if not (r.get("phase") == phase and r.get("step", 0) > after_step)
+            and r.get("phase") not in later
+            and not (phase == "rl" and r.get("phase") == "eval" and r.get("step", 0) > after_step)
+        ]
+        self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+    def append_samples(self, step: int, rollouts: Iterable[Rollout]) -> None:
+        with self.samples_path.open("a") as f:
+            for rollout in rollouts:
+                f.write(json.dumps({"step": step, **rollout_to_dict(rollout)}) + "\n")
+
+    def write_summary(self, summary: Mapping[str, Any]) -> None:
+        self.summary_path.write_text(json.dumps(_jsonable(summary), indent=2) + "\n")
+
+
+class PhaseMetricsWriter:
+    """A ``TrainingLogger`` that appends a phase's step metrics to ``metrics.jsonl``.
+
+    Each line leads with ``phase``, ``step``, ``reward_mean`` (mean total reward of the
+    step's rollouts), ``loss``, ``tokens_per_s`` and ``policy_version``, then every other
+    trainer metric.
+    """
+
+    def __init__(self, run: RunDirectory, phase: str) -> None:
+        self.run, self.phase = run, phase
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        record: dict[str, Any] = {
+            "phase": self.phase,
+            "step": step,
+            "reward_mean": metrics.get("batch/reward_mean"),
+            "loss": metrics.get("loss"),
+            "tokens_per_s": metrics.get("tokens_per_s"),
+            "policy_version": metrics.get("policy_version"),
+        }
+        record.update({k: v for k, v in metrics.items() if k not in record})
+        self.run.append_metrics(record)
+
+    def close(self) -> None:
+        return None
+
+
+def _jsonable(value: Any) -> Any:
+    """NaN/inf become null so every line is strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value

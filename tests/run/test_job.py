@@ -1,0 +1,126 @@
+"""The main job on a tiny budget: run directory, Ctrl-C + resume, clear failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ludic.run import job
+from ludic.run.builders import RunError
+from ludic.run.loading import load_config
+
+TINY = [
+    "warm_start.steps=4",
+    "warm_start.num_demos=8",
+    "warm_start.batch_size=8",
+    "trainer.steps=4",
+    "trainer.prompts_per_step=2",
+    "trainer.checkpoint_every=2",
+    "algorithm.group_size=2",
+    "eval.num_problems=4",
+    "logging.console_every=1",
+    "env.kwargs.num_problems=8",
+]
+
+
+def _config(tmp_path: Path, *extra: str):
+    demo = Path(job.__file__).parents[1] / "configs" / "arithmetic_demo.yaml"
+    return load_config(demo, [f"output_dir={tmp_path}", *TINY, *extra])
+
+
+def _records(run_dir: Path, phase: str) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["phase"] == phase]
+
+
+def test_train_leaves_a_complete_run_directory(tmp_path: Path) -> None:
+    run_dir = job.train(_config(tmp_path))
+    for name in [
+        "config.yaml",
+        "metrics.jsonl",
+        "samples.jsonl",
+        "reward_curve.png",
+        "summary.json",
+    ]:
+        assert (run_dir / name).is_file(), name
+    assert (run_dir / "model" / "config.json").is_file()
+    rl = _records(run_dir, "rl")
+    assert [r["step"] for r in rl] == [1, 2, 3, 4]
+    for record in rl:
+        assert {"step", "reward_mean", "loss", "tokens_per_s", "policy_version"} <= record.keys()
+        assert record["policy_version"] == record["step"]
+    assert [r["step"] for r in _records(run_dir, "warm_start")] == [1, 2, 3, 4]
+    assert [r["step"] for r in _records(run_dir, "eval")] == [0, 4]
+    assert sorted(p.name for p in (run_dir / "checkpoints" / "rl").iterdir()) == [
+        "step_00000002",
+        "step_00000004",
+    ]
+    assert json.loads((run_dir / "summary.json").read_text())["rl_steps"] == 4
+    assert (run_dir / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_missing_model_path_is_a_run_error_naming_the_field(tmp_path: Path) -> None:
+    with pytest.raises(RunError, match="model.path: folder '/no/such/model' does not exist"):
+        job.train(_config(tmp_path, "model.path=/no/such/model"))
+
+
+def test_resume_refuses_a_different_config(tmp_path: Path) -> None:
+    run_dir = job.train(_config(tmp_path, "trainer.steps=1", "warm_start.steps=1"))
+    with pytest.raises(RunError, match=r"trainer.lr"):
+        job.train(_config(tmp_path, "trainer.lr=0.1"), resume=run_dir)
+
+
+def _wait_for(predicate, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached in time")
+        time.sleep(0.2)
+
+
+def test_ctrl_c_then_resume_continues_like_an_uninterrupted_run(tmp_path: Path) -> None:
+    """SIGINT during RL leaves a checkpoint; --resume finishes with the same step count,
+    and (restored optimizer, RNGs and step-seeded problems) the same losses."""
+    steps = ["trainer.steps=6", "trainer.checkpoint_every=100"]
+    reference = job.train(_config(tmp_path / "a", *steps))
+
+    config_file = tmp_path / "b.yaml"
+    config_file.write_text(
+        (reference / "config.yaml").read_text().replace(str(tmp_path / "a"), str(tmp_path / "b"))
+    )
+    cmd = [sys.executable, "-m", "ludic", "train", str(config_file)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        runs = tmp_path / "b"
+        _wait_for(
+            lambda: (
+                any(runs.glob("*/metrics.jsonl")) and len(_records(next(runs.glob("*")), "rl")) >= 2
+            ),
+            120,
+        )
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "--resume" in stderr
+    run_dir = next((tmp_path / "b").glob("*"))
+    interrupted_at = len(_records(run_dir, "rl"))
+    assert (run_dir / "checkpoints" / "rl" / f"step_{interrupted_at:08d}").is_dir()
+
+    resumed = subprocess.run(
+        [*cmd, "--resume", str(run_dir)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    got, want = _records(run_dir, "rl"), _records(reference, "rl")
+    assert [r["step"] for r in got] == [1, 2, 3, 4, 5, 6]
+    assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in want], abs=1e-5)
+    assert [r["reward_mean"] for r in got] == pytest.approx([r["reward_mean"] for r in want])
