@@ -65,6 +65,12 @@ def test_train_leaves_a_complete_run_directory(tmp_path: Path) -> None:
     assert json.loads((run_dir / "summary.json").read_text())["rl_steps"] == 4
     assert (run_dir / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"
 
+    # `ludic eval --run-dir`: the newest checkpoint reproduces the run's final greedy eval.
+    final = _records(run_dir, "eval")[-1]
+    metrics = job.evaluate(_config(tmp_path), run_dir=run_dir)
+    assert metrics["success_rate"] == final["success_rate"]
+    assert metrics["reward_mean"] == pytest.approx(final["reward_mean"])
+
 
 def test_missing_model_path_is_a_run_error_naming_the_field(tmp_path: Path) -> None:
     with pytest.raises(RunError, match="model.path: folder '/no/such/model' does not exist"):

@@ -8,11 +8,21 @@ against the registries in :mod:`ludic.run.registries`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from ludic.run.registries import ALGORITHMS, ENVS, PARSERS, check_name
+
+
+def _registered(kind: str, registry: Mapping[str, str]) -> AfterValidator:
+    return AfterValidator(lambda name: check_name(kind, name, registry))
+
+
+EnvKind = Annotated[str, _registered("env", ENVS)]
+ParserName = Annotated[str, _registered("parser", PARSERS)]
+AlgorithmName = Annotated[str, _registered("algorithm", ALGORITHMS)]
 
 
 class _Section(BaseModel):
@@ -87,21 +97,16 @@ class SamplingConfig(_Section):
 
 
 class EnvConfig(_Section):
-    kind: str = "arithmetic"
+    kind: EnvKind = "arithmetic"
     """A registered env: see ``ludic.run.registries.ENVS``."""
     kwargs: dict[str, Any] = {}
     """Constructor arguments of that env."""
     eval_kwargs: dict[str, Any] = {}
     """Overrides of ``kwargs`` for evaluation (e.g. a held-out problem_seed)."""
 
-    @field_validator("kind")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        return check_name("env", v, ENVS)
-
 
 class AgentConfig(_Section):
-    parser: str = "answer"
+    parser: ParserName = "answer"
     """A registered parser: see ``ludic.run.registries.PARSERS``."""
     system_prompt: str | None = None
     max_steps: int = Field(1, ge=1)
@@ -109,24 +114,14 @@ class AgentConfig(_Section):
     incomplete_completion_penalty: float | None = None
     """If set, a completion cut by max_tokens is a parse failure with this reward."""
 
-    @field_validator("parser")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        return check_name("parser", v, PARSERS)
-
 
 class AlgorithmConfig(_Section):
-    name: str = "grpo"
+    name: AlgorithmName = "grpo"
     """A registered preset: see ``ludic.run.registries.ALGORITHMS``."""
     group_size: int = Field(8, ge=2)
     """Samples per problem; group-relative presets normalize rewards within the group."""
     kwargs: dict[str, Any] = {}
     """Extra preset arguments, e.g. {clip_eps_high: 0.28}."""
-
-    @field_validator("name")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        return check_name("algorithm", v, ALGORITHMS)
 
 
 class WarmStartConfig(_Section):

@@ -1,0 +1,118 @@
+"""Run config: files, dotted overrides, one-line errors naming the field."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ludic.run.config import RunConfig
+from ludic.run.loading import ConfigError, dump_config, load_config, parse_value
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = sorted(ROOT.glob("examples/configs/*.yaml")) + sorted(
+    ROOT.glob("src/ludic/configs/*.yaml")
+)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_every_shipped_config_validates(path: Path) -> None:
+    assert isinstance(load_config(path), RunConfig)
+
+
+def test_gpu_config_selects_vllm_nccl_and_a_hub_model() -> None:
+    config = load_config(ROOT / "examples/configs/gsm8k_qwen2.5_0.5b_vllm.yaml")
+    assert config.inference.backend == "vllm" and config.inference.vllm.sync_backend == "nccl"
+    assert config.model.path == "Qwen/Qwen2.5-0.5B-Instruct" and config.model.device == "cuda"
+
+
+def test_overrides_set_nested_fields_with_typed_values() -> None:
+    config = load_config(
+        None,
+        [
+            "trainer.lr=1e-5",
+            "trainer.max_grad_norm=null",
+            "algorithm.name=gspo",
+            "env.kwargs.operators=[+, '*']",
+            "env.kwargs.max_digits=2",
+            "logging.wandb=true",
+        ],
+    )
+    assert config.trainer.lr == 1e-5 and config.trainer.max_grad_norm is None
+    assert config.algorithm.name == "gspo"
+    assert config.env.kwargs == {"operators": ["+", "*"], "max_digits": 2}
+    assert config.logging.wandb is True
+
+
+def test_later_overrides_win_and_override_the_file(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("trainer: {lr: 0.1, steps: 7}\n")
+    config = load_config(f, ["trainer.lr=0.2", "trainer.lr=0.3"])
+    assert config.trainer.lr == 0.3 and config.trainer.steps == 7
+
+
+def test_toml_and_yaml_give_the_same_config(tmp_path: Path) -> None:
+    (tmp_path / "c.toml").write_text('[trainer]\nlr = 0.01\n[algorithm]\nname = "cispo"\n')
+    (tmp_path / "c.yaml").write_text("trainer: {lr: 0.01}\nalgorithm: {name: cispo}\n")
+    assert load_config(tmp_path / "c.toml") == load_config(tmp_path / "c.yaml")
+
+
+def test_resolved_config_round_trips(tmp_path: Path) -> None:
+    config = load_config(None, ["trainer.lr=2e-4", "model.lora.r=4"])
+    (tmp_path / "resolved.yaml").write_text(dump_config(config))
+    assert load_config(tmp_path / "resolved.yaml") == config
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.lrr=1"], "trainer.lrr: unknown field (did you mean 'lr'?)"),
+        (["trainer.steps=abc"], "trainer.steps: Input should be a valid integer"),
+        (["trainer.lr=-1"], "trainer.lr: Input should be greater than 0"),
+        (["algorithm.name=ppo"], "algorithm.name: unknown algorithm 'ppo'; choose one of"),
+        (["algorithm.name=gpro"], "(did you mean 'gspo'?)"),
+        (["env.kind=chess"], "env.kind: unknown env 'chess'"),
+        (["agent.parser=xml"], "agent.parser: unknown parser 'xml'"),
+        (["model.tiny.num_heads=3"], "model.tiny: hidden_size=128 / num_heads=3"),
+        (
+            ["inference.backend=sglang"],
+            "inference.backend: Input should be 'transformers' or 'vllm'",
+        ),
+        (["sampling.max_tokens"], "expected dotted.key=value"),
+        (["trainer=3"], "trainer: Input should be a valid dictionary"),
+        (["trainer.lr=1", "trainer.lr.x=1"], "trainer.lr is a value, not a section"),
+    ],
+)
+def test_bad_configs_fail_in_one_line_naming_the_field(overrides, message) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    text = str(err.value)
+    assert message in text and "\n" not in text
+
+
+def test_bad_files_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="'list.yaml': expected a mapping"):
+        load_config(tmp_path / "list.yaml")
+    (tmp_path / "broken.yaml").write_text("trainer: {lr: [\n")
+    with pytest.raises(ConfigError, match="'broken.yaml' is not valid"):
+        load_config(tmp_path / "broken.yaml")
+    (tmp_path / "c.json").write_text("{}")
+    with pytest.raises(ConfigError, match="use a .yaml, .yml or .toml file"):
+        load_config(tmp_path / "c.json")
+
+
+def test_override_values_parse_like_yaml_but_keep_exponents_numeric() -> None:
+    assert parse_value("1e-5") == 1e-5 and parse_value("3") == 3
+    assert parse_value("true") is True and parse_value("null") is None
+    assert parse_value("hello world") == "hello world"
+
+
+def test_validating_a_config_does_not_import_torch() -> None:
+    code = "import sys; from ludic.run.loading import load_config; load_config(None); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
