@@ -116,3 +116,10 @@ def test_validating_a_config_does_not_import_torch() -> None:
     code = "import sys; from ludic.run.loading import load_config; load_config(None); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_weight_sync_backend_follows_the_device_and_nccl_needs_cuda() -> None:
+    assert load_config(None, ["inference.backend=vllm"]).sync_backend == "gloo"
+    assert load_config(None, ["model.device=cuda"]).sync_backend == "nccl"
+    with pytest.raises(ConfigError, match="sync_backend=nccl needs model.device=cuda"):
+        load_config(None, ["inference.vllm.sync_backend=nccl"])

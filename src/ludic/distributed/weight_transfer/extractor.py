@@ -1,0 +1,173 @@
+"""From a training model to :class:`WeightChunk` s ready to move.
+
+:class:`ModelWeightExtractor` handles the three model kinds a ludic trainer holds:
+
+* a plain ``nn.Module``: its ``state_dict()``;
+* a peft LoRA model: merged out of place by :func:`ludic.distributed.weights.policy_state_dict`
+  (base model names, ``W + delta``, LoRA tensors left out);
+* an FSDP2 model (parameters are ``DTensor`` s): each shard set is gathered with
+  ``DTensor.full_tensor()`` as its chunk is built. ``full_tensor`` is a collective over the
+  trainer's own group, so every training rank must drive the same extraction; ranks that do
+  not send call :func:`gather_full_tensors` instead (``Rank0OnlyPublisher`` does).
+
+Names are kept exactly as ``state_dict`` gives them. Tied weights therefore appear under
+every alias (e.g. ``model.embed_tokens.weight`` *and* ``lm_head.weight``): vLLM's loaders
+expect ``lm_head.weight`` whenever the checkpoint has it and skip it themselves when the
+model ties it, so dropping aliases here would be wrong for untied inference models.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Mapping
+
+import torch
+
+from ludic.distributed.weight_transfer.base import WeightChunk, WeightExtractor, dtype_name
+from ludic.distributed.weights import policy_state_dict
+
+DEFAULT_CHUNK_BYTES = 64 * 2**20
+
+
+class ModelWeightExtractor(WeightExtractor):
+    """Yields chunks of HF-named, contiguous tensors.
+
+    Args:
+        dtype: the inference dtype; floating-point tensors are converted to it (integer
+            and bool buffers are left alone). ``None`` keeps the training dtype.
+        group_by_module: keep the tensors of one module (consecutive names with the same
+            parent, e.g. ``model.layers.0.self_attn.q_proj``) in the same chunk when they
+            fit. With ``False`` chunks are filled tensor by tensor.
+        chunk_bytes: target chunk size; consecutive modules are batched into one chunk
+            while the total stays <= ``chunk_bytes``. A module larger than that is split
+            into its tensors, and a tensor larger than that is a chunk of its own.
+    """
+
+    def __init__(
+        self,
+        *,
+        dtype: torch.dtype | None = None,
+        group_by_module: bool = True,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> None:
+        if chunk_bytes <= 0:
+            raise ValueError(f"chunk_bytes={chunk_bytes}; must be > 0 (default 64 MiB)")
+        if dtype is not None:
+            dtype_name(dtype)  # raises for dtypes the wire cannot carry
+        self.dtype = dtype
+        self.group_by_module = group_by_module
+        self.chunk_bytes = chunk_bytes
+
+    def extract(self, model: torch.nn.Module) -> Iterator[WeightChunk]:
+        """Chunks of ``model``'s policy weights (peft models merged, FSDP2 gathered)."""
+        return self.extract_state_dict(policy_state_dict(model))
+
+    def extract_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> Iterator[WeightChunk]:
+        """Chunks of an HF-named state dict (e.g. the one ``Trainer`` publishes), names in
+        state-dict order.
+
+        Tensors are materialised (gathered, converted, made contiguous) one chunk at a
+        time, so at most one chunk of copies is alive at once.
+        """
+        for names in self._plan(state_dict):
+            tensors = [self._prepare(state_dict[name]) for name in names]
+            parents = {_parent(name) for name in names}
+            module = parents.pop() if len(parents) == 1 else None
+            yield WeightChunk(names=list(names), tensors=tensors, module_name=module)
+
+    # ------------------------------------------------------------------ internals
+    def _plan(self, state_dict: Mapping[str, torch.Tensor]) -> Iterator[list[str]]:
+        """Names per chunk, from sizes alone (no gathering happens here)."""
+        budget = self.chunk_bytes
+        current: list[str] = []
+        current_bytes = 0
+        for group in self._groups(state_dict):
+            sizes = [self._out_bytes(state_dict[name]) for name in group]
+            group_bytes = sum(sizes)
+            if current and current_bytes + group_bytes > budget:
+                yield current
+                current, current_bytes = [], 0
+            if group_bytes <= budget:
+                current.extend(group)
+                current_bytes += group_bytes
+                continue
+            # A module larger than the budget: fill chunks tensor by tensor.
+            for name, size in zip(group, sizes):
+                if current and current_bytes + size > budget:
+                    yield current
+                    current, current_bytes = [], 0
+                current.append(name)
+                current_bytes += size
+        if current:
+            yield current
+
+    def _groups(self, state_dict: Mapping[str, torch.Tensor]) -> list[list[str]]:
+        """Runs of consecutive names with the same parent module (one name per group
+        without ``group_by_module``). State-dict order is kept: the gathers of sharded
+        tensors must run in the same order on every rank."""
+        if not self.group_by_module:
+            return [[name] for name in state_dict]
+        groups: list[list[str]] = []
+        previous = None
+        for name in state_dict:
+            parent = _parent(name)
+            if groups and parent == previous:
+                groups[-1].append(name)
+            else:
+                groups.append([name])
+            previous = parent
+        return groups
+
+    def _out_dtype(self, tensor: torch.Tensor) -> torch.dtype:
+        if self.dtype is not None and tensor.is_floating_point():
+            return self.dtype
+        return tensor.dtype
+
+    def _out_bytes(self, tensor: torch.Tensor) -> int:
+        if self.dtype is None or not tensor.is_floating_point():
+            return tensor.nbytes
+        return tensor.numel() * self.dtype.itemsize
+
+    def _prepare(self, tensor: torch.Tensor) -> torch.Tensor:
+        # Only copy when needed: a contiguous tensor already in the inference dtype is
+        # passed on as is (the sender reads it before the trainer's next step).
+        if tensor.requires_grad:
+            tensor = tensor.detach()
+        if is_dtensor(tensor):
+            # Gather in the training dtype, then convert: every rank runs the same
+            # collective (see gather_full_tensors).
+            tensor = tensor.full_tensor()
+        dtype = self._out_dtype(tensor)
+        if tensor.dtype != dtype:
+            tensor = tensor.to(dtype)
+        return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+
+def is_dtensor(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a ``torch.distributed.tensor.DTensor`` (FSDP2 / TP shards)."""
+    dtensor = _dtensor_class()
+    return dtensor is not None and isinstance(tensor, dtensor)
+
+
+@functools.cache
+def _dtensor_class() -> type | None:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch built without distributed
+        return None
+    return DTensor
+
+
+def gather_full_tensors(state_dict: Mapping[str, torch.Tensor]) -> None:
+    """Take part in the gathers of an extraction run on another rank, discarding results.
+
+    Calls ``full_tensor()`` on every ``DTensor`` of ``state_dict`` in state-dict order, the
+    order :class:`ModelWeightExtractor` gathers them in. A no-op without DTensors.
+    """
+    for tensor in state_dict.values():
+        if is_dtensor(tensor):
+            tensor.detach().full_tensor()
+
+
+def _parent(name: str) -> str:
+    return name.rsplit(".", 1)[0] if "." in name else ""

@@ -1,0 +1,140 @@
+"""Stateless process groups: the trainer and the inference workers meet without a global
+``torch.distributed.init_process_group``.
+
+The trainer is rank 0 and hosts the rendezvous store (a ``TCPStore`` server) at
+``master_addr:master_port``; inference workers are ranks ``1..world_size-1``. The group is
+built from its parts (``TCPStore`` -> ``PrefixStore`` -> ``ProcessGroupGloo`` /
+``ProcessGroupNCCL``) and is *not* registered with ``torch.distributed``, so it can sit
+next to a trainer's own FSDP/DDP group (or vLLM's groups inside a worker) without touching
+them. Use it through its own methods (``pg.broadcast(t, root).wait()``), never through
+``torch.distributed.broadcast(..., group=pg)``; :func:`broadcast` and
+:func:`all_reduce_max` below do that.
+
+Joining blocks until every rank has joined (gloo connects a full mesh), bounded by
+``timeout_s``: the trainer must trigger the workers' join (e.g. an HTTP call made from a
+background thread) before or while it calls :func:`init_process_group` itself. The same
+timeout bounds every later operation, so a sync whose peer died or stopped answering
+raises instead of hanging.
+
+The store keys live under the prefix ``tcp://{master_addr}:{master_port}``, the same one
+``vllm.distributed.utils.stateless_init_torch_distributed_process_group`` uses, so either
+side may be built with that function instead.
+"""
+
+from __future__ import annotations
+
+import socket
+from datetime import timedelta
+
+import torch
+from torch._C._distributed_c10d import PrefixStore, ProcessGroup, ReduceOp, TCPStore
+
+BACKENDS = ("gloo", "nccl")
+
+
+def init_process_group(
+    *,
+    master_addr: str,
+    master_port: int,
+    rank: int,
+    world_size: int,
+    backend: str = "gloo",
+    timeout_s: float = 120.0,
+) -> ProcessGroup:
+    """Join (rank > 0) or host (rank 0) a stateless ``world_size``-rank group.
+
+    ``backend="gloo"`` moves CPU tensors; ``backend="nccl"`` moves CUDA tensors of the
+    current device (call ``torch.cuda.set_device`` first). Raises ``RuntimeError`` if the
+    group cannot form within ``timeout_s`` (e.g. a rank never joined).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}; expected one of {BACKENDS} (gloo: CPU, nccl: GPU)")
+    if world_size < 2 or not 0 <= rank < world_size:
+        raise ValueError(
+            f"rank={rank}, world_size={world_size}; need world_size >= 2 (trainer + workers) "
+            "and 0 <= rank < world_size"
+        )
+    if backend == "nccl" and not torch.distributed.is_nccl_available():
+        raise RuntimeError(
+            "backend='nccl' needs a CUDA build of torch with NCCL; use backend='gloo' on CPU"
+        )
+    timeout = timedelta(seconds=timeout_s)
+    store = TCPStore(
+        master_addr,
+        master_port,
+        world_size,
+        is_master=rank == 0,
+        timeout=timeout,
+        # The group constructor below waits for every rank; the store need not.
+        wait_for_workers=False,
+    )
+    prefix_store = PrefixStore(f"tcp://{master_addr}:{master_port}", store)
+    pg = ProcessGroup(prefix_store, rank, world_size)
+    if backend == "gloo":
+        from torch.distributed import ProcessGroupGloo
+
+        backend_impl = ProcessGroupGloo(prefix_store, rank, world_size, timeout=timeout)
+        backend_type, device = ProcessGroup.BackendType.GLOO, torch.device("cpu")
+    else:
+        from torch.distributed import ProcessGroupNCCL
+
+        options = ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        backend_impl = ProcessGroupNCCL(prefix_store, rank, world_size, options)
+        backend_type, device = ProcessGroup.BackendType.NCCL, torch.device("cuda")
+    pg._set_default_backend(backend_type)
+    backend_impl._set_sequence_number_for_group()
+    pg._register_backend(device, backend_type, backend_impl)
+    return pg
+
+
+def broadcast(
+    pg: ProcessGroup, tensor: torch.Tensor, src: int = 0, *, timeout_s: float | None = None
+) -> None:
+    """Broadcast ``tensor`` in place from rank ``src`` to every rank of ``pg``.
+
+    ``timeout_s`` (default: the group's timeout) bounds the wait; a dead or silent peer
+    raises ``RuntimeError``.
+    """
+    wait(broadcast_async(pg, tensor, src, timeout_s=timeout_s), timeout_s)
+
+
+def broadcast_async(
+    pg: ProcessGroup, tensor: torch.Tensor, src: int = 0, *, timeout_s: float | None = None
+) -> torch.distributed.Work:
+    """Start a broadcast and return its work; finish it with :func:`wait`. Every rank must
+    start the same broadcasts in the same order."""
+    return pg.broadcast(tensor, root=src, timeout=_timedelta(timeout_s))
+
+
+def all_reduce_max(
+    pg: ProcessGroup, tensor: torch.Tensor, *, timeout_s: float | None = None
+) -> None:
+    """Replace ``tensor`` in place by its elementwise max over every rank of ``pg``."""
+    wait(all_reduce_max_async(pg, tensor, timeout_s=timeout_s), timeout_s)
+
+
+def all_reduce_max_async(
+    pg: ProcessGroup, tensor: torch.Tensor, *, timeout_s: float | None = None
+) -> torch.distributed.Work:
+    """Start :func:`all_reduce_max` and return its work; finish it with :func:`wait`."""
+    return pg.allreduce(tensor, op=ReduceOp.MAX, timeout=_timedelta(timeout_s))
+
+
+def wait(work: torch.distributed.Work, timeout_s: float | None = None) -> None:
+    """Block until ``work`` is done (at most ``timeout_s``, default the group's timeout)."""
+    if timeout_s is None:
+        work.wait()
+    else:
+        work.wait(timedelta(seconds=timeout_s))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (for tests and single-machine setups)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _timedelta(timeout_s: float | None) -> timedelta | None:
+    return None if timeout_s is None else timedelta(seconds=timeout_s)

@@ -1,0 +1,244 @@
+"""vLLM worker extension: the inference side of ludic's weight sync.
+
+Pass ``--worker-extension-cls ludic.inference.vllm_worker.WeightSyncWorkerExtension``
+(``ludic.inference.vllm_server`` does by default). vLLM mixes these methods into every
+worker; the server calls them with ``engine.collective_rpc(method, args=...)``. Arguments
+are JSON-shaped dicts (never pickled objects from the network).
+
+The data plane is the weight-transfer layer's: a ``BroadcastTransferStrategy`` receiver
+moves each announced chunk and ``VLLMWeightLoader`` loads it into ``self.model_runner``.
+This module adds what a live server needs around the loader:
+
+* **Check before touching the model.** Every name must be in the served checkpoint (a
+  tied ``lm_head.weight`` alias is accepted and skipped by vLLM) with the checkpoint's
+  shape. A failed vLLM load leaves the model half-rebuilt and kills the engine, so a bad
+  update must be refused before loading.
+* **One load per sync on CPU.** CPU workers reload through vLLM's layerwise reload, which
+  rebuilds a fused layer (``qkv_proj``, ``gate_up_proj``) from the tensors of ONE load
+  call; the parts not in that call would be left uninitialised. So a CPU worker keeps the
+  chunks of a sync and loads them together with the ``last`` one, and refuses an update
+  holding only part of a fused layer (e.g. ``q_proj`` without ``k_proj``/``v_proj``).
+  CUDA workers load each chunk as it arrives.
+* If a load still fails, the layers are put back to their previous weights (best effort)
+  so the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class WeightSyncWorkerExtension:
+    """Mixed into each vLLM worker (which provides ``self.rank`` and ``self.model_runner``).
+
+    Attributes use a ``ludic_`` prefix so they cannot clash with the worker's own.
+    """
+
+    ludic_receiver: Any = None
+    ludic_loader: Any = None
+    ludic_pending: dict[str, torch.Tensor] | None = None  # CPU: chunks of the current sync
+    ludic_sync_failed: bool = False  # a chunk of the current sync failed: load nothing
+    ludic_checkpoint: dict[str, list[int]] | None = None  # served checkpoint: name -> shape
+
+    def init_communicator(self, sync_info: dict[str, Any], rank_offset: int) -> None:
+        """Join the trainer's group as rank ``rank_offset + self.rank`` (the trainer is
+        rank 0, so the server passes ``rank_offset=1``)."""
+        from ludic.distributed.weight_transfer import (
+            BroadcastTransferStrategy,
+            TorchDistributedWeightSyncInfo,
+            sync_info_from_dict,
+        )
+
+        self.close_communicator()
+        info = sync_info_from_dict(sync_info)
+        if not isinstance(info, TorchDistributedWeightSyncInfo):
+            raise ValueError(f"init_communicator needs a process-group sync info, got {sync_info}")
+        rank = rank_offset + int(self.rank)  # type: ignore[attr-defined]
+        strategy = BroadcastTransferStrategy(backend=info.backend, timeout_s=info.timeout_s)
+        self.ludic_receiver = strategy.create_receiver(info, rank=rank)
+        if self.ludic_checkpoint is None:
+            self.ludic_checkpoint = checkpoint_shapes(self.model_runner.vllm_config.model_config)  # type: ignore[attr-defined]
+        logger.info(
+            "joined weight-sync group %s as rank %d/%d", info.group_name, rank, info.world_size
+        )
+
+    def update_param_batch(self, request: dict[str, Any], first: bool = False) -> int:
+        """Receive the announced chunk and load it (CPU: with the sync's ``last`` chunk).
+
+        ``first`` marks the first chunk of a sync (drops what a failed sync left behind).
+        Returns the number of tensors loaded by this call.
+        """
+        if self.ludic_receiver is None:
+            raise RuntimeError("no weight-sync group on this worker: POST /init_communicator first")
+        if first or self.ludic_pending is None:
+            self.ludic_pending, self.ludic_sync_failed = {}, False
+        parsed = self.ludic_receiver.parse_request(request)
+        try:
+            named = self.ludic_receiver.receive(parsed)
+        except Exception:
+            self.ludic_sync_failed = True
+            raise
+        if not self._is_cpu():
+            self._load(named)
+            return len(named)
+        if not self.ludic_sync_failed:
+            self.ludic_pending.update(named)
+        if not parsed.last:
+            return 0
+        pending, self.ludic_pending = self.ludic_pending, {}
+        failed, self.ludic_sync_failed = self.ludic_sync_failed, False
+        if failed:
+            raise RuntimeError("nothing loaded: an earlier chunk of this sync failed")
+        self._load(pending)
+        return len(pending)
+
+    def close_communicator(self) -> None:
+        self.ludic_pending, self.ludic_sync_failed = None, False
+        if self.ludic_receiver is not None:
+            receiver, self.ludic_receiver = self.ludic_receiver, None
+            receiver.close()
+
+    # ------------------------------------------------------------------ internals
+    def _is_cpu(self) -> bool:
+        return torch.device(self.model_runner.device).type == "cpu"  # type: ignore[attr-defined]
+
+    def _load(self, named: Mapping[str, torch.Tensor]) -> None:
+        from ludic.distributed.weight_transfer import VLLMWeightLoader
+
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        hf_config = self.model_runner.vllm_config.model_config.hf_config  # type: ignore[attr-defined]
+        check_update(
+            named,
+            self.ludic_checkpoint,
+            packed_modules=getattr(model, "packed_modules_mapping", {}) if self._is_cpu() else {},
+            tied_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        )
+        if self.ludic_loader is None:
+            self.ludic_loader = VLLMWeightLoader(self.model_runner)  # type: ignore[attr-defined]
+        try:
+            self.ludic_loader.load(named)
+        except Exception as e:
+            if self._is_cpu():
+                restore_after_failed_reload(model)
+            raise RuntimeError(
+                f"loading the weight update failed ({type(e).__name__}: {e}); layers loaded "
+                "before the failure hold the new weights, the others their previous ones. "
+                "Publish the full model again."
+            ) from e
+
+
+# ------------------------------------------------------------------------------ checks
+def check_update(
+    named: Mapping[str, torch.Tensor],
+    checkpoint: Mapping[str, list[int]] | None,
+    *,
+    packed_modules: Mapping[str, list[str]],
+    tied_embeddings: bool,
+) -> None:
+    """Raise ``ValueError`` (naming the tensor and the fix) unless every name is in the
+    served checkpoint with its shape, and every fused layer of ``packed_modules`` (vLLM
+    name -> HF parts) is either fully present or absent."""
+    if checkpoint:
+        for name, tensor in named.items():
+            expected = checkpoint.get(name)
+            if expected is None:
+                if tied_embeddings and name.endswith("lm_head.weight"):
+                    continue  # the tied alias of the embeddings; vLLM skips it
+                raise ValueError(
+                    f"weight update names {name!r}, which the served checkpoint does not have "
+                    f"(e.g. {sorted(checkpoint)[:3]}); the trainer must publish the served "
+                    "model's HF parameter names. Nothing was loaded."
+                )
+            if list(tensor.shape) != list(expected):
+                raise ValueError(
+                    f"weight update has {name!r} with shape {list(tensor.shape)}, the served "
+                    f"model's is {list(expected)}; trainer and server must be the same "
+                    "architecture. Nothing was loaded."
+                )
+    for parts in packed_modules.values():
+        if len(parts) < 2:
+            continue
+        for name in named:
+            prefix, leaf, suffix = _split_part(name, parts)
+            if leaf is None:
+                continue
+            missing = [f"{prefix}{p}{suffix}" for p in parts if f"{prefix}{p}{suffix}" not in named]
+            if missing:
+                raise ValueError(
+                    f"weight update has {name!r} but not {missing}: vLLM serves them as one "
+                    "fused layer and on CPU reloads it only whole. Publish all of "
+                    f"{parts} together. Nothing was loaded."
+                )
+
+
+def _split_part(name: str, parts: list[str]) -> tuple[str, str | None, str]:
+    """``"a.b.q_proj.weight"`` -> ``("a.b.", "q_proj", ".weight")`` when the module leaf
+    is one of ``parts``."""
+    pieces = name.split(".")
+    for i in range(len(pieces) - 1, -1, -1):
+        if pieces[i] in parts:
+            prefix = ".".join(pieces[:i])
+            suffix = ".".join(pieces[i + 1 :])
+            return (prefix + "." if prefix else ""), pieces[i], ("." + suffix if suffix else "")
+    return "", None, ""
+
+
+def checkpoint_shapes(model_config: Any) -> dict[str, list[int]] | None:
+    """Tensor names -> shapes of the served safetensors checkpoint (headers only), or
+    ``None`` when the files cannot be found (then names are not checked)."""
+    files = _safetensors_files(str(model_config.model), getattr(model_config, "revision", None))
+    if not files:
+        logger.warning(
+            "no safetensors files found for %s: weight names are not checked", model_config.model
+        )
+        return None
+    shapes: dict[str, list[int]] = {}
+    for path in files:
+        with open(path, "rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+        for name, meta in header.items():
+            if name != "__metadata__":
+                shapes[name] = [int(d) for d in meta["shape"]]
+    return shapes
+
+
+def _safetensors_files(model: str, revision: str | None) -> list[Path]:
+    if os.path.isdir(model):
+        return sorted(Path(model).glob("*.safetensors"))
+    try:
+        from huggingface_hub import snapshot_download
+
+        local = snapshot_download(
+            model, revision=revision, allow_patterns=["*.safetensors"], local_files_only=True
+        )
+    except Exception:
+        return []
+    return sorted(Path(local).glob("*.safetensors"))
+
+
+def restore_after_failed_reload(model: torch.nn.Module) -> None:
+    """Undo an interrupted layerwise reload (vLLM 0.32 internals): put every layer still
+    waiting for weights back on its previous kernel tensors. Best effort."""
+    try:
+        from vllm.model_executor.model_loader.reload import layerwise
+
+        for layer in model.modules():
+            info = layerwise.get_layerwise_info(layer)
+            if info.can_load() and info.kernel_tensors is not None:
+                layerwise._place_kernel_tensors(layer, info)
+                info.reset()
+        if hasattr(model, "_original_do_torchao_reload"):
+            model._do_torchao_reload = model._original_do_torchao_reload
+    except Exception:
+        logger.exception("could not restore the model after a failed weight reload")
