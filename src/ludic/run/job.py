@@ -15,9 +15,10 @@ count and optimizer state.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -129,11 +130,11 @@ def _warm_start(
         checkpoint=_checkpoint_config(config, run, "warm_start"),
         loggers=_loggers(config, run, "warm_start", "warm start (SFT)", steps, console),
     )
-    if resuming and run.has_checkpoint("warm_start"):
-        trainer.resume()
-        run.truncate_metrics("warm_start", trainer.step)
-    _run_steps(trainer, steps - trainer.step)
-    trainer.close()
+    with _checkpoint_on_interrupt(trainer):
+        if resuming and run.has_checkpoint("warm_start"):
+            trainer.resume()
+            run.truncate_metrics("warm_start", trainer.step)
+        _run_steps(trainer, steps - trainer.step)
 
 
 def _reinforce(
@@ -190,6 +191,11 @@ def _reinforce_with(
             config, run, "rl", f"RL ({algorithm.name})", config.trainer.steps, console
         ),
     )
+    with _checkpoint_on_interrupt(trainer):
+        _run_rl(config, run, trainer, source, eval_engine, resuming=resuming, console=console)
+
+
+def _run_rl(config, run, trainer, source, eval_engine, *, resuming: bool, console: Console) -> None:
     if resuming and run.has_checkpoint("rl"):
         trainer.resume()
     run.truncate_metrics("rl", trainer.step)
@@ -213,15 +219,26 @@ def _reinforce_with(
         asyncio.run(record_eval())
     _run_steps(trainer, config.trainer.steps - trainer.step, after_step)
     asyncio.run(record_eval())
-    trainer.close()
+
+
+@contextlib.contextmanager
+def _checkpoint_on_interrupt(trainer: Trainer) -> Iterator[None]:
+    """Ctrl-C anywhere in a phase (a step, an evaluation, a weight sync) saves a checkpoint
+    of the last completed step, then re-raises. Inside the step loop Ctrl-C cancels at the
+    next await, which is a step boundary (the only await in a step fetches its batch)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        trainer.save_checkpoint()
+        raise
+    finally:
+        trainer.close()
 
 
 def _run_steps(
     trainer: Trainer, num_steps: int, after_step: Callable[[int], Awaitable[None]] | None = None
 ) -> None:
-    """``num_steps`` optimizer steps in one event loop. Ctrl-C cancels at the next await
-    (a step boundary: the only await inside a step is fetching its batch), saves a
-    checkpoint of the last completed step and re-raises."""
+    """``num_steps`` optimizer steps (and ``after_step`` hooks) in one event loop."""
 
     async def loop() -> None:
         for _ in range(num_steps):
@@ -229,12 +246,7 @@ def _run_steps(
             if after_step is not None:
                 await after_step(trainer.step)
 
-    try:
-        asyncio.run(loop())
-    except KeyboardInterrupt:
-        trainer.save_checkpoint()
-        trainer.close()
-        raise
+    asyncio.run(loop())
 
 
 async def _evaluate(config: RunConfig, engine: RolloutEngine) -> dict[str, float]:
