@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from tests.training.loss_helpers import fd_grad
 
 from ludic.training.losses import (
     ClippedSurrogateLoss,
@@ -63,16 +64,6 @@ def run(loss, batch):
     out = loss(inputs)
     out.loss.backward()
     return out.loss.item(), inputs.logprobs.grad.numpy(), out.stats
-
-
-def fd_grad(f, x: np.ndarray, h: float = 1e-6) -> np.ndarray:
-    grad = np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        xp, xm = x.copy(), x.copy()
-        xp[idx] += h
-        xm[idx] -= h
-        grad[idx] = (f(xp) - f(xm)) / (2 * h)
-    return grad
 
 
 def ref_aggregate(per_token, mask, mode, n_seq, n_tok, constant=None) -> float:

@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from tests.training.loss_helpers import fd_grad
 
 from ludic.training.losses import EntropyBonus, KLPenalty, LossInputs, TokenAggregation
 
@@ -52,16 +53,6 @@ def to_inputs(batch, rows=slice(None)):
         old_logprobs=torch.tensor(batch["old"][rows]),
         ref_logprobs=torch.tensor(batch["ref"][rows]),
     )
-
-
-def fd_grad(f, x: np.ndarray, h: float = 1e-6) -> np.ndarray:
-    grad = np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        xp, xm = x.copy(), x.copy()
-        xp[idx] += h
-        xm[idx] -= h
-        grad[idx] = (f(xp) - f(xm)) / (2 * h)
-    return grad
 
 
 def ref_aggregate(per_token, mask, mode) -> float:
