@@ -109,18 +109,18 @@ class WeightUpdateRequest:
                 f"{type(self).__name__}: {n} names, {len(self.dtypes)} dtypes and "
                 f"{len(self.shapes)} shapes; they must have one entry per tensor"
             )
-        for name in self.dtypes:
+        for name in set(self.dtypes):
             dtype_from_name(name)
-        self.shapes = [[int(d) for d in s] for s in self.shapes]
-        if any(d < 0 for s in self.shapes for d in s):
+        self.shapes = [list(map(int, s)) for s in self.shapes]
+        if self.shapes and min(min(s, default=0) for s in self.shapes) < 0:
             raise ValueError(f"{type(self).__name__}: negative dimension in shapes")
 
     @property
     def sizes_bytes(self) -> list[int]:
         """Bytes of each tensor, from its dtype and shape."""
+        itemsize = {name: dtype_from_name(name).itemsize for name in set(self.dtypes)}
         return [
-            math.prod(shape) * dtype_from_name(dtype).itemsize
-            for dtype, shape in zip(self.dtypes, self.shapes)
+            math.prod(shape) * itemsize[dtype] for dtype, shape in zip(self.dtypes, self.shapes)
         ]
 
     @property

@@ -48,7 +48,6 @@ from ludic.distributed.weight_transfer.base import (
 from ludic.distributed.weight_transfer.groups import (
     all_reduce_max,
     all_reduce_max_async,
-    broadcast,
     broadcast_async,
     wait,
 )
@@ -70,7 +69,6 @@ from ludic.distributed.weight_transfer.packing import (
     _on,
     _pack_into,
     _packed_offsets,
-    _sizes,
     _unpack,
     as_bytes,
     pieces,
@@ -118,15 +116,7 @@ class BroadcastTransferSender(WeightTransferSender):
         self, chunk: WeightChunk, *, version: int | None = None, last: bool = False
     ) -> BroadcastWeightUpdateRequest:
         """The request announcing ``chunk``; packed when it holds several small tensors."""
-        n = len(chunk)
-        return BroadcastWeightUpdateRequest(
-            names=list(chunk.names),
-            dtypes=[_dtype_name(t.dtype) for t in chunk.tensors],
-            shapes=[list(t.shape) for t in chunk.tensors],
-            version=version,
-            last=last,
-            packed=n > 1 and chunk.total_size_bytes < n * PACK_BELOW_MEAN_BYTES,
-        )
+        return _describe_tensors(chunk.names, chunk.tensors, version=version, last=last)
 
     def send(
         self, chunks: Iterable[WeightChunk], control: ControlPlane, *, version: int | None
@@ -166,19 +156,21 @@ class BroadcastTransferSender(WeightTransferSender):
         self.pg.shutdown()
 
     def _prepare(self, chunk: WeightChunk, *, version: int | None, last: bool) -> _Outgoing:
-        """Request and header for ``chunk``; refuses a request that does not describe it."""
+        """Request and header for ``chunk``, both built from the tensors that will move.
+        The announcement describes them by construction; a subclass's own
+        ``create_request`` is checked against them before anything is announced."""
         if len(chunk) == 0:
             raise ValueError("refusing to send an empty WeightChunk")
-        request = self.create_request(chunk, version=version, last=last)
         tensors = [_on(self.device, t) for t in chunk.tensors]
-        dtypes = [_dtype_name(t.dtype) for t in tensors]
-        shapes = [list(t.shape) for t in tensors]
-        check_request_describes(request, chunk.names, dtypes, shapes)
-        # The header describes the tensors themselves, not the request we announce.
+        request = _describe_tensors(chunk.names, tensors, version=version, last=last)
+        if type(self).create_request is not BroadcastTransferSender.create_request:
+            described = request
+            request = self.create_request(chunk, version=version, last=last)
+            check_request_describes(request, chunk.names, described.dtypes, described.shapes)
         header = _header(
-            chunk.names,
-            dtypes,
-            shapes,
+            request.names,
+            request.dtypes,
+            request.shapes,
             total_bytes=sum(_nbytes(t) for t in tensors),
             packed=request.packed,
             version=version,
@@ -311,21 +303,23 @@ class BroadcastTransferReceiver(WeightTransferReceiver):
         self.buffers = ReceiveBuffers(self.device, keep=keep_buffers, max_bytes=max_kept_bytes)
 
     def receive(self, request: WeightUpdateRequest) -> dict[str, torch.Tensor]:
-        expected = None
-        if isinstance(request, BroadcastWeightUpdateRequest):
-            sizes = _sizes(request.dtypes, request.shapes)
-            expected = _header(
-                request.names,
-                request.dtypes,
-                request.shapes,
-                total_bytes=sum(sizes),
-                packed=request.packed,
-                version=request.version,
-                last=request.last,
-            )
         header = torch.zeros(len(HEADER_FIELDS), dtype=torch.int64, device=self.device)
         try:
-            broadcast(self.pg, header, self.src, timeout_s=self.timeout_s)
+            # Describe what was announced while the trainer's header is on its way.
+            incoming = broadcast_async(self.pg, header, self.src, timeout_s=self.timeout_s)
+            expected = None
+            if isinstance(request, BroadcastWeightUpdateRequest):
+                sizes = request.sizes_bytes
+                expected = _header(
+                    request.names,
+                    request.dtypes,
+                    request.shapes,
+                    total_bytes=sum(sizes),
+                    packed=request.packed,
+                    version=request.version,
+                    last=request.last,
+                )
+            wait(incoming, self.timeout_s)
             header = header.cpu()
             agrees = expected is not None and torch.equal(header, expected)
             verdict = STATUS_OK if agrees else STATUS_REJECTED
@@ -384,6 +378,23 @@ class BroadcastTransferReceiver(WeightTransferReceiver):
         if tensor.numel() == 0:
             return None
         return broadcast_async(self.pg, tensor, self.src, timeout_s=self.timeout_s)
+
+
+def _describe_tensors(
+    names: Sequence[str], tensors: Sequence[torch.Tensor], *, version: int | None, last: bool
+) -> BroadcastWeightUpdateRequest:
+    """The broadcast request for ``tensors``: packed when there are several averaging
+    less than ``PACK_BELOW_MEAN_BYTES``."""
+    n = len(tensors)
+    total = sum(_nbytes(t) for t in tensors)
+    return BroadcastWeightUpdateRequest(
+        names=list(names),
+        dtypes=[_dtype_name(t.dtype) for t in tensors],
+        shapes=[list(t.shape) for t in tensors],
+        version=version,
+        last=last,
+        packed=n > 1 and total < n * PACK_BELOW_MEAN_BYTES,
+    )
 
 
 def check_request_describes(

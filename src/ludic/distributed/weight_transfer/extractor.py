@@ -69,59 +69,56 @@ class ModelWeightExtractor(WeightExtractor):
         Tensors are materialised (gathered, converted, made contiguous) one chunk at a
         time, so at most one chunk of copies is alive at once.
         """
-        for names in self._plan(state_dict):
+        for names, module in self._plan(state_dict):
             tensors = [self._prepare(state_dict[name]) for name in names]
-            parents = {_parent(name) for name in names}
-            module = parents.pop() if len(parents) == 1 else None
-            yield WeightChunk(names=list(names), tensors=tensors, module_name=module)
+            yield WeightChunk(names=names, tensors=tensors, module_name=module)
 
     # ------------------------------------------------------------------ internals
-    def _plan(self, state_dict: Mapping[str, torch.Tensor]) -> Iterator[list[str]]:
-        """Names per chunk, from sizes alone (no gathering happens here)."""
+    def _plan(
+        self, state_dict: Mapping[str, torch.Tensor]
+    ) -> Iterator[tuple[list[str], str | None]]:
+        """``(names, module)`` per chunk, from sizes alone (no gathering happens here);
+        ``module`` is the chunk's one parent module, or ``None`` when it spans several."""
         budget = self.chunk_bytes
         current: list[str] = []
+        parents: set[str] = set()
         current_bytes = 0
-        for group in self._groups(state_dict):
+        for parent, group in self._groups(state_dict):
             sizes = [self._out_bytes(state_dict[name]) for name in group]
             group_bytes = sum(sizes)
             if current and current_bytes + group_bytes > budget:
-                yield current
-                current, current_bytes = [], 0
+                yield current, _only(parents)
+                current, parents, current_bytes = [], set(), 0
             if group_bytes <= budget:
                 current.extend(group)
+                parents.add(parent)
                 current_bytes += group_bytes
                 continue
             # A module larger than the budget: fill chunks tensor by tensor.
             for name, size in zip(group, sizes):
                 if current and current_bytes + size > budget:
-                    yield current
-                    current, current_bytes = [], 0
+                    yield current, _only(parents)
+                    current, parents, current_bytes = [], set(), 0
                 current.append(name)
+                parents.add(parent)
                 current_bytes += size
         if current:
-            yield current
+            yield current, _only(parents)
 
-    def _groups(self, state_dict: Mapping[str, torch.Tensor]) -> list[list[str]]:
-        """Runs of consecutive names with the same parent module (one name per group
-        without ``group_by_module``). State-dict order is kept: the gathers of sharded
-        tensors must run in the same order on every rank."""
-        if not self.group_by_module:
-            return [[name] for name in state_dict]
-        groups: list[list[str]] = []
+    def _groups(self, state_dict: Mapping[str, torch.Tensor]) -> list[tuple[str, list[str]]]:
+        """``(parent, names)`` for runs of consecutive names with the same parent module
+        (one name per group without ``group_by_module``). State-dict order is kept: the
+        gathers of sharded tensors must run in the same order on every rank."""
+        groups: list[tuple[str, list[str]]] = []
         previous = None
         for name in state_dict:
-            parent = _parent(name)
-            if groups and parent == previous:
-                groups[-1].append(name)
+            parent = name.rpartition(".")[0]
+            if self.group_by_module and parent == previous:
+                groups[-1][1].append(name)
             else:
-                groups.append([name])
+                groups.append((parent, [name]))
             previous = parent
         return groups
-
-    def _out_dtype(self, tensor: torch.Tensor) -> torch.dtype:
-        if self.dtype is not None and tensor.is_floating_point():
-            return self.dtype
-        return tensor.dtype
 
     def _out_bytes(self, tensor: torch.Tensor) -> int:
         if self.dtype is None or not tensor.is_floating_point():
@@ -131,16 +128,19 @@ class ModelWeightExtractor(WeightExtractor):
     def _prepare(self, tensor: torch.Tensor) -> torch.Tensor:
         # Only copy when needed: a contiguous tensor already in the inference dtype is
         # passed on as is (the sender reads it before the trainer's next step).
-        if tensor.requires_grad:
+        if type(tensor) is not torch.Tensor or tensor.requires_grad:  # Parameter, DTensor
             tensor = tensor.detach()
-        if is_dtensor(tensor):
-            # Gather in the training dtype, then convert: every rank runs the same
-            # collective (see gather_full_tensors).
-            tensor = tensor.full_tensor()
-        dtype = self._out_dtype(tensor)
-        if tensor.dtype != dtype:
-            tensor = tensor.to(dtype)
+            if is_dtensor(tensor):
+                # Gather in the training dtype, then convert: every rank runs the same
+                # collective (see gather_full_tensors).
+                tensor = tensor.full_tensor()
+        if self.dtype is not None and tensor.dtype != self.dtype and tensor.is_floating_point():
+            tensor = tensor.to(self.dtype)
         return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+
+def _only(parents: set[str]) -> str | None:
+    return next(iter(parents)) if len(parents) == 1 else None
 
 
 def is_dtensor(tensor: torch.Tensor) -> bool:
@@ -167,7 +167,3 @@ def gather_full_tensors(state_dict: Mapping[str, torch.Tensor]) -> None:
     for tensor in state_dict.values():
         if is_dtensor(tensor):
             tensor.detach().full_tensor()
-
-
-def _parent(name: str) -> str:
-    return name.rsplit(".", 1)[0] if "." in name else ""

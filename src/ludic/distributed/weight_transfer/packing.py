@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ludic.distributed.weight_transfer.base import DTYPES, dtype_from_name, dtype_name
+from ludic.distributed.weight_transfer.base import DTYPES, dtype_name
 
 MIB = 2**20
 PIECE_BYTES = 8 * MIB
@@ -216,16 +216,6 @@ def _difference(expected: torch.Tensor | None, header: torch.Tensor) -> str:
     labels = {"checksum": "names/dtypes/shapes", "bytes": "total bytes", "tensors": "tensor count"}
     pairs = zip(HEADER_FIELDS, expected.tolist(), header.tolist())
     return f" (they differ in: {', '.join(labels.get(f, f) for f, a, b in pairs if a != b)})"
-
-
-def _sizes(dtypes: Sequence[str], shapes: Sequence[Sequence[int]]) -> list[int]:
-    sizes = []
-    for dtype, shape in zip(dtypes, shapes):
-        numel = 1
-        for d in shape:
-            numel *= d
-        sizes.append(numel * dtype_from_name(dtype).itemsize)
-    return sizes
 
 
 _DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
