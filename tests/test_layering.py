@@ -21,6 +21,7 @@ ALLOWED = {
     "ludic.interaction.base": {"ludic.types", "ludic.envs.env", "ludic.inference.request"},
     "ludic.training.losses.base": set(),
     "ludic.distributed.interfaces": set(),
+    "ludic.inference.reward_client": set(),
 }
 
 

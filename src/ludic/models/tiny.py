@@ -11,7 +11,12 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2ForSequenceClassification,
+)
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 """Control tokens (skipped when decoding with ``skip_special_tokens``)."""
@@ -116,6 +121,37 @@ def save_tiny_model(path: str | Path, *, seed: int = 0, **config_kwargs: int) ->
     path = Path(path)
     tokenizer = build_tiny_tokenizer()
     model = build_tiny_causal_lm(tokenizer, seed=seed, **config_kwargs)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def build_tiny_reward_model(
+    tokenizer: PreTrainedTokenizerFast | None = None, *, seed: int = 0, **config_kwargs: int
+) -> Qwen2ForSequenceClassification:
+    """A randomly initialised tiny Qwen2 reward model: the backbone of
+    :func:`build_tiny_causal_lm` plus a linear ``score`` head with one output (one label),
+    read at the last token. Serves on ludic's vLLM reward server (``--runner pooling``)."""
+    tokenizer = tokenizer or build_tiny_tokenizer()
+    config = tiny_qwen2_config(
+        len(tokenizer),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **config_kwargs,
+    )
+    config.num_labels = 1
+    config.architectures = ["Qwen2ForSequenceClassification"]
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = Qwen2ForSequenceClassification(config)
+    return model
+
+
+def save_tiny_reward_model(path: str | Path, *, seed: int = 0, **config_kwargs: int) -> Path:
+    """Write a tiny reward model + tokenizer to ``path`` (an ordinary HF folder)."""
+    path = Path(path)
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_reward_model(tokenizer, seed=seed, **config_kwargs)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
