@@ -25,6 +25,13 @@ POOLING_TYPES = ("last", "mean", "cls", "step")
 when it starts; a request naming another is refused."""
 
 
+def format_reward_input(prompt: str, response: str) -> str:
+    """The text a reward model scores for ``response`` to ``prompt``: ``prompt``, a
+    newline, ``response``. Preference training and RL scoring both use it by default, so
+    the model is scored on the same layout it was trained on."""
+    return f"{prompt}\n{response}"
+
+
 class RewardModelTrainingMode(Enum):
     """What of a reward model is trained, and therefore what a weight sync carries.
 
@@ -48,7 +55,9 @@ class RewardModelTrainingMode(Enum):
             return cls(str(value).lower())
         except ValueError:
             valid = ", ".join(m.value for m in cls)
-            raise ValueError(f"unknown reward-model training mode {value!r}; expected {valid}") from None
+            raise ValueError(
+                f"unknown reward-model training mode {value!r}; expected {valid}"
+            ) from None
 
 
 @dataclass(frozen=True)
