@@ -21,22 +21,22 @@ is retried. A dead server raises ``ConnectionError`` / ``TimeoutError``, never h
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import itertools
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
 import torch
 
-from ludic.distributed.weight_transfer.base import (
-    TorchDistributedWeightSyncInfo,
-    WeightUpdateRequest,
-)
 from ludic.inference.request import CompletionRequest
 from ludic.inference.sampling import to_openai_params
+from ludic.inference.vllm_http import (  # noqa: F401 (re-exported)
+    KEEPALIVE_EXPIRY_S,
+    AsyncHTTP,
+    VLLMControlPlane,
+    VLLMServerError,
+    _Retrying,
+)
+from ludic.inference.vllm_weight_sync import WeightSyncSession
 from ludic.types import FINISH_REASONS, ChatResponse, TokenTrace
 
 VERSION_HEADER = "x-ludic-policy-version"  # set by ludic.inference.vllm_server
@@ -49,209 +49,6 @@ FINISH_REASON_MAP: dict[str, str] = {
     "repetition": "abort",  # vLLM cut a degenerate repetition short: not a natural stop
 }
 """vLLM finish reasons -> ludic's (``ludic.types.FINISH_REASONS``)."""
-
-
-class VLLMServerError(RuntimeError):
-    """The server answered with an error status (``status_code``) or reported a failed
-    background task."""
-
-    def __init__(
-        self, message: str, status_code: int | None = None, server_error: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status_code = status_code
-        self.server_error = server_error
-
-
-# ------------------------------------------------------------------------------ HTTP
-class _Retrying:
-    """Shared retry / error policy of the sync and async HTTP paths."""
-
-    def __init__(self, base_url: str, timeout_s: float, max_retries: int, backoff_s: float):
-        if timeout_s <= 0 or max_retries < 0 or backoff_s < 0:
-            raise ValueError(
-                f"timeout_s={timeout_s}, max_retries={max_retries}, backoff_s={backoff_s}; "
-                "need timeout_s > 0, max_retries >= 0, backoff_s >= 0"
-            )
-        self.base_url = base_url
-        self.timeout_s = timeout_s
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
-
-    def retry_delay(self, attempt: int, deadline: float) -> float | None:
-        """Seconds to sleep before retrying failed attempt ``attempt`` (0-based), or
-        ``None`` when the retries or the time (``deadline``) are used up."""
-        delay = self.backoff_s * 2**attempt
-        if attempt >= self.max_retries or time.monotonic() + delay >= deadline:
-            return None
-        return delay
-
-    def unreachable(self, path: str, attempts: int, err: Exception) -> ConnectionError:
-        return ConnectionError(
-            f"vLLM server at {self.base_url} unreachable ({path}, {attempts} attempt(s)): "
-            f"{type(err).__name__}: {err}. Is it running? (start it with "
-            "ludic.inference.vllm_utils.start_vllm_server)"
-        )
-
-    def translate(self, path: str, err: httpx.HTTPError) -> Exception:
-        if isinstance(err, httpx.TimeoutException):
-            return TimeoutError(
-                f"vLLM server at {self.base_url} did not answer {path} within "
-                f"{self.timeout_s:.0f}s ({type(err).__name__}); raise timeout_s for long calls"
-            )
-        return ConnectionError(
-            f"connection to vLLM server at {self.base_url} failed during {path}: "
-            f"{type(err).__name__}: {err}"
-        )
-
-    def check(self, path: str, response: httpx.Response) -> httpx.Response:
-        if response.status_code < 400:
-            return response
-        try:
-            body: Any = response.json()
-        except ValueError:
-            body = response.text
-        if isinstance(body, dict):
-            body = body.get("detail") or body.get("error") or body
-        hint = (
-            " (pass VLLMChatClient(api_key=...) matching the server's --api-key)"
-            if response.status_code == 401
-            else ""
-        )
-        raise VLLMServerError(
-            f"vLLM server {path} -> HTTP {response.status_code}: {body}{hint}", response.status_code
-        )
-
-
-_RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout)  # the request never reached the server
-
-KEEPALIVE_EXPIRY_S = 2.0
-"""Pooled connections idle longer than this are not reused. It must stay below the
-server's keep-alive timeout (uvicorn's, ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s by default):
-otherwise a request sent after a training step longer than that can go out on a
-connection the server is closing, and fail with a ReadError."""
-
-
-class VLLMControlPlane:
-    """Synchronous control-plane calls; implements the weight-transfer ``ControlPlane``
-    protocol (:meth:`announce`, :meth:`wait_until_applied`)."""
-
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        api_key: str | None = None,
-        timeout_s: float = 60.0,
-        max_retries: int = 3,
-        backoff_s: float = 0.5,
-        poll_s: float = 0.05,
-    ) -> None:
-        self.policy = _Retrying(base_url, timeout_s, max_retries, backoff_s)
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(
-            base_url=base_url,
-            headers=headers,
-            timeout=timeout_s,
-            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S),
-        )
-        self.poll_s = poll_s
-        self._errors_before: int | None = None  # server error_count when this sync began
-
-    # ---- ControlPlane -------------------------------------------------------------
-    def announce(self, request: WeightUpdateRequest) -> None:
-        """POST the chunk's metadata; the server's workers start receiving it."""
-        first = self._errors_before is None  # the first chunk of a sync
-        path = "/update_param_batch?first=true" if first else "/update_param_batch"
-        reply = self.post(path, request.to_dict())
-        if first:
-            self._errors_before = int(reply["error_count"])
-
-    def wait_until_applied(self, timeout_s: float) -> None:
-        """Poll until the server has no background task left; raise the error it recorded
-        during this sync (since the first :meth:`announce` / :meth:`init_communicator`)."""
-        deadline = time.monotonic() + timeout_s
-        before, self._errors_before = self._errors_before, None
-        while True:
-            status = self.post("/get_num_background_tasks")
-            if int(status["num_background_tasks"]) == 0:
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"vLLM server at {self.policy.base_url} still has "
-                    f"{status['num_background_tasks']} weight-sync task(s) after {timeout_s:.0f}s"
-                )
-            time.sleep(self.poll_s)
-        if before is not None and int(status["error_count"]) > before:
-            raise VLLMServerError(
-                f"weight sync failed on the vLLM server at {self.policy.base_url}: "
-                f"{status['last_error']} (see the server log; it keeps serving version "
-                f"{status['version']})",
-                server_error=status["last_error"],
-            )
-
-    def begin_sync(self) -> None:
-        """Forget errors of earlier syncs; the next announce sets the baseline."""
-        self._errors_before = None
-
-    def settle(self, timeout_s: float) -> str | None:
-        """After a failed sync: wait (best effort) for the server's background tasks and
-        return the error it recorded during the sync, if any."""
-        try:
-            self.wait_until_applied(timeout_s)
-        except VLLMServerError as e:
-            return e.server_error or str(e)
-        except (ConnectionError, TimeoutError) as e:
-            return f"no status: the server did not answer ({type(e).__name__})"
-        return None
-
-    # ---- other control calls -----------------------------------------------------
-    def init_communicator(self, info: TorchDistributedWeightSyncInfo) -> None:
-        reply = self.post("/init_communicator", info.to_dict())
-        self._errors_before = int(reply["error_count"])
-
-    def close_communicator(self) -> None:
-        self.post("/close_communicator")
-
-    def world_size(self) -> int:
-        return int(self.get("/get_world_size")["world_size"])
-
-    def runtime_version(self) -> int:
-        return int(self.get("/runtime_version")["version"])
-
-    def health(self) -> dict[str, Any]:
-        return self.get("/health")
-
-    def pause(self, mode: str = "abort") -> None:
-        self.post(f"/pause?mode={mode}")
-
-    def resume(self) -> None:
-        self.post("/resume")
-
-    def reset_prefix_cache(self) -> None:
-        self.post("/reset_prefix_cache")
-
-    def get(self, path: str) -> dict[str, Any]:
-        return self._call(path, lambda: self.http.get(path))
-
-    def post(self, path: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        return self._call(path, lambda: self.http.post(path, json=dict(body or {})))
-
-    def close(self) -> None:
-        self.http.close()
-
-    def _call(self, path: str, send: Callable[[], httpx.Response]) -> dict[str, Any]:
-        deadline = time.monotonic() + self.policy.timeout_s
-        for attempt in itertools.count():
-            try:
-                return self.policy.check(path, send()).json()
-            except _RETRYABLE as e:
-                delay = self.policy.retry_delay(attempt, deadline)
-                if delay is None:
-                    raise self.policy.unreachable(path, attempt + 1, e) from e
-                time.sleep(delay)
-            except httpx.HTTPError as e:
-                raise self.policy.translate(path, e) from e
-        raise AssertionError("itertools.count() does not end")
 
 
 # ------------------------------------------------------------------------------ client
@@ -290,8 +87,14 @@ class VLLMChatClient:
         self.model = model
         self.api_key = api_key
         self.timeout_s = timeout_s
-        self.max_connections = max_connections
-        self.policy = _Retrying(self.base_url, timeout_s, max_retries, backoff_s)
+        self.http = AsyncHTTP(
+            self.base_url,
+            api_key=api_key,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            backoff_s=backoff_s,
+            max_connections=max_connections,
+        )
         self.control = VLLMControlPlane(
             self.base_url,
             api_key=api_key,
@@ -299,9 +102,7 @@ class VLLMChatClient:
             max_retries=max_retries,
             backoff_s=backoff_s,
         )
-        self._async: tuple[asyncio.AbstractEventLoop, httpx.AsyncClient] | None = None
-        self._publisher: Any = None  # BroadcastPolicyPublisher after init_weight_sync
-        self._sender: Any = None
+        self.weight_sync = WeightSyncSession(self.control, timeout_s=timeout_s)
 
     # ---- ChatClient: generation ----------------------------------------------------
     async def complete(self, request: CompletionRequest) -> ChatResponse:
@@ -310,7 +111,7 @@ class VLLMChatClient:
             "prompt": [int(t) for t in request.prompt_token_ids],
             **to_openai_params(request.inference),
         }
-        response = await self._apost("/v1/completions", body)
+        response = await self.http.post("/v1/completions", body)
         return self._to_chat_response(request, response)
 
     def _to_chat_response(
@@ -350,7 +151,7 @@ class VLLMChatClient:
         )
 
     async def _served_model(self) -> str:
-        response = await self._aget("/v1/models")
+        response = await self.http.get("/v1/models")
         models = response.json().get("data") or []
         if not models:
             raise VLLMServerError(f"{self.base_url}/v1/models lists no model; pass model=")
@@ -367,81 +168,32 @@ class VLLMChatClient:
         strategy: Any = None,
         extractor: Any = None,
     ) -> None:
-        """Form the weight-sync group: ask the server for its worker count, let its workers
-        join (ranks 1..W, in the background) and join as rank 0 (hosting the rendezvous at
-        ``master_addr:master_port``, default a free port).
-
-        ``backend``: ``"gloo"`` (CPU tensors) or ``"nccl"`` (default: nccl when CUDA is
-        available). ``strategy`` / ``extractor`` default to ``BroadcastTransferStrategy``
-        and ``ModelWeightExtractor()``.
-        """
-        from ludic.distributed.broadcast_publisher import BroadcastPolicyPublisher
-        from ludic.distributed.weight_transfer import (
-            BroadcastTransferStrategy,
-            ModelWeightExtractor,
-            free_port,
-        )
-
-        if self._sender is not None:
-            raise RuntimeError("init_weight_sync was already called; call close() first")
-        if strategy is None:
-            if backend is None:
-                backend = "nccl" if torch.cuda.is_available() else "gloo"
-            strategy = BroadcastTransferStrategy(backend=backend, timeout_s=self.timeout_s)
-        info = strategy.create_sync_info(
+        """Form the weight-sync group with the server's workers (see
+        :meth:`WeightSyncSession.init`: ``backend`` gloo/nccl, default nccl when CUDA is
+        available; ``master_port`` default a free port)."""
+        self.weight_sync.init(
+            backend=backend,
             master_addr=master_addr,
-            master_port=master_port or free_port(master_addr),
-            world_size=self.control.world_size() + 1,
-        )
-        self.control.init_communicator(info)  # the workers join in the background
-        try:
-            sender = strategy.create_sender(info)  # blocks until every rank has joined
-        except Exception as e:
-            server_error = self.control.settle(self.timeout_s)
-            if server_error:
-                e.add_note(f"vLLM server at {self.base_url} reported: {server_error}")
-            raise
-        try:
-            self.control.wait_until_applied(self.timeout_s)  # raises if a worker failed
-        except BaseException:
-            _close_quietly(sender)
-            raise
-        self._sender = sender
-        self._publisher = BroadcastPolicyPublisher(
-            sender,
-            self.control,
-            extractor or ModelWeightExtractor(),
-            apply_timeout_s=self.timeout_s,
+            master_port=master_port,
+            strategy=strategy,
+            extractor=extractor,
         )
 
     @property
     def publisher(self) -> Any:
         """The ``BroadcastPolicyPublisher`` after ``init_weight_sync`` (its ``extractor``
         sets the chunking)."""
-        return self._publisher
+        return self.weight_sync.publisher
 
     @property
     def sender(self) -> Any:
         """The weight-transfer sender (rank 0 of the group) after ``init_weight_sync``."""
-        return self._sender
+        return self.weight_sync.sender
 
     def sync_weights(self, params: Mapping[str, torch.Tensor], *, version: int) -> str:
         """Push ``params`` (HF names -> tensors; a subset is fine) as policy ``version``;
         returns once every worker has loaded them, raises otherwise."""
-        if self._publisher is None:
-            raise RuntimeError(
-                "VLLMChatClient.sync_weights needs a weight-sync group: call "
-                "client.init_weight_sync() once before the first sync"
-            )
-        self.control.begin_sync()
-        try:
-            self._publisher.publish(params, version)
-        except Exception as e:
-            # Let the server settle the chunks it was given and report its side.
-            server_error = self.control.settle(self.timeout_s)
-            if server_error:
-                e.add_note(f"vLLM server at {self.base_url} reported: {server_error}")
-            raise
+        self.weight_sync.publish(params, version=version)
         return f"synced {len(params)} tensors to {self.base_url} as version {version}"
 
     def get_policy_version(self) -> int:
@@ -452,24 +204,12 @@ class VLLMChatClient:
     def close(self) -> None:
         """Leave the weight-sync group (telling the server, if it still answers) and close
         the HTTP clients."""
-        sender, self._sender, self._publisher = self._sender, None, None
-        if sender is not None:
-            # the server may be gone or broken; release our side regardless
-            with contextlib.suppress(ConnectionError, TimeoutError, VLLMServerError):
-                self.control.close_communicator()
-            _close_quietly(sender)
+        self.weight_sync.close()
         self.control.close()
-        if self._async is not None:
-            loop, client = self._async
-            self._async = None
-            if not loop.is_closed() and not loop.is_running():
-                loop.run_until_complete(client.aclose())
+        self.http.close()
 
     async def aclose(self) -> None:
-        if self._async is not None:
-            _, client = self._async
-            self._async = None
-            await client.aclose()
+        await self.http.aclose()
         self.close()
 
     def __enter__(self) -> VLLMChatClient:
@@ -477,45 +217,6 @@ class VLLMChatClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # ---- async HTTP --------------------------------------------------------------
-    def _client(self) -> httpx.AsyncClient:
-        """One ``AsyncClient`` per event loop (an httpx pool cannot cross loops)."""
-        loop = asyncio.get_running_loop()
-        if self._async is None or self._async[0] is not loop:
-            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-            limits = httpx.Limits(
-                max_connections=self.max_connections,
-                max_keepalive_connections=self.max_connections,
-                keepalive_expiry=KEEPALIVE_EXPIRY_S,
-            )
-            client = httpx.AsyncClient(
-                base_url=self.base_url, headers=headers, timeout=self.timeout_s, limits=limits
-            )
-            self._async = (loop, client)
-        return self._async[1]
-
-    async def _apost(self, path: str, body: dict[str, Any]) -> httpx.Response:
-        return await self._acall(path, lambda: self._client().post(path, json=body))
-
-    async def _aget(self, path: str) -> httpx.Response:
-        return await self._acall(path, lambda: self._client().get(path))
-
-    async def _acall(
-        self, path: str, send: Callable[[], Awaitable[httpx.Response]]
-    ) -> httpx.Response:
-        deadline = time.monotonic() + self.policy.timeout_s
-        for attempt in itertools.count():
-            try:
-                return self.policy.check(path, await send())
-            except _RETRYABLE as e:
-                delay = self.policy.retry_delay(attempt, deadline)
-                if delay is None:
-                    raise self.policy.unreachable(path, attempt + 1, e) from e
-                await asyncio.sleep(delay)
-            except httpx.HTTPError as e:
-                raise self.policy.translate(path, e) from e
-        raise AssertionError("itertools.count() does not end")
 
 
 def _finish_reason(reason: str | None) -> str | None:
@@ -528,10 +229,3 @@ def _finish_reason(reason: str | None) -> str | None:
             "(add it to ludic.inference.vllm_client.FINISH_REASON_MAP)"
         )
     return mapped
-
-
-def _close_quietly(sender: Any) -> None:
-    close = getattr(sender, "close", None) or getattr(getattr(sender, "pg", None), "shutdown", None)
-    if close is not None:
-        with contextlib.suppress(Exception):  # a broken group may refuse to shut down
-            close()

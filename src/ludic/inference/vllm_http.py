@@ -1,0 +1,302 @@
+"""HTTP plumbing shared by ludic's vLLM clients (policy and reward): one retry and error
+policy, the synchronous control plane (weight-sync routes), and a per-event-loop async
+client for the data routes.
+
+Every call is bounded by ``timeout_s``; connection failures (the request never reached
+the server) are retried ``max_retries`` times with exponential backoff
+(``backoff_s * 2**attempt``); nothing else is retried. A dead server raises
+``ConnectionError`` / ``TimeoutError``, never hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import httpx
+
+from ludic.distributed.weight_transfer.base import (
+    TorchDistributedWeightSyncInfo,
+    WeightUpdateRequest,
+)
+
+
+class VLLMServerError(RuntimeError):
+    """The server answered with an error status (``status_code``) or reported a failed
+    background task."""
+
+    def __init__(
+        self, message: str, status_code: int | None = None, server_error: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.server_error = server_error
+
+
+# ------------------------------------------------------------------------------ HTTP
+class _Retrying:
+    """Shared retry / error policy of the sync and async HTTP paths."""
+
+    def __init__(self, base_url: str, timeout_s: float, max_retries: int, backoff_s: float):
+        if timeout_s <= 0 or max_retries < 0 or backoff_s < 0:
+            raise ValueError(
+                f"timeout_s={timeout_s}, max_retries={max_retries}, backoff_s={backoff_s}; "
+                "need timeout_s > 0, max_retries >= 0, backoff_s >= 0"
+            )
+        self.base_url = base_url
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+
+    def retry_delay(self, attempt: int, deadline: float) -> float | None:
+        """Seconds to sleep before retrying failed attempt ``attempt`` (0-based), or
+        ``None`` when the retries or the time (``deadline``) are used up."""
+        delay = self.backoff_s * 2**attempt
+        if attempt >= self.max_retries or time.monotonic() + delay >= deadline:
+            return None
+        return delay
+
+    def unreachable(self, path: str, attempts: int, err: Exception) -> ConnectionError:
+        return ConnectionError(
+            f"vLLM server at {self.base_url} unreachable ({path}, {attempts} attempt(s)): "
+            f"{type(err).__name__}: {err}. Is it running? (start it with "
+            "ludic.inference.vllm_utils.start_vllm_server)"
+        )
+
+    def translate(self, path: str, err: httpx.HTTPError) -> Exception:
+        if isinstance(err, httpx.TimeoutException):
+            return TimeoutError(
+                f"vLLM server at {self.base_url} did not answer {path} within "
+                f"{self.timeout_s:.0f}s ({type(err).__name__}); raise timeout_s for long calls"
+            )
+        return ConnectionError(
+            f"connection to vLLM server at {self.base_url} failed during {path}: "
+            f"{type(err).__name__}: {err}"
+        )
+
+    def check(self, path: str, response: httpx.Response) -> httpx.Response:
+        if response.status_code < 400:
+            return response
+        try:
+            body: Any = response.json()
+        except ValueError:
+            body = response.text
+        if isinstance(body, dict):
+            body = body.get("detail") or body.get("error") or body
+        hint = (
+            " (pass the client api_key=... matching the server's --api-key)"
+            if response.status_code == 401
+            else ""
+        )
+        raise VLLMServerError(
+            f"vLLM server {path} -> HTTP {response.status_code}: {body}{hint}", response.status_code
+        )
+
+
+_RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout)  # the request never reached the server
+
+KEEPALIVE_EXPIRY_S = 2.0
+"""Pooled connections idle longer than this are not reused. It must stay below the
+server's keep-alive timeout (uvicorn's, ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s by default):
+otherwise a request sent after a training step longer than that can go out on a
+connection the server is closing, and fail with a ReadError."""
+
+
+class VLLMControlPlane:
+    """Synchronous control-plane calls; implements the weight-transfer ``ControlPlane``
+    protocol (:meth:`announce`, :meth:`wait_until_applied`)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        poll_s: float = 0.05,
+    ) -> None:
+        self.policy = _Retrying(base_url, timeout_s, max_retries, backoff_s)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(
+            base_url=base_url,
+            headers=headers,
+            timeout=timeout_s,
+            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S),
+        )
+        self.poll_s = poll_s
+        self._errors_before: int | None = None  # server error_count when this sync began
+
+    # ---- ControlPlane -------------------------------------------------------------
+    def announce(self, request: WeightUpdateRequest) -> None:
+        """POST the chunk's metadata; the server's workers start receiving it."""
+        first = self._errors_before is None  # the first chunk of a sync
+        path = "/update_param_batch?first=true" if first else "/update_param_batch"
+        reply = self.post(path, request.to_dict())
+        if first:
+            self._errors_before = int(reply["error_count"])
+
+    def wait_until_applied(self, timeout_s: float) -> None:
+        """Poll until the server has no background task left; raise the error it recorded
+        during this sync (since the first :meth:`announce` / :meth:`init_communicator`)."""
+        deadline = time.monotonic() + timeout_s
+        before, self._errors_before = self._errors_before, None
+        while True:
+            status = self.post("/get_num_background_tasks")
+            if int(status["num_background_tasks"]) == 0:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"vLLM server at {self.policy.base_url} still has "
+                    f"{status['num_background_tasks']} weight-sync task(s) after {timeout_s:.0f}s"
+                )
+            time.sleep(self.poll_s)
+        if before is not None and int(status["error_count"]) > before:
+            raise VLLMServerError(
+                f"weight sync failed on the vLLM server at {self.policy.base_url}: "
+                f"{status['last_error']} (see the server log; it keeps serving version "
+                f"{status['version']})",
+                server_error=status["last_error"],
+            )
+
+    def begin_sync(self) -> None:
+        """Forget errors of earlier syncs; the next announce sets the baseline."""
+        self._errors_before = None
+
+    def settle(self, timeout_s: float) -> str | None:
+        """After a failed sync: wait (best effort) for the server's background tasks and
+        return the error it recorded during the sync, if any."""
+        try:
+            self.wait_until_applied(timeout_s)
+        except VLLMServerError as e:
+            return e.server_error or str(e)
+        except (ConnectionError, TimeoutError) as e:
+            return f"no status: the server did not answer ({type(e).__name__})"
+        return None
+
+    # ---- other control calls -----------------------------------------------------
+    def init_communicator(self, info: TorchDistributedWeightSyncInfo) -> None:
+        reply = self.post("/init_communicator", info.to_dict())
+        self._errors_before = int(reply["error_count"])
+
+    def close_communicator(self) -> None:
+        self.post("/close_communicator")
+
+    def world_size(self) -> int:
+        return int(self.get("/get_world_size")["world_size"])
+
+    def runtime_version(self) -> int:
+        return int(self.get("/runtime_version")["version"])
+
+    def health(self) -> dict[str, Any]:
+        return self.get("/health")
+
+    def pause(self, mode: str = "abort") -> None:
+        self.post(f"/pause?mode={mode}")
+
+    def resume(self) -> None:
+        self.post("/resume")
+
+    def reset_prefix_cache(self) -> None:
+        self.post("/reset_prefix_cache")
+
+    def get(self, path: str) -> dict[str, Any]:
+        return self._call(path, lambda: self.http.get(path))
+
+    def post(self, path: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        return self._call(path, lambda: self.http.post(path, json=dict(body or {})))
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _call(self, path: str, send: Callable[[], httpx.Response]) -> dict[str, Any]:
+        deadline = time.monotonic() + self.policy.timeout_s
+        for attempt in itertools.count():
+            try:
+                return self.policy.check(path, send()).json()
+            except _RETRYABLE as e:
+                delay = self.policy.retry_delay(attempt, deadline)
+                if delay is None:
+                    raise self.policy.unreachable(path, attempt + 1, e) from e
+                time.sleep(delay)
+            except httpx.HTTPError as e:
+                raise self.policy.translate(path, e) from e
+        raise AssertionError("itertools.count() does not end")
+
+
+class AsyncHTTP:
+    """Async ``POST``/``GET`` to one server with the shared retry policy; keeps one
+    ``httpx.AsyncClient`` per event loop (an httpx pool cannot cross loops)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        max_connections: int = 256,
+    ) -> None:
+        self.base_url = base_url
+        self.api_key = api_key
+        self.max_connections = max_connections
+        self.policy = _Retrying(base_url, timeout_s, max_retries, backoff_s)
+        self._async: tuple[asyncio.AbstractEventLoop, httpx.AsyncClient] | None = None
+
+    async def post(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        return await self._call(path, lambda: self._client().post(path, json=body))
+
+    async def get(self, path: str) -> httpx.Response:
+        return await self._call(path, lambda: self._client().get(path))
+
+    def close(self) -> None:
+        """Close the pool if its loop is idle (from synchronous code)."""
+        if self._async is not None:
+            loop, client = self._async
+            self._async = None
+            if not loop.is_closed() and not loop.is_running():
+                loop.run_until_complete(client.aclose())
+
+    async def aclose(self) -> None:
+        if self._async is not None:
+            _, client = self._async
+            self._async = None
+            await client.aclose()
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if self._async is None or self._async[0] is not loop:
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+            limits = httpx.Limits(
+                max_connections=self.max_connections,
+                max_keepalive_connections=self.max_connections,
+                keepalive_expiry=KEEPALIVE_EXPIRY_S,
+            )
+            client = httpx.AsyncClient(
+                base_url=self.base_url,
+                headers=headers,
+                timeout=self.policy.timeout_s,
+                limits=limits,
+            )
+            self._async = (loop, client)
+        return self._async[1]
+
+    async def _call(
+        self, path: str, send: Callable[[], Awaitable[httpx.Response]]
+    ) -> httpx.Response:
+        deadline = time.monotonic() + self.policy.timeout_s
+        for attempt in itertools.count():
+            try:
+                return self.policy.check(path, await send())
+            except _RETRYABLE as e:
+                delay = self.policy.retry_delay(attempt, deadline)
+                if delay is None:
+                    raise self.policy.unreachable(path, attempt + 1, e) from e
+                await asyncio.sleep(delay)
+            except httpx.HTTPError as e:
+                raise self.policy.translate(path, e) from e
+        raise AssertionError("itertools.count() does not end")
