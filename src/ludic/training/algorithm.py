@@ -1,8 +1,10 @@
-"""Algorithms as data: ``RLAlgorithm`` = credit assigner + loss (+ a batch preprocess).
+"""Algorithms as data: ``RLAlgorithm`` = credit assigner + loss (+ a batch preprocess,
++ rollout hooks).
 
 Each ``make_*`` preset is a few lines that pick the parts; copy one to make a new
-algorithm. The trainer runs: ``credit_assigner.compute(rollouts)`` -> ``SAWItem`` weights
--> ``preprocess(batch)`` (if any) -> ``loss`` per micro-batch.
+algorithm. A batch is built as: ``rollout_hooks`` (in the batch source, e.g. reward-model
+scoring) -> ``credit_assigner.compute(rollouts)`` -> ``SAWItem`` weights; the trainer then
+runs ``preprocess(batch)`` (if any) -> ``loss`` per micro-batch.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from ludic.inference.reward_client import RewardModelClient
 from ludic.training.credit_assignment import (
     ConstantCredit,
     GroupNormalizedReturn,
@@ -26,19 +29,31 @@ from ludic.training.losses import (
     TokenAggregation,
     TokenClippedSurrogateLoss,
 )
-from ludic.training.types import CreditAssigner, SAWBatch
+from ludic.training.reward_credit import (
+    CombineMode,
+    RewardFormatFn,
+    RewardModelCreditAssigner,
+    RewardModelScorer,
+    reward_text,
+)
+from ludic.training.types import CreditAssigner, RolloutHook, SAWBatch
 
 
 @dataclass(frozen=True)
 class RLAlgorithm:
     """A named pair of parts: ``credit_assigner`` makes per-turn weights, ``loss`` turns
     weights and tokens into a scalar; ``preprocess`` (optional) rewrites the optimizer-step
-    batch in between (e.g. ``BatchMeanBaseline``)."""
+    batch in between (e.g. ``BatchMeanBaseline``). ``rollout_hooks`` (optional) must run on
+    the rollouts before ``credit_assigner`` (e.g. ``RewardModelScorer``, whose scores
+    ``RewardModelCreditAssigner`` reads): hand them to the batch source,
+    ``RolloutBatchSource(..., algorithm.credit_assigner, rollout_hooks=algorithm.rollout_hooks)``.
+    """
 
     name: str
     credit_assigner: CreditAssigner
     loss: Loss
     preprocess: Callable[[SAWBatch], SAWBatch] | None = None
+    rollout_hooks: tuple[RolloutHook, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.credit_assigner, CreditAssigner):
@@ -55,6 +70,18 @@ class RLAlgorithm:
             raise TypeError(
                 f"RLAlgorithm({self.name!r}): preprocess={self.preprocess!r} is not callable"
             )
+        if not isinstance(self.rollout_hooks, tuple | list):
+            raise TypeError(
+                f"RLAlgorithm({self.name!r}): rollout_hooks={self.rollout_hooks!r}; expected a "
+                "tuple of async callables (rollouts) -> None"
+            )
+        object.__setattr__(self, "rollout_hooks", tuple(self.rollout_hooks))
+        for i, hook in enumerate(self.rollout_hooks):
+            if not callable(hook):
+                raise TypeError(
+                    f"RLAlgorithm({self.name!r}): rollout_hooks[{i}]={hook!r} is not callable; "
+                    "a rollout hook is an async callable (rollouts) -> None"
+                )
 
 
 @dataclass(frozen=True)
@@ -197,6 +224,55 @@ def make_gmpo(
     return RLAlgorithm("gmpo", credit, loss)
 
 
+def make_reward_rl(
+    reward_client: RewardModelClient,
+    *,
+    mode: CombineMode = "replace",
+    weight: float = 0.5,
+    normalize: bool = True,
+    group_size: int | None = None,
+    per_turn: bool = False,
+    format_fn: RewardFormatFn = reward_text,
+    loss: Loss | None = None,
+) -> RLAlgorithm:
+    """RL from a learned reward model (RLHF-style, spec 2 sec. 6.5).
+
+    Rollout hook ``RewardModelScorer(reward_client, normalize, format_fn, per_turn)``
+    scores each rollout's last turn (every turn if ``per_turn``): s = sigmoid(logit) if
+    ``normalize`` else the raw logit. Credit ``RewardModelCreditAssigner(mode, weight)``
+    combines s with the env reward r per turn (replace: s; add: r + s; multiply: r * s;
+    weighted: weight * r + (1 - weight) * s) into c_j (an unscored earlier turn combines
+    with s = 0; see ``RewardModelCreditAssigner``), then:
+
+    * ``group_size=None``: w_j = sum_{k >= j} c_k (return-to-go; c for a single turn);
+      loss ``ReinforceLoss`` (-w * logp), aggregation TOKEN_MEAN.
+    * ``group_size=G``: A_i = (R_i - mean_g R) / (std_g R + eps), R_i = sum_j c_j, over
+      groups of G rollouts per prompt (GRPO, arXiv:2402.03300; use
+      ``GRPORequestStrategy(group_size=G)``); loss ``TokenClippedSurrogateLoss`` (clip 0.2,
+      SEQ_MEAN_TOKEN_MEAN, as ``make_grpo``), which needs behaviour logprobs.
+
+    ``loss`` replaces the default loss. The batch source must run the hooks:
+    ``RolloutBatchSource(engine, requests_fn, algo.credit_assigner,
+    rollout_hooks=algo.rollout_hooks)``.
+    """
+    group_normalize = group_size is not None
+    if group_normalize:
+        _group_credit("make_reward_rl", group_size, normalize_std=True)  # validates group_size
+    credit = RewardModelCreditAssigner(
+        mode=mode, weight=weight, group_normalize=group_normalize, group_size=group_size
+    )
+    scorer = RewardModelScorer(
+        reward_client, normalize=normalize, format_fn=format_fn, per_turn=per_turn
+    )
+    if loss is None:
+        loss = (
+            TokenClippedSurrogateLoss(aggregation=TokenAggregation.SEQ_MEAN_TOKEN_MEAN)
+            if group_normalize
+            else ReinforceLoss()
+        )
+    return RLAlgorithm("reward_rl", credit, loss, rollout_hooks=(scorer,))
+
+
 def make_sft() -> RLAlgorithm:
     """SFT as offline RL with weight 1: credit ``ConstantCredit(1.0)``; loss
     ``MaskedCausalLMCrossEntropyLoss`` (NLL of action tokens); aggregation TOKEN_MEAN.
@@ -214,5 +290,6 @@ __all__ = [
     "make_gspo",
     "make_reinforce",
     "make_reinforce_baseline",
+    "make_reward_rl",
     "make_sft",
 ]

@@ -77,43 +77,76 @@ class GroupNormalizedReturn:
         if self.eps < 0:
             raise ValueError(f"GroupNormalizedReturn: eps={self.eps!r}; expected eps >= 0")
 
-    def _group_key(self, rollout: Rollout) -> Hashable:
-        if rollout.meta.get("delegated"):
-            return ("delegated", rollout.meta.get("group_id", rollout.initial_obs))
-        if "group_id" in rollout.meta:
-            return ("group_id", rollout.meta["group_id"])
-        obs = rollout.initial_obs
-        if obs is None:
-            raise ValueError(
-                f"GroupNormalizedReturn: rollout {rollout.id!r} has no meta['group_id'] and no "
-                "initial observation to group by; set RolloutRequest.meta['group_id'] "
-                "(GRPORequestStrategy does this)"
-            )
-        return ("initial_obs", obs)
-
     def compute(self, rollouts: Sequence[Rollout]) -> list[list[float]]:
-        groups: dict[Hashable, list[int]] = {}
-        for i, rollout in enumerate(rollouts):
-            groups.setdefault(self._group_key(rollout), []).append(i)
-
-        advantages = [0.0] * len(rollouts)
-        for (kind, name), members in groups.items():
-            if kind != "delegated" and len(members) != self.group_size:
-                label = repr(name) if kind == "group_id" else f"initial_obs={str(name)[:40]!r}"
-                raise ValueError(
-                    f"group_size={self.group_size} but group {label} has {len(members)} "
-                    "rollouts; make rollouts per request a multiple of group_size "
-                    f"(GRPORequestStrategy(group_size={self.group_size}))"
-                )
-            returns = [rollouts[i].total_reward for i in members]
-            if all(r == returns[0] for r in returns):
-                continue  # zero variance: no learning signal, advantages stay 0.0
-            mean = sum(returns) / len(returns)
-            std = math.sqrt(sum((r - mean) ** 2 for r in returns) / len(returns))
-            for i, r in zip(members, returns):
-                a = r - mean
-                advantages[i] = a / (std + self.eps) if self.normalize_std else a
+        advantages = group_relative_advantages(
+            rollouts,
+            [r.total_reward for r in rollouts],
+            group_size=self.group_size,
+            normalize_std=self.normalize_std,
+            eps=self.eps,
+            owner="GroupNormalizedReturn",
+        )
         return [[advantages[i]] * len(r.turns()) for i, r in enumerate(rollouts)]
+
+
+def rollout_group_key(rollout: Rollout, *, owner: str = "GroupNormalizedReturn") -> Hashable:
+    """The group of ``rollout`` for group-relative advantages: ``("group_id", id)`` when
+    ``meta["group_id"]`` is set, else ``("initial_obs", obs)``; delegated sub-agent
+    rollouts get ``("delegated", group_id or obs)``. ``owner`` names the caller in errors."""
+    if rollout.meta.get("delegated"):
+        return ("delegated", rollout.meta.get("group_id", rollout.initial_obs))
+    if "group_id" in rollout.meta:
+        return ("group_id", rollout.meta["group_id"])
+    obs = rollout.initial_obs
+    if obs is None:
+        raise ValueError(
+            f"{owner}: rollout {rollout.id!r} has no meta['group_id'] and no "
+            "initial observation to group by; set RolloutRequest.meta['group_id'] "
+            "(GRPORequestStrategy does this)"
+        )
+    return ("initial_obs", obs)
+
+
+def group_relative_advantages(
+    rollouts: Sequence[Rollout],
+    returns: Sequence[float],
+    *,
+    group_size: int,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+    owner: str = "GroupNormalizedReturn",
+) -> list[float]:
+    """One group-relative advantage per rollout, from ``returns[i]`` (rollout i's return).
+
+    A_i = (R_i - mean_g(R)) / (std_g(R) + eps)   if normalize_std, else R_i - mean_g(R),
+    with the groups, population std, zero-variance and delegated-rollout rules of
+    :class:`GroupNormalizedReturn` (which calls this with ``R_i = total_reward``).
+    ``owner`` names the caller in errors. Output: ``[len(rollouts)]``.
+    """
+    if len(returns) != len(rollouts):
+        raise ValueError(f"{owner}: {len(returns)} returns for {len(rollouts)} rollouts")
+    groups: dict[Hashable, list[int]] = {}
+    for i, rollout in enumerate(rollouts):
+        groups.setdefault(rollout_group_key(rollout, owner=owner), []).append(i)
+
+    advantages = [0.0] * len(rollouts)
+    for (kind, name), members in groups.items():
+        if kind != "delegated" and len(members) != group_size:
+            label = repr(name) if kind == "group_id" else f"initial_obs={str(name)[:40]!r}"
+            raise ValueError(
+                f"group_size={group_size} but group {label} has {len(members)} "
+                "rollouts; make rollouts per request a multiple of group_size "
+                f"(GRPORequestStrategy(group_size={group_size}))"
+            )
+        group_returns = [returns[i] for i in members]
+        if all(r == group_returns[0] for r in group_returns):
+            continue  # zero variance: no learning signal, advantages stay 0.0
+        mean = sum(group_returns) / len(group_returns)
+        std = math.sqrt(sum((r - mean) ** 2 for r in group_returns) / len(group_returns))
+        for i, r in zip(members, group_returns):
+            a = r - mean
+            advantages[i] = a / (std + eps) if normalize_std else a
+    return advantages
 
 
 @dataclass(frozen=True)
@@ -161,4 +194,6 @@ __all__ = [
     "GroupNormalizedReturn",
     "MonteCarloReturn",
     "PerStepReward",
+    "group_relative_advantages",
+    "rollout_group_key",
 ]

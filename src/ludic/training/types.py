@@ -1,5 +1,5 @@
 """Training-side pure data and contracts: rollout requests, SAW items, batch sources,
-credit assigners.
+rollout hooks, credit assigners.
 
 A ``SAWItem`` is one training sequence: **S**tate/**A**ction tokens, a mask saying which
 tokens are the agent's own actions, and a scalar **W**eight from credit assignment.
@@ -151,3 +151,17 @@ class CreditAssigner(Protocol):
     """
 
     def compute(self, rollouts: Sequence[Rollout]) -> list[list[float]]: ...
+
+
+@runtime_checkable
+class RolloutHook(Protocol):
+    """Runs on every freshly generated list of rollouts, after generation and before
+    credit assignment (``RolloutBatchSource``, ``RolloutEngine.generate_batch``).
+
+    A hook annotates the rollouts in place, typically in ``rollout.meta`` (e.g.
+    ``RewardModelScorer`` writes ``meta["rm_scores"]`` that ``RewardModelCreditAssigner``
+    reads), and returns ``None``. It is async so it can await a backend (a reward model);
+    hooks run one after another, in the order given.
+    """
+
+    async def __call__(self, rollouts: list[Rollout]) -> None: ...

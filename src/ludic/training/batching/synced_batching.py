@@ -1,18 +1,29 @@
 """Synchronous on-policy batches: the trainer waits while rollouts are generated.
 
 Each ``next_batch`` call: ``requests_fn()`` -> request strategy (e.g. GRPO groups) ->
-``RolloutEngine.generate_rollouts`` -> credit -> ``SAWItem``s -> ``sample_filter``.
+``RolloutEngine.generate_rollouts`` -> rollout hooks (e.g. reward-model scoring) -> credit
+-> ``SAWItem``s -> ``sample_filter``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ludic.inference.chat_template import ChatTemplate
 from ludic.training.batching.intra_batch_control import RequestStrategy
-from ludic.training.batching.rollout_engine import RolloutEngine
+from ludic.training.batching.rollout_engine import (
+    RolloutEngine,
+    check_rollout_hooks,
+    run_rollout_hooks,
+)
 from ludic.training.batching.saw import SampleFilter, build_saw_batch, check_retokenize_args
-from ludic.training.types import CreditAssigner, EmptyBatchError, RolloutRequest, SAWBatch
+from ludic.training.types import (
+    CreditAssigner,
+    EmptyBatchError,
+    RolloutHook,
+    RolloutRequest,
+    SAWBatch,
+)
 from ludic.types import Rollout
 
 
@@ -22,6 +33,10 @@ class RolloutBatchSource:
     If ``sample_filter`` (or empty completions) leaves no item, the batch is regenerated
     with a new ``requests_fn()`` call; after ``max_empty_batches`` consecutive empty
     attempts ``next_batch`` raises :class:`EmptyBatchError` instead of looping forever.
+
+    ``rollout_hooks`` run in order on every generated list of rollouts, before credit
+    assignment (each attempt's); they annotate the rollouts in place (``rollout.meta``).
+    Pass ``RLAlgorithm.rollout_hooks`` here with ``RLAlgorithm.credit_assigner``.
 
     ``last_rollouts`` holds the rollouts behind the latest batch (for logging/inspection).
     ``batch.meta`` holds the rollout statistics (see ``summarize_rollouts``) plus
@@ -39,6 +54,7 @@ class RolloutBatchSource:
         chat_template: ChatTemplate | None = None,
         sample_filter: SampleFilter | None = None,
         max_empty_batches: int = 3,
+        rollout_hooks: Sequence[RolloutHook] = (),
     ) -> None:
         if max_empty_batches < 1:
             raise ValueError(
@@ -53,6 +69,7 @@ class RolloutBatchSource:
         self.chat_template = chat_template
         self.sample_filter = sample_filter
         self.max_empty_batches = max_empty_batches
+        self.rollout_hooks = check_rollout_hooks("RolloutBatchSource", rollout_hooks)
         self.last_rollouts: list[Rollout] = []
 
     def _requests(self) -> list[RolloutRequest]:
@@ -71,6 +88,7 @@ class RolloutBatchSource:
         for attempt in range(1, self.max_empty_batches + 1):
             rollouts = await self.engine.generate_rollouts(self._requests())
             self.last_rollouts = rollouts
+            await run_rollout_hooks(self.rollout_hooks, rollouts)
             batch = build_saw_batch(
                 rollouts,
                 credit_assigner=self.credit_assigner,
