@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from ludic.distributed.reward_publisher import reward_sync_params
 from ludic.inference.reward_client import (
     RewardModelTrainingMode,
     ScoringRequest,
@@ -130,6 +129,9 @@ class TransformersRewardClient:
         (``None``: no limit); ``TimeoutError`` past it, nothing changed.
         """
         mode = RewardModelTrainingMode.parse(training_mode)
+        # imported here: ludic.distributed imports ludic.inference (no cycle at import time)
+        from ludic.distributed.reward_publisher import reward_sync_params
+
         tensors = reward_sync_params(params, mode)
         own = self.model.state_dict(keep_vars=True)
         unknown = sorted(n for n in tensors if n not in own)
