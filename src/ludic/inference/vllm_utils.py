@@ -1,5 +1,6 @@
-"""Start, health-check and stop a ludic vLLM server (``ludic.inference.vllm_server``) as a
-subprocess.
+"""Start, health-check and stop a ludic vLLM server as a subprocess: the policy server
+(``ludic.inference.vllm_server``) or the reward server
+(``ludic.inference.vllm_reward_server``).
 
 The server runs in its own session (process group), so :meth:`VLLMServerProcess.stop`
 ends it together with every process vLLM spawned (engine core, CPU workers): no orphans.
@@ -7,6 +8,8 @@ ends it together with every process vLLM spawned (engine core, CPU workers): no 
     with start_vllm_server("path/to/model") as server:   # waits until /health is 200
         client = VLLMChatClient(server.url)
         ...
+    with start_vllm_server("path/to/reward_model", kind="reward") as server:
+        ...                                               # POST {server.url}/score
 """
 
 from __future__ import annotations
@@ -21,8 +24,14 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Literal
 
 import httpx
+
+ServerKind = Literal["policy", "reward"]
+
+SERVER_TYPES: dict[str, str] = {"policy": "policy", "reward": "reward_model"}
+"""Server kind (``ludic serve KIND``) -> the ``type`` its ``GET /health`` reports."""
 
 CPU_DEFAULT_ARGS: tuple[str, ...] = (
     "--enforce-eager",
@@ -47,10 +56,11 @@ def find_free_port(host: str = "127.0.0.1") -> int:
 
 
 class VLLMServerProcess:
-    """A running ``ludic.inference.vllm_server`` subprocess (leader of its own session).
+    """A running ludic vLLM server subprocess (leader of its own session).
 
     ``url`` is the server's base URL; ``group_port`` is a free port reserved for the
-    weight-sync rendezvous (pass it to ``VLLMChatClient.init_weight_sync``).
+    weight-sync rendezvous (pass it to ``init_weight_sync``); ``kind`` is ``"policy"``
+    or ``"reward"``.
     """
 
     def __init__(
@@ -62,8 +72,10 @@ class VLLMServerProcess:
         group_port: int,
         log_path: Path,
         api_key: str | None,
+        kind: ServerKind = "policy",
     ) -> None:
         self.process = process
+        self.kind = kind
         self.host = host
         self.port = port
         self.group_port = group_port
@@ -85,7 +97,13 @@ class VLLMServerProcess:
         return _tail(self.log_path, num_lines)
 
     def wait_until_healthy(self, timeout_s: float = 300.0) -> None:
-        wait_for_vllm_health(self.url, timeout_s, process=self.process, log_path=self.log_path)
+        wait_for_vllm_health(
+            self.url,
+            timeout_s,
+            process=self.process,
+            log_path=self.log_path,
+            server_type=SERVER_TYPES[self.kind],
+        )
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM the whole process group, then SIGKILL whatever is left after
@@ -112,12 +130,13 @@ class VLLMServerProcess:
 
     def __repr__(self) -> str:
         state = "running" if self.is_running() else f"exited({self.process.returncode})"
-        return f"VLLMServerProcess(url={self.url!r}, pid={self.pid}, {state})"
+        return f"VLLMServerProcess({self.kind}, url={self.url!r}, pid={self.pid}, {state})"
 
 
 def start_vllm_server(
     model_dir: str | os.PathLike[str],
     *,
+    kind: ServerKind = "policy",
     host: str = "127.0.0.1",
     port: int | None = None,
     group_port: int | None = None,
@@ -129,9 +148,11 @@ def start_vllm_server(
     wait: bool = True,
     health_timeout_s: float = 300.0,
 ) -> VLLMServerProcess:
-    """Start ``python -m ludic serve policy --model model_dir`` in a new session.
+    """Start ``python -m ludic serve KIND --model model_dir`` in a new session.
 
     Args:
+        kind: ``"policy"`` (``ludic.inference.vllm_server``) or ``"reward"``
+            (``ludic.inference.vllm_reward_server``, a one-label sequence classifier).
         port: HTTP port (default: a free one). ``group_port``: reserved for the weight-sync
             rendezvous (default: a free one).
         api_key: guards the control routes and ``/v1`` (sent as ``--api-key``).
@@ -140,14 +161,16 @@ def start_vllm_server(
         cpu: add :data:`CPU_DEFAULT_ARGS` / :data:`CPU_DEFAULT_ENV` (default: when CUDA is
             not available).
         log_path: file for the server's stdout+stderr (default: a temp file).
-        wait: block until ``/health`` answers 200 (raises with the log tail otherwise; the
-            process is stopped first).
+        wait: block until ``/health`` answers 200 with the ``type`` of ``kind`` (raises
+            with the log tail otherwise; the process is stopped first).
     """
+    if kind not in SERVER_TYPES:
+        raise ValueError(f"kind={kind!r}; expected one of {sorted(SERVER_TYPES)}")
     if cpu is None:
         cpu = not _cuda_available()
     port = port or find_free_port(host)
     group_port = group_port or find_free_port(host)
-    args = [sys.executable, "-m", "ludic", "serve", "policy", "--model", str(model_dir)]
+    args = [sys.executable, "-m", "ludic", "serve", kind, "--model", str(model_dir)]
     args += ["--host", host, "--port", str(port)]
     if api_key is not None:
         args += ["--api-key", api_key]
@@ -175,7 +198,13 @@ def start_vllm_server(
             start_new_session=True,
         )
     server = VLLMServerProcess(
-        process, host=host, port=port, group_port=group_port, log_path=log_path, api_key=api_key
+        process,
+        host=host,
+        port=port,
+        group_port=group_port,
+        log_path=log_path,
+        api_key=api_key,
+        kind=kind,
     )
     if wait:
         try:
@@ -193,11 +222,14 @@ def wait_for_vllm_health(
     process: subprocess.Popen[bytes] | None = None,
     log_path: str | os.PathLike[str] | None = None,
     poll_s: float = 0.5,
+    server_type: str | None = None,
 ) -> None:
     """Poll ``GET {url}/health`` until it answers 200.
 
     Raises ``TimeoutError`` after ``timeout_s`` and ``RuntimeError`` as soon as
-    ``process`` exits; both messages end with the tail of ``log_path``.
+    ``process`` exits; both messages end with the tail of ``log_path``. With
+    ``server_type`` (``"policy"`` or ``"reward_model"``), a healthy server reporting
+    another ``type`` raises ``RuntimeError`` (e.g. another server on that port).
     """
     deadline = time.monotonic() + timeout_s
     last: str = "no answer yet"
@@ -211,6 +243,7 @@ def wait_for_vllm_health(
             try:
                 r = http.get(f"{url.rstrip('/')}/health")
                 if r.status_code == 200:
+                    _check_server_type(url, r, server_type)
                     return
                 last = f"HTTP {r.status_code}"
             except httpx.HTTPError as e:
@@ -224,6 +257,20 @@ def wait_for_vllm_health(
 
 
 # ------------------------------------------------------------------------------ helpers
+def _check_server_type(url: str, response: httpx.Response, expected: str | None) -> None:
+    if expected is None:
+        return
+    try:
+        found = response.json().get("type")
+    except (ValueError, AttributeError):
+        found = None
+    if found != expected:
+        raise RuntimeError(
+            f"the server at {url} reports type {found!r} on /health, expected {expected!r}: "
+            "another server may be using that port, or the wrong `ludic serve KIND` started"
+        )
+
+
 def _missing_defaults(defaults: Sequence[str], extra_args: Sequence[str]) -> list[str]:
     """``defaults`` as (flag, value?) pairs, minus flags already in ``extra_args``."""
     given = {a.split("=", 1)[0] for a in extra_args if a.startswith("--")}
