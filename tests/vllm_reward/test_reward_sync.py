@@ -2,8 +2,8 @@
 (``WeightSyncWorkerExtension``) loads a pooling model's ``score`` head alone and the whole
 model, and ``/score`` then matches transformers on the new weights.
 
-The trainer side here is ``VLLMChatClient``'s weight sync, which speaks the control plane
-both servers share."""
+The trainer side is ``VLLMRewardClient``, whose weight sync is the policy client's (one
+``WeightSyncSession``, one control plane for both servers)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import httpx  # noqa: E402
 import torch  # noqa: E402
 from tests.vllm_reward.helpers import API_KEY, MAX_ABS_SCORE_DIFF, max_abs_diff  # noqa: E402
 
-from ludic.inference.vllm_client import VLLMChatClient  # noqa: E402
+from ludic.inference.vllm_reward_client import VLLMRewardClient  # noqa: E402
 
 TEXTS = ["a", "Is 2 + 3 = 5? Yes.", "The quick brown fox jumps over the lazy dog. " * 4]
 
@@ -29,20 +29,22 @@ def _perturb(tensors, scale: float, seed: int) -> None:
 
 def test_head_only_then_full_sync_update_the_scores(served_reward):
     mirror = served_reward.mirror
-    client = VLLMChatClient(served_reward.url, api_key=API_KEY, timeout_s=60.0)
+    client = VLLMRewardClient(served_reward.url, api_key=API_KEY, timeout_s=60.0)
     try:
         client.init_weight_sync(master_port=served_reward.server.group_port)
         before = served_reward.scores(TEXTS, normalize=False)
 
         _perturb([mirror.score.weight], scale=0.5, seed=1)
-        client.sync_weights({"score.weight": mirror.score.weight}, version=7)
+        client.sync_weights(
+            {"score.weight": mirror.score.weight}, version=7, training_mode="head_only"
+        )
         after_head = served_reward.scores(TEXTS, normalize=False)
         assert max_abs_diff(after_head, before) > 1e-2  # the head really changed
         assert max_abs_diff(after_head, served_reward.reference(TEXTS)) <= MAX_ABS_SCORE_DIFF
-        assert client.get_policy_version() == 7
+        assert client.control.runtime_version() == 7
 
         _perturb(list(mirror.parameters()), scale=0.02, seed=2)
-        client.sync_weights(mirror.state_dict(), version=8)
+        client.sync_weights(mirror.state_dict(), version=8, training_mode="full")
         response = served_reward.post_score({"input": TEXTS, "normalize": False})
         scores = [d["score"] for d in response.json()["data"]]
         assert max_abs_diff(scores, after_head) > 1e-3

@@ -175,7 +175,124 @@ class LoggingConfig(_Section):
     """Rollouts written to samples.jsonl per logged step."""
 
 
+class SyntheticPreferencesConfig(_Section):
+    """Preference pairs over arithmetic problems (``ludic.training.preferences.
+    synthetic_arithmetic_preferences``): prompt ``"3+4="``, chosen the answer, rejected
+    the answer off by 1..max_offset."""
+
+    num_pairs: int = Field(512, ge=2)
+    """Pairs generated in all (the eval split is taken from them)."""
+    seed: int = 0
+    operators: list[Literal["+", "-", "*"]] = Field(["+"], min_length=1)
+    min_digits: int = Field(1, ge=1)
+    max_digits: int = Field(1, ge=1)
+    max_offset: int = Field(9, ge=1)
+    """Wrong answers differ from the right one by 1..max_offset."""
+
+    @model_validator(mode="after")
+    def _digits(self) -> SyntheticPreferencesConfig:
+        if self.min_digits > self.max_digits:
+            raise ValueError(
+                f"min_digits={self.min_digits} > max_digits={self.max_digits}; need "
+                "min_digits <= max_digits"
+            )
+        return self
+
+
+class PreferenceDataConfig(_Section):
+    """Where the preference pairs come from, and the held-out evaluation split."""
+
+    path: str | None = None
+    """A JSONL file of {"prompt", "chosen", "rejected"[, "margin", "meta"]} lines; null
+    generates ``synthetic`` arithmetic pairs."""
+    synthetic: SyntheticPreferencesConfig = SyntheticPreferencesConfig()
+    """Used when ``path`` is null."""
+    eval_size: int = Field(64, ge=1)
+    """Pairs held out to measure pairwise accuracy before, during and after training."""
+    holdout: Literal["pairs", "prompts"] = "pairs"
+    """pairs: random pairs (exact duplicates are dropped from training); prompts: whole
+    prompts, so every eval prompt is unseen in training."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PreferenceDataConfig:
+        if self.path is not None and self.synthetic != SyntheticPreferencesConfig():
+            raise ValueError(
+                "path is set, so synthetic is not used; remove the synthetic settings or "
+                "set path: null"
+            )
+        return self
+
+
+class RewardModelSection(_Section):
+    """Reward-model training (``task: reward_model``): a sequence classifier with one
+    label (backbone + linear ``score`` head) trained on preference pairs with the
+    Bradley-Terry loss."""
+
+    training_mode: Literal["head_only", "lora", "full"] = "full"
+    """head_only: the head alone; lora: LoRA adapters + head; full: every weight."""
+    path: str | None = None
+    """An HF folder or hub id (a sequence classifier, or a causal LM that gets a fresh
+    one-label head); null builds the tiny reward model in RUN_DIR/model."""
+    tiny: TinyModelConfig = TinyModelConfig()
+    """Used when ``path`` is null."""
+    lora: LoraConfig | None = None
+    """LoRA adapters for training_mode lora (null there: the defaults)."""
+    device: str = "cpu"
+    steps: int = Field(300, ge=1)
+    """Optimizer steps."""
+    lr: float = Field(1e-3, gt=0)
+    batch_size: int = Field(16, ge=1)
+    """Preference pairs per step."""
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    eval_every: int = Field(0, ge=0)
+    """Also evaluate every N steps (0: only before and after training)."""
+    publish_every: int = Field(0, ge=0)
+    """Publish weights to a reward server every N steps (version = step); 0 never.
+    ``ludic train`` has no reward-server sync yet, so it must stay 0 there."""
+    checkpoint_every: int = Field(100, ge=1)
+    keep_last: int = Field(2, ge=1)
+    data: PreferenceDataConfig = PreferenceDataConfig()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RewardModelSection:
+        if self.lora is not None and self.training_mode != "lora":
+            raise ValueError(
+                f"lora is set but training_mode={self.training_mode!r}; set training_mode: "
+                "lora or remove lora"
+            )
+        if self.path is not None and self.tiny != TinyModelConfig():
+            raise ValueError(
+                "path is set, so tiny is not used; remove the tiny settings or set path: null"
+            )
+        if self.lr_schedule != "constant" and self.warmup_steps >= self.steps:
+            raise ValueError(
+                f"lr_schedule={self.lr_schedule!r} decays to 0 at steps={self.steps}, so "
+                f"warmup_steps={self.warmup_steps} must be smaller"
+            )
+        return self
+
+
+POLICY_SECTIONS = (
+    "model",
+    "inference",
+    "env",
+    "agent",
+    "sampling",
+    "algorithm",
+    "warm_start",
+    "trainer",
+    "eval",
+)
+"""Sections only policy training (``task: policy``) reads."""
+
+
 class RunConfig(_Section):
+    task: Literal["policy", "reward_model"] = "policy"
+    """policy: RL (optionally after an SFT warm start) of a policy on an env;
+    reward_model: train a reward model on preference pairs (the ``reward_model`` section)."""
     name: str = "run"
     output_dir: str = "runs"
     """Run directories are created as OUTPUT_DIR/NAME-TIMESTAMP."""
@@ -190,6 +307,29 @@ class RunConfig(_Section):
     trainer: TrainerSection = TrainerSection()
     eval: EvalConfig = EvalConfig()
     logging: LoggingConfig = LoggingConfig()
+    reward_model: RewardModelSection = RewardModelSection()
+    """Read only with ``task: reward_model``."""
+
+    @model_validator(mode="after")
+    def _sections_match_task(self) -> RunConfig:
+        if self.task == "policy" and self.reward_model != RewardModelSection():
+            raise ValueError(
+                "reward_model is set but task is 'policy'; add task: reward_model to train a "
+                "reward model (or remove the reward_model section)"
+            )
+        if self.task == "reward_model":
+            unused = [
+                name
+                for name in POLICY_SECTIONS
+                if getattr(self, name) != type(self).model_fields[name].default
+            ]
+            if unused:
+                raise ValueError(
+                    f"task is 'reward_model', which does not read {unused}; put reward-model "
+                    "settings under reward_model (e.g. reward_model.lr, reward_model.path) "
+                    "or remove those sections"
+                )
+        return self
 
     @model_validator(mode="after")
     def _nccl_needs_cuda(self) -> RunConfig:

@@ -66,7 +66,13 @@ RESUMABLE_CHANGES = {"trainer.steps", "logging", "eval.every"}
 
 
 def train(config: RunConfig, *, resume: str | Path | None = None) -> Path:
-    """Run (or resume) a training job; returns the run directory."""
+    """Run (or resume) a training job; returns the run directory. ``task: reward_model``
+    runs :func:`ludic.run.reward_job.train_reward_model` instead."""
+    if config.task == "reward_model":
+        from ludic.run.reward_job import train_reward_model
+
+        # No publisher: syncing to a vLLM reward server plugs in here (reward_job docs).
+        return train_reward_model(config, resume=resume)
     console = Console()
     if resume is not None:
         run = RunDirectory.open(resume)
@@ -89,7 +95,12 @@ def train(config: RunConfig, *, resume: str | Path | None = None) -> Path:
 
 def evaluate(config: RunConfig, *, run_dir: str | Path | None = None) -> dict[str, float]:
     """Greedy evaluation of the newest checkpoint in ``run_dir`` (or of the config's
-    initial model when ``run_dir`` is None); returns the metrics."""
+    initial model when ``run_dir`` is None); returns the metrics. ``task: reward_model``
+    runs :func:`ludic.run.reward_job.evaluate_reward_model` instead."""
+    if config.task == "reward_model":
+        from ludic.run.reward_job import evaluate_reward_model
+
+        return evaluate_reward_model(config, run_dir=run_dir)
     run = RunDirectory.open(run_dir) if run_dir is not None else None
     model_dir = run.model_dir if run is not None else Path(tempfile.mkdtemp(prefix="ludic-eval-"))
     policy, tokenizer = load_policy(config, model_dir)
@@ -179,6 +190,7 @@ def _reinforce_with(
         next_requests,
         algorithm.credit_assigner,
         request_strategy=GRPORequestStrategy(group_size=config.algorithm.group_size),
+        rollout_hooks=algorithm.rollout_hooks,
     )
     trainer = Trainer(
         policy,

@@ -19,6 +19,7 @@ _EXPORTS: dict[str, str] = {
     "ProtocolSpec": "ludic.training.types",
     "DataExhausted": "ludic.training.types",
     "EmptyBatchError": "ludic.training.types",
+    "RolloutHook": "ludic.training.types",
     # algorithms = credit assignment + loss
     "RLAlgorithm": "ludic.training.algorithm",
     "BatchMeanBaseline": "ludic.training.algorithm",
@@ -35,6 +36,9 @@ _EXPORTS: dict[str, str] = {
     "EpisodicReturn": "ludic.training.credit_assignment",
     "PerStepReward": "ludic.training.credit_assignment",
     "ConstantCredit": "ludic.training.credit_assignment",
+    "make_reward_rl": "ludic.training.algorithm",
+    "RewardModelScorer": "ludic.training.reward_credit",
+    "RewardModelCreditAssigner": "ludic.training.reward_credit",
     # batch sources
     "RolloutEngine": "ludic.training.batching",
     "GRPORequestStrategy": "ludic.training.batching",
@@ -73,6 +77,18 @@ _EXPORTS: dict[str, str] = {
     "WandbLogger": "ludic.training.loggers",
     "TensorBoardLogger": "ludic.training.loggers",
     "MultiLogger": "ludic.training.loggers",
+    # reward-model training on preference pairs
+    "PreferencePair": "ludic.training.preferences",
+    "synthetic_arithmetic_preferences": "ludic.training.preferences",
+    "read_preferences_jsonl": "ludic.training.preferences",
+    "write_preferences_jsonl": "ludic.training.preferences",
+    "split_preferences": "ludic.training.preferences",
+    "PreferenceTrainer": "ludic.training.reward_model_training",
+    "PreferenceTrainerConfig": "ludic.training.reward_model_training",
+    "LoraSettings": "ludic.training.reward_model_training",
+    "prepare_reward_model": "ludic.training.reward_model_training",
+    "evaluate_preferences": "ludic.training.reward_model_training",
+    "save_reward_model": "ludic.training.reward_model_training",
 }
 
 __getattr__, __all__ = lazy_exports(__name__, globals(), _EXPORTS)

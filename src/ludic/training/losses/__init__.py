@@ -6,6 +6,7 @@
 * ``sft``: ``MaskedCausalLMCrossEntropyLoss``
 * ``regularizers``: ``KLPenalty``, ``EntropyBonus``
 * ``composite``: ``CompositeLoss``
+* ``bradley_terry``: ``BradleyTerryLoss`` (reward models, on preference pairs)
 """
 
 from ludic.training.losses.base import (
@@ -17,6 +18,7 @@ from ludic.training.losses.base import (
     aggregate_tokens,
     masked_token_entropy,
 )
+from ludic.training.losses.bradley_terry import BradleyTerryLoss
 from ludic.training.losses.clipped import (
     ClippedSurrogateLoss,
     GMPOLoss,
@@ -28,6 +30,7 @@ from ludic.training.losses.regularizers import EntropyBonus, KLPenalty, kl_estim
 from ludic.training.losses.sft import MaskedCausalLMCrossEntropyLoss
 
 __all__ = [
+    "BradleyTerryLoss",
     "CISPOLoss",
     "ClippedSurrogateLoss",
     "CompositeLoss",

@@ -1,0 +1,425 @@
+"""The reward-model job: ``ludic train`` / ``ludic eval`` with ``task: reward_model``.
+
+A run builds (or loads) a sequence classifier with one label, prepares it for
+``reward_model.training_mode``, trains it on preference pairs with the Bradley-Terry loss
+(:class:`~ludic.training.reward_model_training.PreferenceTrainer`), measures pairwise
+accuracy on held-out pairs before training, every ``eval_every`` steps and after, and
+saves the final model as a plain HF folder that a vLLM reward server loads::
+
+    RUN_DIR/
+      config.yaml                   the resolved config
+      model/                        the initial tiny reward model (when path is null)
+      preferences/train.jsonl       the pairs trained on
+      preferences/eval.jsonl        the held-out pairs
+      metrics.jsonl                 phase "reward_model": one line per step (loss,
+                                    accuracy, margin_mean, grad_norm, lr, tokens_per_s);
+                                    phase "eval": one per evaluation (loss, accuracy,
+                                    margin_mean on the held-out pairs)
+      checkpoints/reward_model/step_*/   resumable checkpoints
+      reward_model/                 the final model + tokenizer (LoRA merged)
+      summary.json
+
+Ctrl-C saves a checkpoint and re-raises; ``--resume RUN_DIR`` continues from it.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from ludic.run.builders import RunError
+from ludic.run.config import RewardModelSection, RunConfig
+from ludic.run.progress import ProgressLogger
+from ludic.run.run_dir import RunDirectory
+from ludic.training.checkpoint import CheckpointConfig
+from ludic.training.loggers import RichConsoleLogger
+from ludic.training.preferences import (
+    PreferencePair,
+    read_preferences_jsonl,
+    split_preferences,
+    synthetic_arithmetic_preferences,
+    write_preferences_jsonl,
+)
+from ludic.training.reward_model_training import (
+    LoraSettings,
+    PreferenceTrainer,
+    PreferenceTrainerConfig,
+    RewardPublisher,
+    evaluate_preferences,
+    prepare_reward_model,
+    save_reward_model,
+)
+
+__all__ = ["evaluate_reward_model", "train_reward_model"]
+
+PHASE = "reward_model"
+EVAL_PHASE = "eval"
+FINAL_DIR = "reward_model"
+CONSOLE_KEYS = ["loss", "accuracy", "margin_mean", "grad_norm"]
+RESUMABLE_CHANGES = ("reward_model.steps", "reward_model.eval_every", "logging")
+"""Config fields a resumed run may change; anything else must match the saved config."""
+
+
+def train_reward_model(
+    config: RunConfig,
+    *,
+    resume: str | Path | None = None,
+    publisher: RewardPublisher | None = None,
+) -> Path:
+    """Run (or resume) a reward-model training job; returns the run directory.
+
+    ``publisher`` is the plug-in point for syncing weights to a running reward server:
+    any object with ``publish(state_dict, version, *, training_mode=...)`` (such as
+    :class:`~ludic.distributed.reward_publisher.RewardModelPublisher`) receives
+    ``reward_model_state_dict(model, mode)`` every ``reward_model.publish_every`` steps.
+    ``ludic train`` passes None for now (it does not start or connect to a vLLM reward
+    server yet), so ``publish_every`` must then be 0.
+    """
+    console = Console()
+    rm = config.reward_model
+    if rm.publish_every > 0 and publisher is None:
+        raise RunError(
+            f"reward_model.publish_every={rm.publish_every}: there is no reward server to "
+            "publish to (`ludic train` does not sync a vLLM reward server yet); set "
+            "reward_model.publish_every=0"
+        )
+    if resume is not None:
+        run = RunDirectory.open(resume)
+        config = _resumed_config(run.load_config(), config)
+    else:
+        run = RunDirectory.create(config.output_dir, config.name)
+    run.save_config(config)
+    console.print(f"run directory: [bold]{run.path}[/bold]")
+    started = time.perf_counter()
+    torch.manual_seed(config.seed)  # LoRA adapters are initialised from torch's RNG
+    model, tokenizer = load_reward_model(rm, run.model_dir)
+    model = prepare_reward_model(model, rm.training_mode, lora=_lora_settings(rm))
+    train_pairs, eval_pairs = _run_preferences(config, run, resuming=resume is not None)
+    trainer = PreferenceTrainer(
+        model,
+        tokenizer,
+        train_pairs,
+        _trainer_config(config),
+        training_mode=rm.training_mode,
+        # Reward-server sync hook: a publisher built over a VLLMRewardClient
+        # (create_reward_publisher) goes here; `ludic train` passes none yet.
+        publisher=publisher,
+        checkpoint=CheckpointConfig(
+            _checkpoint_dir(run), every_n_steps=rm.checkpoint_every, keep_last=rm.keep_last
+        ),
+        loggers=[
+            _PhaseWriter(run),
+            ProgressLogger(
+                rm.steps,
+                f"reward model ({rm.training_mode})",
+                reward_key="accuracy",
+                console=console,
+            ),
+            RichConsoleLogger(
+                keys=CONSOLE_KEYS, every=config.logging.console_every, console=console
+            ),
+        ],
+    )
+    try:
+        if resume is not None and trainer.checkpoints.latest() is not None:
+            trainer.resume()
+        _train_loop(config, run, trainer, eval_pairs, console)
+        if not trainer.checkpoints.is_due(trainer.step):  # a resume can extend the run
+            trainer.save_checkpoint()
+    except KeyboardInterrupt:
+        trainer.save_checkpoint()
+        raise
+    finally:
+        trainer.close()
+    save_reward_model(trainer.model, tokenizer, run.path / FINAL_DIR)
+    summary = _summary(
+        config, run, len(train_pairs), len(eval_pairs), time.perf_counter() - started
+    )
+    run.write_summary(summary)
+    _print_summary(console, summary)
+    return run.path
+
+
+def evaluate_reward_model(
+    config: RunConfig, *, run_dir: str | Path | None = None
+) -> dict[str, float]:
+    """Pairwise accuracy, Bradley-Terry loss and mean margin of the final reward model of
+    ``run_dir`` on that run's held-out pairs, or (``run_dir`` None) of the config's
+    initial model on the config's held-out pairs."""
+    rm = config.reward_model
+    if run_dir is not None:
+        run = RunDirectory.open(run_dir)
+        final = run.path / FINAL_DIR
+        if not (final / "config.json").is_file():
+            raise RunError(
+                f"{run.path}: no final reward model ({FINAL_DIR}/) yet; finish the run with "
+                "`ludic train CONFIG --resume RUN_DIR`"
+            )
+        model, tokenizer = _from_pretrained(str(final))
+        eval_pairs = read_preferences_jsonl(_pairs_path(run, "eval"))
+    else:
+        with tempfile.TemporaryDirectory(prefix="ludic-rm-") as tmp:
+            model, tokenizer = load_reward_model(rm, Path(tmp))
+        _, eval_pairs = _preferences(config)
+    return evaluate_preferences(
+        model.to(rm.device), tokenizer, eval_pairs, batch_size=rm.batch_size
+    )
+
+
+# ---------------------------------------------------------------------------- parts
+def load_reward_model(rm: RewardModelSection, model_dir: Path) -> tuple[torch.nn.Module, Any]:
+    """The reward model and its tokenizer from ``reward_model.path``; with path null, the
+    tiny reward model is built and saved to ``model_dir`` first (an ordinary HF folder)
+    and loaded back the way a real one is."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the run has its own progress display
+    path = rm.path
+    if path is None:
+        if not (model_dir / "config.json").is_file():
+            from ludic.models.tiny import build_tiny_reward_model, build_tiny_tokenizer
+
+            tokenizer = build_tiny_tokenizer()
+            tiny = build_tiny_reward_model(
+                tokenizer,
+                seed=rm.tiny.seed,
+                hidden_size=rm.tiny.hidden_size,
+                num_layers=rm.tiny.num_layers,
+                num_heads=rm.tiny.num_heads,
+            )
+            save_reward_model(tiny, tokenizer, model_dir)
+        path = str(model_dir)
+    return _from_pretrained(path)
+
+
+def _from_pretrained(path: str) -> tuple[torch.nn.Module, Any]:
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    local = Path(path).expanduser()
+    looks_local = local.exists() or path.startswith((".", "/", "~")) or path.count("/") > 1
+    if looks_local and not local.is_dir():
+        raise RunError(f"reward_model.path: folder {path!r} does not exist")
+    source = str(local) if looks_local else path
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            source, num_labels=1, dtype=torch.float32
+        )
+    except (OSError, ValueError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RunError(f"reward_model.path: cannot load {path!r}: {first}") from None
+    if tokenizer.pad_token_id is None:
+        raise RunError(
+            f"reward_model.path: the tokenizer of {path!r} has no pad token; the reward model "
+            "pools at the last non-pad token, so it needs one"
+        )
+    if model.config.pad_token_id is None:
+        # HF classifiers find the last real token through config.pad_token_id.
+        model.config.pad_token_id = tokenizer.pad_token_id
+    elif model.config.pad_token_id != tokenizer.pad_token_id:
+        raise RunError(
+            f"reward_model.path: {path!r} has config.pad_token_id={model.config.pad_token_id}"
+            f" but its tokenizer pads with {tokenizer.pad_token_id}; make them agree"
+        )
+    return model, tokenizer
+
+
+def _lora_settings(rm: RewardModelSection) -> LoraSettings | None:
+    if rm.training_mode != "lora":
+        return None
+    if rm.lora is None:
+        return LoraSettings()
+    return LoraSettings(
+        r=rm.lora.r,
+        alpha=rm.lora.alpha,
+        dropout=rm.lora.dropout,
+        target_modules=tuple(rm.lora.target_modules),
+    )
+
+
+def _preferences(config: RunConfig) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """(train, eval) pairs as the config describes them (the split is seeded by ``seed``)."""
+    rm = config.reward_model
+    data = rm.data
+    if data.path is not None:
+        try:
+            pairs = read_preferences_jsonl(data.path)
+        except (OSError, ValueError) as e:
+            raise RunError(f"reward_model.data.path: {e}") from None
+    else:
+        s = data.synthetic
+        pairs = synthetic_arithmetic_preferences(
+            s.num_pairs,
+            s.seed,
+            operators=s.operators,
+            min_digits=s.min_digits,
+            max_digits=s.max_digits,
+            max_offset=s.max_offset,
+        )
+    try:
+        train, evals = split_preferences(
+            pairs, data.eval_size, seed=config.seed, holdout=data.holdout
+        )
+    except ValueError as e:
+        raise RunError(f"reward_model.data.eval_size: {e}") from None
+    if rm.batch_size > len(train):
+        raise RunError(
+            f"reward_model.batch_size={rm.batch_size} exceeds the {len(train)} training pairs; "
+            "lower it or add pairs"
+        )
+    return train, evals
+
+
+def _run_preferences(
+    config: RunConfig, run: RunDirectory, *, resuming: bool
+) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """The run's pairs: read back when resuming (the data the run started with), built
+    from the config and written to ``RUN_DIR/preferences/`` otherwise."""
+    if resuming and _pairs_path(run, "train").is_file():
+        return read_preferences_jsonl(_pairs_path(run, "train")), read_preferences_jsonl(
+            _pairs_path(run, "eval")
+        )
+    train, evals = _preferences(config)
+    write_preferences_jsonl(train, _pairs_path(run, "train"))
+    write_preferences_jsonl(evals, _pairs_path(run, "eval"))
+    return train, evals
+
+
+def _trainer_config(config: RunConfig) -> PreferenceTrainerConfig:
+    rm = config.reward_model
+    return PreferenceTrainerConfig(
+        lr=rm.lr,
+        batch_size=rm.batch_size,
+        weight_decay=rm.weight_decay,
+        max_grad_norm=rm.max_grad_norm,
+        lr_schedule=rm.lr_schedule,
+        warmup_steps=rm.warmup_steps,
+        total_steps=rm.steps,
+        publish_every=rm.publish_every,
+        seed=config.seed,
+        device=rm.device,
+    )
+
+
+# ---------------------------------------------------------------------------- the loop
+def _train_loop(
+    config: RunConfig,
+    run: RunDirectory,
+    trainer: PreferenceTrainer,
+    eval_pairs: list[PreferencePair],
+    console: Console,
+) -> None:
+    rm = config.reward_model
+    # Steps (and evaluations) past the checkpoint are redone by a resumed run.
+    run.truncate_metrics(PHASE, trainer.step)
+    run.truncate_metrics(EVAL_PHASE, trainer.step)
+    evaluated = {r["step"] for r in run.read_metrics() if r.get("phase") == EVAL_PHASE}
+
+    def record_eval() -> None:
+        metrics = trainer.evaluate(eval_pairs)
+        run.append_metrics({"phase": EVAL_PHASE, "step": trainer.step, **metrics})
+        evaluated.add(trainer.step)
+        console.print(
+            f"eval at step {trainer.step}: accuracy {metrics['accuracy']:.3f}, "
+            f"loss {metrics['loss']:.4f}, margin_mean {metrics['margin_mean']:.3f}"
+        )
+
+    if trainer.step == 0 and 0 not in evaluated:
+        record_eval()
+    while trainer.step < rm.steps:
+        trainer.train_step()
+        if rm.eval_every and trainer.step % rm.eval_every == 0 and trainer.step < rm.steps:
+            record_eval()
+    if trainer.step not in evaluated:
+        record_eval()
+
+
+class _PhaseWriter:
+    """Appends each step's metrics to ``metrics.jsonl`` as phase ``reward_model``."""
+
+    def __init__(self, run: RunDirectory) -> None:
+        self.run = run
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.run.append_metrics({"phase": PHASE, "step": step, **metrics})
+
+    def close(self) -> None:
+        return None
+
+
+# ---------------------------------------------------------------------------- helpers
+def _checkpoint_dir(run: RunDirectory) -> Path:
+    return run.path / "checkpoints" / PHASE
+
+
+def _pairs_path(run: RunDirectory, split: str) -> Path:
+    return run.path / "preferences" / f"{split}.jsonl"
+
+
+def _resumed_config(saved: RunConfig, given: RunConfig) -> RunConfig:
+    """``given``, if it differs from the saved config only where a resume may change."""
+    changed = [
+        key
+        for key in _flat_diff(saved.model_dump(), given.model_dump())
+        if not any(key == r or key.startswith(r + ".") for r in RESUMABLE_CHANGES)
+    ]
+    if changed:
+        raise RunError(
+            f"--resume: the config differs from the run's saved config at {changed}; resume "
+            f"with the run's own config.yaml (only {', '.join(RESUMABLE_CHANGES)} may "
+            "change) or start a new run"
+        )
+    return given
+
+
+def _flat_diff(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:
+    keys: list[str] = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, Mapping) and isinstance(vb, Mapping):
+            keys += _flat_diff(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            keys.append(f"{prefix}{k}")
+    return keys
+
+
+def _summary(
+    config: RunConfig, run: RunDirectory, num_train: int, num_eval: int, seconds: float
+) -> dict[str, Any]:
+    records = run.read_metrics()
+    losses = [r["loss"] for r in records if r.get("phase") == PHASE]
+    evals = [r for r in records if r.get("phase") == EVAL_PHASE]
+    k = max(1, len(losses) // 10)
+    first, last = (evals[0], evals[-1]) if evals else ({}, {})
+    return {
+        "run_dir": str(run.path),
+        "task": "reward_model",
+        "training_mode": config.reward_model.training_mode,
+        "steps": len(losses),
+        "train_pairs": num_train,
+        "eval_pairs": num_eval,
+        "loss_first_10pct": sum(losses[:k]) / k if losses else None,
+        "loss_last_10pct": sum(losses[-k:]) / k if losses else None,
+        "eval_accuracy_before": first.get("accuracy"),
+        "eval_accuracy_after": last.get("accuracy"),
+        "eval_loss_before": first.get("loss"),
+        "eval_loss_after": last.get("loss"),
+        "eval_margin_before": first.get("margin_mean"),
+        "eval_margin_after": last.get("margin_mean"),
+        "reward_model_dir": str(run.path / FINAL_DIR),
+        "seconds": round(seconds, 1),
+    }
+
+
+def _print_summary(console: Console, summary: Mapping[str, Any]) -> None:
+    table = Table(title="ludic reward-model summary", show_header=False)
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    console.print(table)

@@ -1,0 +1,528 @@
+"""Reward-model training on preference pairs (spec 2, sec. 2.2 and 7).
+
+A reward model is a sequence classifier with one label (an LLM backbone plus a linear
+``score`` head read at the last non-pad token). Three training modes
+(:class:`~ludic.inference.reward_client.RewardModelTrainingMode`):
+
+* ``HEAD_ONLY``: only the head trains (features already linearly separable);
+* ``LORA``: peft LoRA adapters on the attention projections plus the head;
+* ``FULL``: every weight.
+
+:func:`prepare_reward_model` sets a model up for a mode, :class:`PreferenceTrainer`
+optimises the Bradley-Terry loss and publishes ``reward_model_state_dict(model, mode)``,
+and :func:`save_reward_model` writes a plain HF folder (LoRA merged) that a vLLM reward
+server loads.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from ludic.distributed.reward_publisher import HEAD_MODULES, is_head, reward_model_state_dict
+from ludic.distributed.weights import policy_state_dict
+from ludic.inference.reward_client import RewardModelTrainingMode, format_reward_input
+from ludic.training.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
+from ludic.training.config import LR_SCHEDULES, LRSchedule, TrainerConfig
+from ludic.training.loggers import MultiLogger, TrainingLogger
+from ludic.training.losses.base import LossOutput
+from ludic.training.losses.bradley_terry import BradleyTerryLoss
+from ludic.training.optim import build_lr_scheduler, build_optimizer
+from ludic.training.preferences import PreferencePair
+from ludic.training.trainer import NonFiniteError
+
+
+# ---------------------------------------------------------------------------- modes
+@dataclass(frozen=True)
+class LoraSettings:
+    """peft LoRA adapters for ``LORA`` mode (W + (alpha / r) B A on each target)."""
+
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    """Module names to adapt; the default is every attention projection of Qwen2/Llama."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "target_modules", tuple(self.target_modules))
+        if self.r < 1 or self.alpha < 1:
+            raise ValueError(f"LoraSettings: r={self.r}, alpha={self.alpha}; both must be >= 1")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"LoraSettings.dropout={self.dropout}; expected a value in [0, 1)")
+        if not self.target_modules:
+            raise ValueError("LoraSettings.target_modules is empty; name modules to adapt")
+
+
+def head_module_names(model: torch.nn.Module) -> list[str]:
+    """Names of the modules holding the classification head's parameters (``["score"]``
+    for HF decoder classifiers)."""
+    names: list[str] = []
+    for name, _ in model.named_parameters():
+        if is_head(name):
+            parts = name.split(".")[:-1]
+            cut = max(i for i, part in enumerate(parts) if part in HEAD_MODULES)
+            module = ".".join(parts[: cut + 1])
+            if module not in names:
+                names.append(module)
+    return names
+
+
+def prepare_reward_model(
+    model: torch.nn.Module,
+    training_mode: RewardModelTrainingMode | str,
+    *,
+    lora: LoraSettings | None = None,
+) -> torch.nn.Module:
+    """``model`` set up to train in ``training_mode``; returns the model to train.
+
+    * ``HEAD_ONLY``: every parameter frozen except the head's (same object returned).
+    * ``LORA``: a peft model with ``lora`` adapters (default :class:`LoraSettings`) and the
+      head in ``modules_to_save``, so the head trains too; base weights stay frozen.
+    * ``FULL``: every parameter trainable (same object returned).
+
+    Raises ``ValueError`` for a model without a classification head (a module named
+    ``score`` or ``classifier``), a model already wrapped by peft, ``lora`` given for
+    another mode, or an unknown mode (the message lists the valid ones).
+    """
+    mode = RewardModelTrainingMode.parse(training_mode)
+    name = type(model).__name__
+    if hasattr(model, "peft_config"):
+        raise ValueError(
+            f"prepare_reward_model: {name} is already a peft model; pass the plain "
+            "sequence-classification model (LORA mode adds the adapters itself)"
+        )
+    heads = head_module_names(model)
+    if not heads:
+        raise ValueError(
+            f"prepare_reward_model: {name} has no classification head (a module named one "
+            f"of {HEAD_MODULES}); load it with AutoModelForSequenceClassification."
+            "from_pretrained(path, num_labels=1), or build one with build_tiny_reward_model"
+        )
+    if lora is not None and mode is not RewardModelTrainingMode.LORA:
+        raise ValueError(
+            f"prepare_reward_model: lora settings given for training_mode={mode.value!r}; "
+            "they apply to 'lora' only (drop lora= or use training_mode='lora')"
+        )
+    if mode is RewardModelTrainingMode.FULL:
+        model.requires_grad_(True)
+        return model
+    if mode is RewardModelTrainingMode.HEAD_ONLY:
+        for param_name, param in model.named_parameters():
+            param.requires_grad_(is_head(param_name))
+        return model
+    return _with_lora(model, lora or LoraSettings(), heads)
+
+
+def _with_lora(model: torch.nn.Module, lora: LoraSettings, heads: Sequence[str]) -> torch.nn.Module:
+    try:
+        import peft
+    except ImportError:
+        raise ImportError("LORA reward-model training needs peft: pip install peft") from None
+    config = peft.LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        modules_to_save=list(heads),
+        task_type="SEQ_CLS",
+    )
+    try:
+        return peft.get_peft_model(model, config)
+    except ValueError as e:
+        raise ValueError(f"prepare_reward_model: lora.target_modules: {e}") from None
+
+
+def check_prepared(
+    model: torch.nn.Module, training_mode: RewardModelTrainingMode | str
+) -> RewardModelTrainingMode:
+    """Raise unless ``model`` trains exactly what ``training_mode`` says (as
+    :func:`prepare_reward_model` leaves it); returns the parsed mode."""
+    mode = RewardModelTrainingMode.parse(training_mode)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    is_peft = hasattr(model, "peft_config")
+    backbone = [n for n in trainable if not is_head(n)]
+    problem = None
+    if not any(is_head(n) for n in trainable):
+        problem = "its classification head is frozen or missing"
+    elif mode is RewardModelTrainingMode.LORA and not is_peft:
+        problem = "it has no LoRA adapters"
+    elif mode is not RewardModelTrainingMode.LORA and is_peft:
+        problem = "it is a peft model"
+    elif mode is RewardModelTrainingMode.HEAD_ONLY and backbone:
+        problem = f"backbone parameter {backbone[0]!r} is trainable"
+    elif mode is RewardModelTrainingMode.FULL and len(trainable) < sum(
+        1 for _ in model.parameters()
+    ):
+        problem = "some parameters are frozen"
+    if problem is not None:
+        raise ValueError(
+            f"model is not prepared for training_mode={mode.value!r}: {problem}; call "
+            f"prepare_reward_model(model, {mode.value!r}) first"
+        )
+    return mode
+
+
+# ---------------------------------------------------------------------------- scoring
+def encode_texts(
+    tokenizer: Any, texts: Sequence[str], device: torch.device | str
+) -> dict[str, torch.Tensor]:
+    """Right-padded ``input_ids`` / ``attention_mask`` [N, T] for ``texts``; raises if a
+    text contains the pad token (the model pools at the last non-pad token, so it would
+    read the wrong position)."""
+    enc = tokenizer(list(texts), padding="longest", padding_side="right", return_tensors="pt")
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    inside = (ids == tokenizer.pad_token_id) & mask.bool()
+    if bool(inside.any()):
+        row = int(inside.any(dim=1).nonzero()[0])
+        raise ValueError(
+            f"text {texts[row][:80]!r} contains the pad token {tokenizer.pad_token!r}; the "
+            "reward model reads the last non-pad token, so remove it from the text"
+        )
+    return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+
+
+def reward_scores(model: torch.nn.Module, tokenizer: Any, texts: Sequence[str]) -> torch.Tensor:
+    """Raw rewards [N] (the head's logit at each text's last token), differentiable; the
+    inputs go to the device of the model's parameters."""
+    enc = encode_texts(tokenizer, texts, next(model.parameters()).device)
+    logits = model(**enc, use_cache=False).logits  # [N, 1]
+    return logits[:, 0].float()
+
+
+@torch.no_grad()
+def evaluate_preferences(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    pairs: Sequence[PreferencePair],
+    *,
+    batch_size: int = 32,
+) -> dict[str, float]:
+    """Bradley-Terry ``loss``, pairwise ``accuracy`` (fraction with r_chosen > r_rejected),
+    ``margin_mean`` (mean r_chosen - r_rejected) and ``num_pairs`` over ``pairs``, with
+    the model in eval mode (its mode is restored afterwards)."""
+    if not pairs:
+        raise ValueError("evaluate_preferences: no pairs to evaluate")
+    was_training = model.training
+    model.eval()
+    chosen, rejected = [], []
+    try:
+        for start in range(0, len(pairs), batch_size):
+            part = pairs[start : start + batch_size]
+            chosen.append(reward_scores(model, tokenizer, [_chosen(p) for p in part]))
+            rejected.append(reward_scores(model, tokenizer, [_rejected(p) for p in part]))
+    finally:
+        model.train(was_training)
+    margin = torch.tensor([p.margin for p in pairs], device=chosen[0].device)
+    out = BradleyTerryLoss()(torch.cat(chosen), torch.cat(rejected), margin=margin)
+    stats = {k: out.stats[k] for k in ("loss", "accuracy", "margin_mean")}
+    return {**stats, "num_pairs": float(len(pairs))}
+
+
+def _chosen(pair: PreferencePair) -> str:
+    return format_reward_input(pair.prompt, pair.chosen)
+
+
+def _rejected(pair: PreferencePair) -> str:
+    return format_reward_input(pair.prompt, pair.rejected)
+
+
+# ---------------------------------------------------------------------------- trainer
+class RewardPublisher(Protocol):
+    """What :class:`PreferenceTrainer` publishes through, e.g.
+    :class:`ludic.distributed.reward_publisher.RewardModelPublisher`."""
+
+    def publish(
+        self,
+        state_dict: Mapping[str, torch.Tensor],
+        version: int,
+        *,
+        training_mode: RewardModelTrainingMode | str | None = None,
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class PreferenceTrainerConfig:
+    """Hyperparameters of reward-model training; invalid values raise naming the field."""
+
+    lr: float = 1e-4
+    """AdamW peak learning rate."""
+    batch_size: int = 16
+    """Preference pairs per optimizer step (2 * batch_size sequences in one forward)."""
+    weight_decay: float = 0.0
+    max_grad_norm: float | None = 1.0
+    """Clip the global gradient L2 norm; ``None`` turns clipping off."""
+    lr_schedule: LRSchedule = "constant"
+    warmup_steps: int = 0
+    total_steps: int | None = None
+    """Required by the ``linear`` and ``cosine`` schedules (they decay to 0 there)."""
+    publish_every: int = 0
+    """Publish every this many steps (version = step); 0 never (``publish()`` still works)."""
+    seed: int = 0
+    """Seeds torch and the order in which pairs are visited."""
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        _check(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
+        _check(self.publish_every >= 0, "publish_every", self.publish_every, ">= 0 (0 = never)")
+        _check(self.lr_schedule in LR_SCHEDULES, "lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        try:
+            self.optimizer_config()
+        except ValueError as e:  # name this class, not the TrainerConfig it builds
+            raise ValueError(str(e).replace("TrainerConfig.", "PreferenceTrainerConfig.")) from None
+
+    def optimizer_config(self) -> TrainerConfig:
+        """The ``TrainerConfig`` that ludic's optimizer/scheduler builders read."""
+        return TrainerConfig(
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            max_grad_norm=self.max_grad_norm,
+            lr_schedule=self.lr_schedule,
+            warmup_steps=self.warmup_steps,
+            total_steps=self.total_steps,
+            seed=self.seed,
+            device=self.device,
+        )
+
+
+class PreferenceTrainer:
+    """Trains a prepared reward model on preference pairs. Each :meth:`train_step`::
+
+        pairs   = the next batch_size pairs of a seeded shuffle (new order every epoch;
+                  a function of the step, so a resumed run sees the same batches)
+        r       = model([format_reward_input(prompt, chosen_i)] + [... rejected_i])  [2B]
+                  one right-padded forward, pooled at each text's last non-pad token
+        loss    = BradleyTerryLoss(r[:B], r[B:], margin)
+        backward -> check finite -> clip -> AdamW -> schedule -> step += 1 -> log
+        publish reward_model_state_dict(model, mode) every publish_every steps
+        (version = step) -> checkpoint
+
+    ``model`` must come from :func:`prepare_reward_model` with the same ``training_mode``
+    and pool with the tokenizer's pad token (``model.config.pad_token_id``).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        pairs: Sequence[PreferencePair],
+        config: PreferenceTrainerConfig,
+        *,
+        training_mode: RewardModelTrainingMode | str,
+        publisher: RewardPublisher | None = None,
+        checkpoint: CheckpointConfig | None = None,
+        loggers: Iterable[TrainingLogger] = (),
+    ) -> None:
+        self.mode = check_prepared(model, training_mode)
+        if not pairs:
+            raise ValueError("PreferenceTrainer: no preference pairs to train on")
+        if config.batch_size > len(pairs):
+            raise ValueError(
+                f"PreferenceTrainerConfig.batch_size={config.batch_size} exceeds the "
+                f"{len(pairs)} training pairs; lower batch_size or add pairs"
+            )
+        if config.publish_every > 0 and publisher is None:
+            raise ValueError(
+                f"PreferenceTrainerConfig.publish_every={config.publish_every} but no "
+                "publisher; pass publisher= or set publish_every=0"
+            )
+        _check_model_config(model, tokenizer)
+        torch.manual_seed(config.seed)
+        self.config = config
+        self.device = torch.device(config.device)
+        self.model = model.to(self.device)
+        self.tokenizer = tokenizer
+        self.pairs = list(pairs)
+        self.loss = BradleyTerryLoss()
+        self.publisher = publisher
+        self.checkpoints = CheckpointManager(checkpoint) if checkpoint is not None else None
+        self.logger = MultiLogger(loggers)
+        self.optimizer = build_optimizer(self.model, config.optimizer_config())
+        self.scheduler = build_lr_scheduler(self.optimizer, config.optimizer_config())
+        self.step = 0
+        self._order: tuple[int, torch.Tensor] | None = None  # (epoch, permutation)
+
+    # ---------------------------------------------------------------- the loop
+    def train_step(self) -> dict[str, float]:
+        """One optimizer step; returns (and logs) its metrics."""
+        started = time.perf_counter()
+        batch = self._batch(self.step)
+        self.model.train()
+        out, num_tokens = self._loss(batch)
+        if not math.isfinite(out.stats["loss"]):
+            self._abort_step(f"loss is {out.stats['loss']}")
+        out.loss.backward()
+        lr = self.scheduler.get_last_lr()[0]
+        grad_norm = self._optimizer_step()
+        seconds = time.perf_counter() - started
+        self.step += 1
+        metrics = {
+            **out.stats,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "epoch": self.step * self.config.batch_size / len(self.pairs),
+            "num_tokens": float(num_tokens),
+            "tokens_per_s": num_tokens / max(seconds, 1e-9),
+            "time/step_s": seconds,
+        }
+        self.logger.log(self.step, metrics)  # the step is done even if a publish fails
+        if self.config.publish_every and self.step % self.config.publish_every == 0:
+            self.publish()
+        if self.checkpoints is not None and self.checkpoints.is_due(self.step):
+            self.save_checkpoint()
+        return metrics
+
+    def train(self, num_steps: int) -> list[dict[str, float]]:
+        """Run ``num_steps`` optimizer steps; returns each step's metrics."""
+        return [self.train_step() for _ in range(num_steps)]
+
+    def evaluate(
+        self, pairs: Sequence[PreferencePair], batch_size: int | None = None
+    ) -> dict[str, float]:
+        """:func:`evaluate_preferences` of the current model (``batch_size`` defaults to
+        the training batch size)."""
+        return evaluate_preferences(
+            self.model, self.tokenizer, pairs, batch_size=batch_size or self.config.batch_size
+        )
+
+    # ---------------------------------------------------------------- stages
+    def _batch(self, step: int) -> list[PreferencePair]:
+        """Pairs ``step * B .. step * B + B - 1`` of the epoch-by-epoch shuffled order."""
+        n, size = len(self.pairs), self.config.batch_size
+        batch = []
+        for position in range(step * size, (step + 1) * size):
+            epoch, offset = divmod(position, n)
+            batch.append(self.pairs[int(self._permutation(epoch)[offset])])
+        return batch
+
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        if self._order is None or self._order[0] != epoch:
+            generator = torch.Generator().manual_seed(self.config.seed * 1_000_003 + epoch)
+            self._order = (epoch, torch.randperm(len(self.pairs), generator=generator))
+        return self._order[1]
+
+    def _rewards(self, pairs: Sequence[PreferencePair]) -> tuple[torch.Tensor, int]:
+        """Rewards [2B] (the chosen responses first, then the rejected ones) from one
+        forward pass, and the number of non-pad tokens it read."""
+        texts = [_chosen(p) for p in pairs] + [_rejected(p) for p in pairs]
+        enc = encode_texts(self.tokenizer, texts, self.device)
+        rewards = self.model(**enc, use_cache=False).logits[:, 0].float()  # [2B, 1] -> [2B]
+        return rewards, int(enc["attention_mask"].sum())
+
+    def _loss(self, pairs: Sequence[PreferencePair]) -> tuple[LossOutput, int]:
+        rewards, num_tokens = self._rewards(pairs)
+        margin = torch.tensor([p.margin for p in pairs], device=self.device)
+        b = len(pairs)
+        return self.loss(rewards[:b], rewards[b:], margin=margin), num_tokens
+
+    def _optimizer_step(self) -> float:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grads = [p.grad for p in params if p.grad is not None]
+        grad_norm = torch.nn.utils.get_total_norm(grads)
+        if not bool(torch.isfinite(grad_norm)):
+            self._abort_step(f"gradient norm is {float(grad_norm)}")
+        if self.config.max_grad_norm is not None:
+            torch.nn.utils.clip_grads_with_norm_(params, self.config.max_grad_norm, grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(grad_norm)
+
+    def _abort_step(self, reason: str) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteError(
+            f"reward-model step {self.step + 1}: {reason}; the optimizer step was skipped. "
+            "Lower PreferenceTrainerConfig.lr or set max_grad_norm"
+        )
+
+    # ---------------------------------------------------------------- publish, save
+    def publish(self) -> None:
+        """Publish the current weights as version ``step``."""
+        if self.publisher is None:
+            raise ValueError("PreferenceTrainer has no publisher; pass publisher=...")
+        state = reward_model_state_dict(self.model, self.mode)
+        self.publisher.publish(state, self.step, training_mode=self.mode)
+
+    def save_checkpoint(self) -> Path:
+        if self.checkpoints is None:
+            raise ValueError("PreferenceTrainer has no checkpoint config; pass checkpoint=...")
+        extra = {"training_mode": self.mode.value, "num_pairs": len(self.pairs)}
+        return self.checkpoints.save(self.step, self.model, self.optimizer, self.scheduler, extra)
+
+    def resume(self, path: str | Path | None = None) -> int:
+        """Restore model, optimizer, schedule, RNGs and ``step`` from ``path`` (default:
+        the latest checkpoint); returns the step."""
+        if path is None:
+            if self.checkpoints is None:
+                raise ValueError("PreferenceTrainer.resume() without a path needs checkpoint=")
+            path = self.checkpoints.latest()
+            if path is None:
+                raise CheckpointError(f"no checkpoint to resume from in {self.checkpoints.dir}")
+        loaded = self.checkpoints.load(path, self.model, self.optimizer, self.scheduler)
+        if loaded.extra.get("training_mode") != self.mode.value:
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} was trained with training_mode="
+                f"{loaded.extra.get('training_mode')!r}, not {self.mode.value!r}"
+            )
+        self.step = loaded.step
+        return self.step
+
+    def close(self) -> None:
+        self.logger.close()
+
+
+# ---------------------------------------------------------------------------- saving
+def save_reward_model(model: torch.nn.Module, tokenizer: Any, path: str | Path) -> Path:
+    """Write ``model`` (LoRA merged, out of place) and ``tokenizer`` to ``path`` as a plain
+    HF folder under the base model's names; returns ``path``.
+
+    A peft model is saved through an empty copy of its base model built on the meta device
+    that takes the merged weights (``policy_state_dict``): the training model is left as
+    it is, and only the LoRA-adapted matrices are copied.
+    """
+    path = Path(path)
+    if hasattr(model, "peft_config"):
+        base = model.get_base_model()
+        with torch.device("meta"):
+            plain = type(base)(copy.deepcopy(base.config))
+        plain.load_state_dict(policy_state_dict(model), strict=True, assign=True)
+        plain.save_pretrained(path)
+    else:
+        model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _check_model_config(model: torch.nn.Module, tokenizer: Any) -> None:
+    pad = getattr(tokenizer, "pad_token_id", None)
+    model_pad = getattr(model.config, "pad_token_id", None)
+    if pad is None:
+        raise ValueError(
+            "the tokenizer has no pad token; set tokenizer.pad_token (and "
+            "model.config.pad_token_id to its id)"
+        )
+    if model_pad != pad:
+        raise ValueError(
+            f"model.config.pad_token_id={model_pad} but tokenizer.pad_token_id={pad}; the "
+            "model pools at the last token that is not its pad token, so set "
+            "model.config.pad_token_id = tokenizer.pad_token_id"
+        )
+    labels = getattr(model.config, "num_labels", None)
+    if labels != 1:
+        raise ValueError(
+            f"model.config.num_labels={labels}; a reward model has one label (load it with "
+            "num_labels=1)"
+        )
+
+
+def _check(ok: bool, name: str, value: object, expected: object) -> None:
+    if not ok:
+        raise ValueError(
+            f"PreferenceTrainerConfig.{name}={value!r} is invalid; expected {expected}"
+        )
