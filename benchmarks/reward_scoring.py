@@ -35,7 +35,22 @@ from ludic.models.tiny import save_tiny_reward_model
 def make_texts(n: int, seed: int = 0) -> list[str]:
     """Question/answer texts of 20 to 200 characters."""
     rng = random.Random(seed)
-    words = "the of a to in is reward model policy answer question seven plus two".split()
+    words = [
+        "the",
+        "of",
+        "a",
+        "to",
+        "in",
+        "is",
+        "reward",
+        "model",
+        "policy",
+        "answer",
+        "question",
+        "seven",
+        "plus",
+        "two",
+    ]
     texts = []
     for i in range(n):
         body = " ".join(rng.choice(words) for _ in range(rng.randint(3, 35)))
