@@ -8,11 +8,14 @@ scores the same texts two ways, in alternating rounds after a warm-up round:
   (a) ludic:  ``VLLMRewardClient.score_batch`` (POST /score), ``--concurrency`` batches
               in flight;
   (b) direct: POST /classify with the same batches and concurrency from a bare
-              ``httpx.AsyncClient`` (vLLM's own pooling route on the same server).
+              ``httpx.AsyncClient`` (vLLM's own pooling route on the same server);
+  (c) bare:   POST /score from that bare client, which splits any overhead of (a) into
+              the client's part (a vs c) and the route's (c vs b).
 
 Both ask for the sigmoid (``normalize=True`` / vLLM's default activation) and both check
-that every text got a score. Prints the median texts/s of each, (a)/(b), the overhead
-1 - (a)/(b) (goal: <= 5%), and the largest score difference between the two.
+that every text got a score. Prints the median texts/s of each, (a)/(b) as the median of
+per-round ratios, the overhead 1 - (a)/(b) (goal: <= 5%), and the largest score
+difference between (a) and (b).
 """
 
 from __future__ import annotations
@@ -95,7 +98,12 @@ async def main_async(args: argparse.Namespace) -> None:
                 data = sorted(reply.json()["data"], key=lambda d: d["index"])
                 return [float(d["probs"][0]) for d in data]
 
-            ways = {"a": via_ludic, "b": via_classify}
+            async def via_score_raw(part: list[str]) -> list[float]:
+                reply = await direct.post("/score", json={"input": part})
+                reply.raise_for_status()
+                return [float(d["score"]) for d in reply.json()["data"]]
+
+            ways = {"a": via_ludic, "b": via_classify, "c": via_score_raw}
             scores = {k: await run_batches(fn, parts, args.concurrency) for k, fn in ways.items()}
             times: dict[str, list[float]] = {k: [] for k in ways}
             for _ in range(args.rounds):
@@ -112,10 +120,11 @@ async def main_async(args: argparse.Namespace) -> None:
     diff = max(abs(x - y) for x, y in zip(scores["a"], scores["b"]))
     print(
         f"{len(texts)} texts in batches of {args.batch}, {args.concurrency} in flight, "
-        f"{args.rounds} rounds of (a), (b) in turn after a warm-up; medians"
+        f"{args.rounds} rounds of (a), (b), (c) in turn after a warm-up; medians"
     )
     print(f"{'(a) ludic /score':<22}{rate['a']:>9.1f} texts/s")
     print(f"{'(b) vLLM /classify':<22}{rate['b']:>9.1f} texts/s")
+    print(f"{'(c) bare POST /score':<22}{rate['c']:>9.1f} texts/s")
     ratio = statistics.median(per_round)
     print(
         f"a/b {ratio:.3f} (range {min(per_round):.3f}-{max(per_round):.3f}); "
@@ -128,7 +137,7 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=512)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=15)
     asyncio.run(main_async(parser.parse_args()))
 
 
