@@ -36,7 +36,7 @@ from ludic.inference.vllm_http import (  # noqa: F401 (re-exported)
     VLLMServerError,
     _Retrying,
 )
-from ludic.inference.vllm_weight_sync import WeightSyncSession
+from ludic.inference.vllm_weight_sync import VLLMConnection
 from ludic.types import FINISH_REASONS, ChatResponse, TokenTrace
 
 VERSION_HEADER = "x-ludic-policy-version"  # set by ludic.inference.vllm_server
@@ -87,7 +87,7 @@ class VLLMChatClient:
         self.model = model
         self.api_key = api_key
         self.timeout_s = timeout_s
-        self.http = AsyncHTTP(
+        self.connection = VLLMConnection(
             self.base_url,
             api_key=api_key,
             timeout_s=timeout_s,
@@ -95,14 +95,9 @@ class VLLMChatClient:
             backoff_s=backoff_s,
             max_connections=max_connections,
         )
-        self.control = VLLMControlPlane(
-            self.base_url,
-            api_key=api_key,
-            timeout_s=timeout_s,
-            max_retries=max_retries,
-            backoff_s=backoff_s,
-        )
-        self.weight_sync = WeightSyncSession(self.control, timeout_s=timeout_s)
+        self.http = self.connection.http
+        self.control = self.connection.control
+        self.weight_sync = self.connection.weight_sync
 
     # ---- ChatClient: generation ----------------------------------------------------
     async def complete(self, request: CompletionRequest) -> ChatResponse:
@@ -202,15 +197,11 @@ class VLLMChatClient:
 
     # ---- lifecycle -----------------------------------------------------------------
     def close(self) -> None:
-        """Leave the weight-sync group (telling the server, if it still answers) and close
-        the HTTP clients."""
-        self.weight_sync.close()
-        self.control.close()
-        self.http.close()
+        """Leave the weight-sync group and close the HTTP clients."""
+        self.connection.close()
 
     async def aclose(self) -> None:
-        await self.http.aclose()
-        self.close()
+        await self.connection.aclose()
 
     def __enter__(self) -> VLLMChatClient:
         return self

@@ -32,8 +32,8 @@ from ludic.inference.reward_client import (
     ScoringRequest,
     ScoringResponse,
 )
-from ludic.inference.vllm_http import AsyncHTTP, VLLMControlPlane, VLLMServerError
-from ludic.inference.vllm_weight_sync import WeightSyncSession
+from ludic.inference.vllm_http import VLLMServerError
+from ludic.inference.vllm_weight_sync import VLLMConnection
 
 VERSION_HEADER = "x-ludic-policy-version"  # set by the server: the served model's version
 
@@ -74,7 +74,7 @@ class VLLMRewardClient:
         self.model = model
         self.timeout_s = timeout_s
         self.head_modules = tuple(head_modules)
-        self.http = AsyncHTTP(
+        self.connection = VLLMConnection(
             self.base_url,
             api_key=api_key,
             timeout_s=timeout_s,
@@ -82,14 +82,9 @@ class VLLMRewardClient:
             backoff_s=backoff_s,
             max_connections=max_connections,
         )
-        self.control = VLLMControlPlane(
-            self.base_url,
-            api_key=api_key,
-            timeout_s=timeout_s,
-            max_retries=max_retries,
-            backoff_s=backoff_s,
-        )
-        self.weight_sync = WeightSyncSession(self.control, timeout_s=timeout_s)
+        self.http = self.connection.http
+        self.control = self.connection.control
+        self.weight_sync = self.connection.weight_sync
         if check_server:
             kind = self.control.health().get("type")
             if kind != "reward_model":
@@ -200,13 +195,10 @@ class VLLMRewardClient:
     # ---- lifecycle -----------------------------------------------------------------
     def close(self) -> None:
         """Leave the weight-sync group and close the HTTP clients."""
-        self.weight_sync.close()
-        self.control.close()
-        self.http.close()
+        self.connection.close()
 
     async def aclose(self) -> None:
-        await self.http.aclose()
-        self.close()
+        await self.connection.aclose()
 
     def __enter__(self) -> VLLMRewardClient:
         return self

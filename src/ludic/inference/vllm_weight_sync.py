@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ludic.inference.vllm_http import VLLMControlPlane, VLLMServerError
+from ludic.inference.vllm_http import AsyncHTTP, VLLMControlPlane, VLLMServerError
 
 
 class WeightSyncSession:
@@ -127,3 +127,47 @@ def close_quietly(sender: Any) -> None:
     if close is not None:
         with contextlib.suppress(Exception):  # a broken group may refuse to shut down
             close()
+
+
+class VLLMConnection:
+    """What a ludic client keeps open to one server: the async data routes (``http``), the
+    synchronous control plane (``control``) and the weight-sync session (``weight_sync``),
+    with one retry policy and one timeout."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        max_connections: int = 256,
+    ) -> None:
+        self.http = AsyncHTTP(
+            base_url,
+            api_key=api_key,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            backoff_s=backoff_s,
+            max_connections=max_connections,
+        )
+        self.control = VLLMControlPlane(
+            base_url,
+            api_key=api_key,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            backoff_s=backoff_s,
+        )
+        self.weight_sync = WeightSyncSession(self.control, timeout_s=timeout_s)
+
+    def close(self) -> None:
+        """Leave the weight-sync group (telling the server, if it still answers) and close
+        the HTTP clients."""
+        self.weight_sync.close()
+        self.control.close()
+        self.http.close()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+        self.close()

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from ludic.distributed import ClientPolicyPublisher, policy_state_dict
 from ludic.eval import default_reducers, run_eval
@@ -43,7 +42,7 @@ from ludic.run.builders import (
 from ludic.run.config import RunConfig
 from ludic.run.demos import demonstrations_path
 from ludic.run.plot import plot_reward_curve
-from ludic.run.progress import ProgressLogger
+from ludic.run.progress import ProgressLogger, print_summary
 from ludic.run.run_dir import PhaseMetricsWriter, RunDirectory
 from ludic.training import (
     CheckpointConfig,
@@ -89,7 +88,7 @@ def train(config: RunConfig, *, resume: str | Path | None = None) -> Path:
     plot_reward_curve(run.read_metrics(), run.plot_path, title=config.name)
     summary = _summary(run, time.perf_counter() - started)
     run.write_summary(summary)
-    _print_summary(console, summary)
+    print_summary(console, summary, title="ludic run summary")
     return run.path
 
 
@@ -360,10 +359,3 @@ def _summary(run: RunDirectory, seconds: float) -> dict[str, Any]:
         "eval_success_after": evals[-1]["success_rate"] if evals else None,
         "seconds": round(seconds, 1),
     }
-
-
-def _print_summary(console: Console, summary: dict[str, Any]) -> None:
-    table = Table(title="ludic run summary", show_header=False)
-    for key, value in summary.items():
-        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
-    console.print(table)

@@ -21,6 +21,7 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.table import Table
 
 TOKENS_PER_S_KEY = "tokens_per_s"
 
@@ -85,3 +86,11 @@ def _format(value: object, spec: str) -> str:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return "-"
     return spec.format(value)
+
+
+def print_summary(console: Console, summary: Mapping[str, object], *, title: str) -> None:
+    """``summary`` as a two-column table (floats to 3 decimals)."""
+    table = Table(title=title, show_header=False)
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    console.print(table)

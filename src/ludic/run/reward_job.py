@@ -34,13 +34,12 @@ from typing import Any
 
 import torch
 from rich.console import Console
-from rich.table import Table
 
 from ludic.distributed.reward_publisher import create_reward_publisher
 from ludic.inference.reward_client import format_reward_input
 from ludic.run.builders import RunError, vllm_server_client
 from ludic.run.config import RewardModelSection, RunConfig
-from ludic.run.progress import ProgressLogger
+from ludic.run.progress import ProgressLogger, print_summary
 from ludic.run.run_dir import RunDirectory
 from ludic.training.checkpoint import CheckpointConfig
 from ludic.training.loggers import RichConsoleLogger
@@ -158,7 +157,7 @@ def train_reward_model(
     if served is not None:
         summary.update(served)
     run.write_summary(summary)
-    _print_summary(console, summary)
+    print_summary(console, summary, title="ludic reward-model summary")
     return run.path
 
 
@@ -473,10 +472,3 @@ def _summary(
         "reward_model_dir": str(run.path / FINAL_DIR),
         "seconds": round(seconds, 1),
     }
-
-
-def _print_summary(console: Console, summary: Mapping[str, Any]) -> None:
-    table = Table(title="ludic reward-model summary", show_header=False)
-    for key, value in summary.items():
-        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
-    console.print(table)

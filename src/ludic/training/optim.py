@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NoReturn
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
@@ -55,3 +56,26 @@ def lr_multiplier(config: TrainerConfig) -> Callable[[int], float]:
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, config: TrainerConfig) -> LambdaLR:
     """A ``LambdaLR`` following :func:`lr_multiplier`; step it once per optimizer step."""
     return LambdaLR(optimizer, lr_multiplier(config))
+
+
+def clipped_optimizer_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LambdaLR,
+    max_grad_norm: float | None,
+    *,
+    abort: Callable[[str], NoReturn],
+) -> float:
+    """Check the gradient is finite (else ``abort(reason)``, which must raise), clip it to
+    ``max_grad_norm``, step optimizer and schedule, zero the grads; returns the norm before
+    clipping."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    if not bool(torch.isfinite(grad_norm)):
+        abort(f"gradient norm is {float(grad_norm)}")
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grads_with_norm_(params, max_grad_norm, grad_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(grad_norm)

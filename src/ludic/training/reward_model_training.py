@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import torch
 
@@ -34,7 +34,7 @@ from ludic.training.config import LR_SCHEDULES, LRSchedule, TrainerConfig
 from ludic.training.loggers import MultiLogger, TrainingLogger
 from ludic.training.losses.base import LossOutput
 from ludic.training.losses.bradley_terry import BradleyTerryLoss
-from ludic.training.optim import build_lr_scheduler, build_optimizer
+from ludic.training.optim import build_lr_scheduler, build_optimizer, clipped_optimizer_step
 from ludic.training.preferences import PreferencePair
 from ludic.training.trainer import NonFiniteError
 
@@ -422,19 +422,15 @@ class PreferenceTrainer:
         return self.loss(rewards[:b], rewards[b:], margin=margin), num_tokens
 
     def _optimizer_step(self) -> float:
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        grads = [p.grad for p in params if p.grad is not None]
-        grad_norm = torch.nn.utils.get_total_norm(grads)
-        if not bool(torch.isfinite(grad_norm)):
-            self._abort_step(f"gradient norm is {float(grad_norm)}")
-        if self.config.max_grad_norm is not None:
-            torch.nn.utils.clip_grads_with_norm_(params, self.config.max_grad_norm, grad_norm)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return float(grad_norm)
+        return clipped_optimizer_step(
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.config.max_grad_norm,
+            abort=self._abort_step,
+        )
 
-    def _abort_step(self, reason: str) -> None:
+    def _abort_step(self, reason: str) -> NoReturn:
         self.optimizer.zero_grad(set_to_none=True)
         raise NonFiniteError(
             f"reward-model step {self.step + 1}: {reason}; the optimizer step was skipped. "

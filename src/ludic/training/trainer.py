@@ -26,7 +26,7 @@ import statistics
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -44,7 +44,7 @@ from ludic.training.config import TrainerConfig
 from ludic.training.filters import SampleFilter
 from ludic.training.loggers import MultiLogger, TrainingLogger
 from ludic.training.losses.base import LossInputs
-from ludic.training.optim import build_lr_scheduler, build_optimizer
+from ludic.training.optim import build_lr_scheduler, build_optimizer, clipped_optimizer_step
 from ludic.training.stats import Reducer, aggregate_stats
 from ludic.training.types import BatchSource, DataExhausted, EmptyBatchError, SAWBatch, SAWItem
 
@@ -261,19 +261,15 @@ class Trainer:
             ).logits
 
     def _optimizer_step(self) -> float:
-        """Check the gradient is finite, clip it, step optimizer and schedule, zero grads."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-        if not bool(torch.isfinite(grad_norm)):
-            self._abort_step(f"gradient norm is {float(grad_norm)}")
-        if self.config.max_grad_norm is not None:
-            torch.nn.utils.clip_grads_with_norm_(params, self.config.max_grad_norm, grad_norm)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return float(grad_norm)
+        return clipped_optimizer_step(
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.config.max_grad_norm,
+            abort=self._abort_step,
+        )
 
-    def _abort_step(self, reason: str) -> None:
+    def _abort_step(self, reason: str) -> NoReturn:
         self.optimizer.zero_grad(set_to_none=True)
         raise NonFiniteError(
             f"step {self.step + 1}: {reason}; the optimizer step was skipped and gradients "
