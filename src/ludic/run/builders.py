@@ -184,11 +184,13 @@ def vllm_server_client(
     cuda: bool,
     log_dir: Path,
     connect: Callable[[str, float], Any],
+    weight_sync: bool = True,
 ) -> Iterator[Any]:
     """A client (``connect(base_url, timeout_s)``) of a ludic vLLM server of ``kind``
-    (``"policy"`` / ``"reward"``) with its weight-sync group formed. The server is started
-    on ``model`` as a subprocess unless ``v.start_server`` is false; everything started is
-    stopped on exit. ``field`` names the config section in errors."""
+    (``"policy"`` / ``"reward"``), with its weight-sync group formed unless ``weight_sync``
+    is false. The server is started on ``model`` as a subprocess unless
+    ``v.start_server`` is false; everything started is stopped on exit. ``field`` names
+    the config section in errors."""
     try:
         from ludic.inference.vllm_utils import start_vllm_server
     except ImportError as e:
@@ -217,10 +219,52 @@ def vllm_server_client(
             base_url = f"http://{v.host}:{v.port}"
         client = connect(base_url, v.timeout_s)
         stack.callback(client.close)
-        client.init_weight_sync(
-            backend=v.sync_backend, master_addr=v.host, master_port=v.group_port
-        )
+        if weight_sync:
+            client.init_weight_sync(
+                backend=v.sync_backend, master_addr=v.host, master_port=v.group_port
+            )
         yield client
+
+
+@contextlib.contextmanager
+def reward_backend(config: RunConfig, *, log_dir: Path) -> Iterator[Any]:
+    """The ``reward`` section's reward model as a ``RewardModelClient`` (``None`` when the
+    config has none): in process (transformers) or a vLLM reward server started on
+    ``reward.path``; stopped on exit. The reward model is frozen: no weight sync."""
+    reward = config.reward
+    if reward is None:
+        yield None
+        return
+    if reward.backend == "vllm":
+        try:
+            from ludic.inference.vllm_reward_client import VLLMRewardClient
+        except ImportError as e:
+            raise RunError(_NEEDS_VLLM.format(field="reward.backend=vllm", error=e)) from None
+        with vllm_server_client(
+            reward.server,
+            kind="reward",
+            field="reward.server",
+            model=reward.path,
+            cuda=config.model.device.startswith("cuda"),
+            log_dir=log_dir,
+            connect=lambda url, timeout_s: VLLMRewardClient(url, timeout_s=timeout_s),
+            weight_sync=False,
+        ) as client:
+            yield client
+        return
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from ludic.inference import TransformersRewardClient
+
+    path = Path(reward.path).expanduser()
+    if not (path / "config.json").is_file():
+        raise RunError(
+            f"reward.path: {reward.path!r} is not a model folder (no config.json); train one "
+            "with a task: reward_model run and point at its RUN_DIR/reward_model"
+        )
+    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    yield TransformersRewardClient(model, tokenizer, device=config.model.device)
 
 
 def make_engine(
@@ -283,9 +327,10 @@ def make_requests(
     ]
 
 
-def make_algorithm(config: RunConfig) -> RLAlgorithm:
-    """The configured ``make_*`` preset. ``group_size`` goes to presets that take it and
-    Dr. GRPO's constant normalizer defaults to ``sampling.max_tokens``."""
+def make_algorithm(config: RunConfig, *, reward_client: Any = None) -> RLAlgorithm:
+    """The configured ``make_*`` preset. ``group_size`` goes to presets that take it,
+    Dr. GRPO's constant normalizer defaults to ``sampling.max_tokens``, and ``reward_rl``
+    gets ``reward_client`` and the ``reward`` section's mode, weight and normalize."""
     preset: Callable[..., RLAlgorithm] = resolve("algorithm", config.algorithm.name, ALGORITHMS)
     params = inspect.signature(preset).parameters
     kwargs = dict(config.algorithm.kwargs)
@@ -293,6 +338,15 @@ def make_algorithm(config: RunConfig) -> RLAlgorithm:
         kwargs.setdefault("group_size", config.algorithm.group_size)
     if "max_tokens" in params:
         kwargs.setdefault("max_tokens", config.sampling.max_tokens)
+    if "reward_client" in params:
+        if reward_client is None or config.reward is None:
+            raise RunError(
+                f"algorithm.name={config.algorithm.name!r} needs a reward model: set reward.path"
+            )
+        kwargs["reward_client"] = reward_client
+        kwargs.setdefault("mode", config.reward.mode)
+        kwargs.setdefault("weight", config.reward.weight)
+        kwargs.setdefault("normalize", config.reward.normalize)
     try:
         return preset(**kwargs)
     except (TypeError, ValueError) as e:

@@ -283,6 +283,27 @@ class RewardModelSection(_Section):
         return self
 
 
+class RewardSection(_Section):
+    """A learned reward for RL (``algorithm.name: reward_rl``): a reward model with one
+    label scores each completion (``format_reward_input(question, completion)``), and the
+    score replaces or combines with the env's reward."""
+
+    path: str
+    """The reward model: an HF sequence-classifier folder, e.g. RUN_DIR/reward_model of a
+    ``task: reward_model`` run."""
+    backend: Literal["transformers", "vllm"] = "transformers"
+    """transformers: scored in process; vllm: a vLLM reward server (``server``)."""
+    server: VLLMConfig = VLLMConfig()
+    """The reward server when backend is vllm (started on ``path`` unless
+    ``server.start_server`` is false)."""
+    mode: Literal["replace", "add", "multiply", "weighted"] = "replace"
+    """How score s and env reward r combine: s, r + s, r * s, or weight*r + (1-weight)*s."""
+    weight: float = Field(0.5, ge=0.0, le=1.0)
+    """The env reward's share in mode weighted."""
+    normalize: bool = True
+    """Score with the sigmoid of the reward model's logit (false: the raw logit)."""
+
+
 POLICY_SECTIONS = (
     "model",
     "inference",
@@ -293,6 +314,7 @@ POLICY_SECTIONS = (
     "warm_start",
     "trainer",
     "eval",
+    "reward",
 )
 """Sections only policy training (``task: policy``) reads."""
 
@@ -317,6 +339,8 @@ class RunConfig(_Section):
     logging: LoggingConfig = LoggingConfig()
     reward_model: RewardModelSection = RewardModelSection()
     """Read only with ``task: reward_model``."""
+    reward: RewardSection | None = None
+    """A learned reward for ``algorithm.name: reward_rl`` (required there, unused otherwise)."""
 
     @model_validator(mode="after")
     def _sections_match_task(self) -> RunConfig:
@@ -337,6 +361,22 @@ class RunConfig(_Section):
                     "settings under reward_model (e.g. reward_model.lr, reward_model.path) "
                     "or remove those sections"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _reward_matches_algorithm(self) -> RunConfig:
+        if self.task != "policy":
+            return self
+        if self.algorithm.name == "reward_rl" and self.reward is None:
+            raise ValueError(
+                "algorithm.name=reward_rl needs a reward section (reward.path: a reward "
+                "model folder, e.g. RUN_DIR/reward_model of a task: reward_model run)"
+            )
+        if self.reward is not None and self.algorithm.name != "reward_rl":
+            raise ValueError(
+                f"reward is set but algorithm.name={self.algorithm.name!r}; use "
+                "algorithm.name: reward_rl to train on the reward model's scores, or remove reward"
+            )
         return self
 
     @model_validator(mode="after")

@@ -35,6 +35,7 @@ from ludic.run.builders import (
     make_algorithm,
     make_engine,
     make_requests,
+    reward_backend,
     rl_trainer_config,
     sampling_spec,
     warm_start_trainer_config,
@@ -153,8 +154,17 @@ def _reinforce(
     backend = inference_backend(
         config, policy, tokenizer, model_dir=run.model_dir, log_dir=run.path
     )
-    with backend as client:
-        _reinforce_with(config, run, policy, tokenizer, client, resuming=resuming, console=console)
+    with backend as client, reward_backend(config, log_dir=run.path) as reward_client:
+        _reinforce_with(
+            config,
+            run,
+            policy,
+            tokenizer,
+            client,
+            reward_client=reward_client,
+            resuming=resuming,
+            console=console,
+        )
 
 
 def _reinforce_with(
@@ -164,13 +174,14 @@ def _reinforce_with(
     tokenizer,
     client,
     *,
+    reward_client=None,
     resuming: bool,
     console: Console,
 ) -> None:
     template = HFChatTemplate(tokenizer)
     engine = make_engine(config, client, template)
     eval_engine = make_engine(config, client, template, env_overrides=config.env.eval_kwargs)
-    algorithm = make_algorithm(config)
+    algorithm = make_algorithm(config, reward_client=reward_client)
     trainer: Trainer
 
     def next_requests():

@@ -35,6 +35,7 @@ ALGORITHMS: dict[str, str] = {
     "gspo": "ludic.training.algorithm:make_gspo",
     "cispo": "ludic.training.algorithm:make_cispo",
     "gmpo": "ludic.training.algorithm:make_gmpo",
+    "reward_rl": "ludic.training.algorithm:make_reward_rl",
 }
 """Algorithm name -> ``make_*`` preset (SFT is the warm-start phase, not an RL algorithm)."""
 
