@@ -193,6 +193,14 @@ def test_summarize_rollouts_reports_reward_length_truncation_and_parse_errors(fa
     assert stats["parse_error_rate"] == 0.5
 
 
+def test_summarize_rollouts_reports_reward_model_scores_when_present(fakes):
+    a, b, c = (fakes.one_turn_rollout(0.0) for _ in range(3))
+    assert "rm_score_mean" not in summarize_rollouts([a, b, c])
+    a.meta["rm_scores"], b.meta["rm_scores"] = [0.25], [0.75]
+    c.meta["rm_scores"] = [None]  # a turn the reward model did not score
+    assert summarize_rollouts([a, b, c])["rm_score_mean"] == 0.5
+
+
 def test_build_saw_batch_applies_sample_filter_and_counts_dropped_items(fakes):
     rollouts = [fakes.one_turn_rollout(1.0), fakes.one_turn_rollout(0.0, parse_error=True)]
     batch = build_saw_batch(

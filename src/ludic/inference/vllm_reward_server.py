@@ -40,16 +40,16 @@ the request arrived; ``GET /health`` answers ``{"status": "ok", "type": "reward_
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from argparse import Namespace
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 
+from ludic._async import gather_or_cancel
 from ludic.inference.reward_client import POOLING_TYPES
 from ludic.inference.vllm_server import (
     ServerContext,
@@ -206,13 +206,13 @@ async def classify_all(
 
     renderer = engine.renderer
     tok_params = renderer.default_cmpl_tok_params  # max_model_len check, special tokens
-    engine_inputs = await _gather_or_cancel(
-        [_render(renderer, tok_params, i, x) for i, x in enumerate(inputs)]
+    engine_inputs = await gather_or_cancel(
+        *(_render(renderer, tok_params, i, x) for i, x in enumerate(inputs))
     )
     params = PoolingParams(task="classify", use_activation=use_activation)  # vLLM clones it
     request_id = f"score-{uuid.uuid4().hex}"
-    return await _gather_or_cancel(
-        [_encode(engine, i, x, params, f"{request_id}-{i}") for i, x in enumerate(engine_inputs)]
+    return await gather_or_cancel(
+        *(_encode(engine, i, x, params, f"{request_id}-{i}") for i, x in enumerate(engine_inputs))
     )
 
 
@@ -241,17 +241,6 @@ async def _encode(engine: Any, index: int, engine_input: Any, params: Any, reque
     if final.error is not None:
         raise GenerationError(f"input[{index}]: {final.error.message}")
     return final
-
-
-async def _gather_or_cancel(coros: Sequence[Awaitable[Any]]) -> list[Any]:
-    """``asyncio.gather`` that cancels the others as soon as one fails."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        raise
 
 
 def first_score(output: Any) -> float:

@@ -36,6 +36,7 @@ from typing import Any
 
 from ludic.inference.chat_template import ChatTemplate
 from ludic.training.filters import SampleFilter
+from ludic.training.reward_credit import RM_SCORES_KEY
 from ludic.training.types import CreditAssigner, SAWBatch, SAWItem
 from ludic.types import AgentStep, Message, Rollout, Turn
 
@@ -277,13 +278,18 @@ def summarize_rollouts(rollouts: Sequence[Rollout]) -> dict[str, Any]:
     """Batch-level rollout statistics (reward, length, truncation, parse errors).
 
     ``parse_error_rate`` is the mean over rollouts of :func:`parse_error_rate`;
-    ``total_rewards`` lists every rollout's total reward in order.
+    ``total_rewards`` lists every rollout's total reward in order. When a reward model
+    scored the rollouts (``RewardModelScorer``), ``rm_score_mean`` is the mean of its
+    scores.
     """
     n = len(rollouts)
     rewards = [r.total_reward for r in rollouts]
     if n == 0:
         return {"num_rollouts": 0, "total_rewards": []}
+    scores = [s for r in rollouts for s in r.meta.get(RM_SCORES_KEY) or () if s is not None]
+    rm_stats = {"rm_score_mean": sum(scores) / len(scores)} if scores else {}
     return {
+        **rm_stats,
         "num_rollouts": n,
         "reward_mean": sum(rewards) / n,
         "reward_min": min(rewards),
