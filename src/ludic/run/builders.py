@@ -26,6 +26,7 @@ from ludic.inference import (
 from ludic.interaction import SingleAgentProtocol
 from ludic.models.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 from ludic.run.config import RunConfig, VLLMConfig
+from ludic.run.errors import RunError
 from ludic.run.registries import ALGORITHMS, ENVS, PARSERS, resolve
 from ludic.training import (
     EnvSpec,
@@ -35,11 +36,6 @@ from ludic.training import (
     RolloutRequest,
     TrainerConfig,
 )
-
-
-class RunError(RuntimeError):
-    """A run that cannot proceed for a reason the user can fix; the message says how."""
-
 
 ENV_NAME = "env"
 PROTOCOL_NAME = "single_agent"

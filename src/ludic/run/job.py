@@ -44,7 +44,7 @@ from ludic.run.config import RunConfig
 from ludic.run.demos import demonstrations_path
 from ludic.run.plot import plot_reward_curve
 from ludic.run.progress import ProgressLogger, print_summary
-from ludic.run.run_dir import PhaseMetricsWriter, RunDirectory
+from ludic.run.run_dir import PhaseMetricsWriter, RunDirectory, open_run
 from ludic.training import (
     CheckpointConfig,
     CheckpointManager,
@@ -71,15 +71,9 @@ def train(config: RunConfig, *, resume: str | Path | None = None) -> Path:
     if config.task == "reward_model":
         from ludic.run.reward_job import train_reward_model
 
-        # No publisher: syncing to a vLLM reward server plugs in here (reward_job docs).
         return train_reward_model(config, resume=resume)
     console = Console()
-    if resume is not None:
-        run = RunDirectory.open(resume)
-        config = _resumed_config(run.load_config(), config)
-    else:
-        run = RunDirectory.create(config.output_dir, config.name)
-    run.save_config(config)
+    run, config = open_run(config, resume=resume, resumable=RESUMABLE_CHANGES)
     console.print(f"run directory: [bold]{run.path}[/bold]")
     started = time.perf_counter()
     policy, tokenizer = load_policy(config, run.model_dir)
@@ -320,35 +314,6 @@ def _pad_id(tokenizer) -> int:
     if pad is None:
         raise RunError("model.path: the tokenizer has neither a pad nor an EOS token")
     return int(pad)
-
-
-def _resumed_config(saved: RunConfig, given: RunConfig) -> RunConfig:
-    """The saved config, with the few fields a resume may change taken from ``given``."""
-    saved_d, given_d = saved.model_dump(), given.model_dump()
-    changed = sorted(
-        key
-        for key in _flat_diff(saved_d, given_d)
-        if not any(key == r or key.startswith(r + ".") for r in RESUMABLE_CHANGES)
-    )
-    if changed:
-        raise RunError(
-            f"--resume: the config differs from the run's saved config at {changed}; resume "
-            "with the run's own config.yaml (only trainer.steps, eval.every and logging.* "
-            "may change) or start a new run"
-        )
-    return given
-
-
-def _flat_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
-    keys: list[str] = []
-    for k in sorted(set(a) | set(b)):
-        path = f"{prefix}{k}"
-        va, vb = a.get(k), b.get(k)
-        if isinstance(va, dict) and isinstance(vb, dict) and k not in ("kwargs", "eval_kwargs"):
-            keys += _flat_diff(va, vb, path + ".")
-        elif va != vb:
-            keys.append(path)
-    return keys
 
 
 def _summary(run: RunDirectory, seconds: float) -> dict[str, Any]:

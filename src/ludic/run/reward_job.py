@@ -40,7 +40,7 @@ from ludic.inference.reward_client import format_reward_input
 from ludic.run.builders import RunError, vllm_server_client
 from ludic.run.config import RewardModelSection, RunConfig
 from ludic.run.progress import ProgressLogger, print_summary
-from ludic.run.run_dir import RunDirectory
+from ludic.run.run_dir import RunDirectory, open_run
 from ludic.training.checkpoint import CheckpointConfig
 from ludic.training.loggers import RichConsoleLogger
 from ludic.training.preferences import (
@@ -79,12 +79,11 @@ def train_reward_model(
 ) -> Path:
     """Run (or resume) a reward-model training job; returns the run directory.
 
-    ``publisher`` is the plug-in point for syncing weights to a running reward server:
-    any object with ``publish(state_dict, version, *, training_mode=...)`` (such as
-    :class:`~ludic.distributed.reward_publisher.RewardModelPublisher`) receives
-    ``reward_model_state_dict(model, mode)`` every ``reward_model.publish_every`` steps.
-    ``ludic train`` passes None for now (it does not start or connect to a vLLM reward
-    server yet), so ``publish_every`` must then be 0.
+    Every ``reward_model.publish_every`` steps (and after the last one) the weights go to
+    ``publisher``: any object with ``publish(state_dict, version, *, training_mode=...)``
+    (such as :class:`~ludic.distributed.reward_publisher.RewardModelPublisher`), receiving
+    ``reward_model_state_dict(model, mode)``. Without one, ``reward_model.server`` (a vLLM
+    reward server this job starts or connects to) gets them, as ``ludic train`` does.
     """
     console = Console()
     rm = config.reward_model
@@ -94,12 +93,7 @@ def train_reward_model(
             "publish to; configure reward_model.server (a vLLM reward server) or set "
             "reward_model.publish_every=0"
         )
-    if resume is not None:
-        run = RunDirectory.open(resume)
-        config = _resumed_config(run.load_config(), config)
-    else:
-        run = RunDirectory.create(config.output_dir, config.name)
-    run.save_config(config)
+    run, config = open_run(config, resume=resume, resumable=RESUMABLE_CHANGES)
     console.print(f"run directory: [bold]{run.path}[/bold]")
     started = time.perf_counter()
     torch.manual_seed(config.seed)  # LoRA adapters are initialised from torch's RNG
@@ -417,33 +411,6 @@ def _checkpoint_dir(run: RunDirectory) -> Path:
 
 def _pairs_path(run: RunDirectory, split: str) -> Path:
     return run.path / "preferences" / f"{split}.jsonl"
-
-
-def _resumed_config(saved: RunConfig, given: RunConfig) -> RunConfig:
-    """``given``, if it differs from the saved config only where a resume may change."""
-    changed = [
-        key
-        for key in _flat_diff(saved.model_dump(), given.model_dump())
-        if not any(key == r or key.startswith(r + ".") for r in RESUMABLE_CHANGES)
-    ]
-    if changed:
-        raise RunError(
-            f"--resume: the config differs from the run's saved config at {changed}; resume "
-            f"with the run's own config.yaml (only {', '.join(RESUMABLE_CHANGES)} may "
-            "change) or start a new run"
-        )
-    return given
-
-
-def _flat_diff(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:
-    keys: list[str] = []
-    for k in sorted(set(a) | set(b)):
-        va, vb = a.get(k), b.get(k)
-        if isinstance(va, Mapping) and isinstance(vb, Mapping):
-            keys += _flat_diff(va, vb, f"{prefix}{k}.")
-        elif va != vb:
-            keys.append(f"{prefix}{k}")
-    return keys
 
 
 def _summary(

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ludic.run.config import RunConfig
+from ludic.run.errors import RunError
 from ludic.run.loading import ConfigError, dump_config, read_config_file, validate_config
 from ludic.types import Rollout, rollout_to_dict
 
@@ -128,6 +129,47 @@ class RunDirectory:
 
     def write_summary(self, summary: Mapping[str, Any]) -> None:
         self.summary_path.write_text(json.dumps(_jsonable(summary), indent=2) + "\n")
+
+
+def open_run(
+    config: RunConfig, *, resume: str | Path | None, resumable: Iterable[str]
+) -> tuple[RunDirectory, RunConfig]:
+    """A new run directory for ``config`` (``resume`` None), or the run at ``resume``
+    with ``config`` checked against its saved one: they may differ only at the dotted keys
+    (or below) in ``resumable``, else ``RunError`` names the differing keys. Saves the
+    config either way."""
+    if resume is None:
+        run = RunDirectory.create(config.output_dir, config.name)
+    else:
+        run = RunDirectory.open(resume)
+        resumable = sorted(resumable)
+        changed = sorted(
+            key
+            for key in _flat_diff(run.load_config().model_dump(), config.model_dump())
+            if not any(key == r or key.startswith(r + ".") for r in resumable)
+        )
+        if changed:
+            raise RunError(
+                f"--resume: the config differs from the run's saved config at {changed}; "
+                f"resume with the run's own config.yaml (only {', '.join(resumable)} may "
+                "change) or start a new run"
+            )
+    run.save_config(config)
+    return run, config
+
+
+def _flat_diff(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys where ``a`` and ``b`` differ; ``kwargs`` dicts count as one value."""
+    keys: list[str] = []
+    for k in sorted(set(a) | set(b)):
+        path = f"{prefix}{k}"
+        va, vb = a.get(k), b.get(k)
+        nested = isinstance(va, Mapping) and isinstance(vb, Mapping)
+        if nested and k not in ("kwargs", "eval_kwargs"):
+            keys += _flat_diff(va, vb, path + ".")
+        elif va != vb:
+            keys.append(path)
+    return keys
 
 
 class PhaseMetricsWriter:

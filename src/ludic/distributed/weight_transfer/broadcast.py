@@ -246,11 +246,7 @@ class BroadcastTransferSender(WeightTransferSender):
             raise _group_failure("sending", in_flight.where, e) from e
 
     def _start(self, tensor: torch.Tensor) -> torch.distributed.Work | None:
-        """Start broadcasting ``tensor``; empty tensors have nothing to move (both sides
-        skip them)."""
-        if tensor.numel() == 0:
-            return None
-        return broadcast_async(self.pg, tensor, self.src, timeout_s=self.timeout_s)
+        return start_payload(self.pg, tensor, self.src, self.timeout_s)
 
 
 @dataclass
@@ -373,11 +369,7 @@ class BroadcastTransferReceiver(WeightTransferReceiver):
         return dict(zip(request.names, tensors))
 
     def _start(self, tensor: torch.Tensor) -> torch.distributed.Work | None:
-        """Start broadcasting ``tensor``; empty tensors have nothing to move (both sides
-        skip them)."""
-        if tensor.numel() == 0:
-            return None
-        return broadcast_async(self.pg, tensor, self.src, timeout_s=self.timeout_s)
+        return start_payload(self.pg, tensor, self.src, self.timeout_s)
 
 
 def _describe_tensors(
@@ -395,6 +387,16 @@ def _describe_tensors(
         last=last,
         packed=n > 1 and total < n * PACK_BELOW_MEAN_BYTES,
     )
+
+
+def start_payload(
+    pg: ProcessGroup, tensor: torch.Tensor, src: int, timeout_s: float | None
+) -> torch.distributed.Work | None:
+    """Start broadcasting a payload ``tensor`` (sender and receivers alike); empty tensors
+    have nothing to move (both sides skip them)."""
+    if tensor.numel() == 0:
+        return None
+    return broadcast_async(pg, tensor, src, timeout_s=timeout_s)
 
 
 def check_request_describes(
