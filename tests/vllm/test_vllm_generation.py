@@ -102,41 +102,46 @@ def test_invalid_max_think_is_a_400(served):
 
 
 async def _until_generating(url: str, timeout_s: float = 30.0) -> None:
-    """Wait until the server reports a running request, then a little longer so it has
-    produced some tokens."""
+    """Return as soon as the server has produced a generated token (a busy CPU may delay
+    the start, a fast one must not be given time to finish)."""
     deadline = time.monotonic() + timeout_s
     async with httpx.AsyncClient(
         base_url=url, headers={"Authorization": f"Bearer {API_KEY}"}
     ) as http:
+        before = _generation_tokens((await http.get("/metrics")).text)
         while time.monotonic() < deadline:
-            text = (await http.get("/metrics")).text
-            running = [
-                float(line.rsplit(" ", 1)[1])
-                for line in text.splitlines()
-                if line.startswith("vllm:num_requests_running")
-            ]
-            if running and max(running) > 0:
-                await asyncio.sleep(0.3)
+            if _generation_tokens((await http.get("/metrics")).text) > before:
                 return
-            await asyncio.sleep(0.05)
-    raise TimeoutError("the long request never started running")
+            await asyncio.sleep(0.01)
+    raise TimeoutError("the long requests never started generating")
+
+
+def _generation_tokens(metrics: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("vllm:generation_tokens_total")
+    )
 
 
 def test_pause_aborts_in_flight_requests_and_resume_restores_service(served):
     control = served.client.control
+    max_tokens = 1024 - len(PROMPT)  # the tiny model's whole context: as long as can be
+    n_long = 8  # several at once, so each engine step is slower and the pause lands mid-way
 
     async def run():
         long = CompletionRequest(
             PROMPT,
             InferenceSpec(
-                sampling=SamplingSpec(temperature=1.0, max_tokens=900), extra={"ignore_eos": True}
+                sampling=SamplingSpec(temperature=1.0, max_tokens=max_tokens),
+                extra={"ignore_eos": True},
             ),
         )
-        in_flight = asyncio.create_task(served.client.complete(long))
-        await _until_generating(served.server.url)  # a busy CPU may delay the start
+        in_flight = [asyncio.create_task(served.client.complete(long)) for _ in range(n_long)]
+        await _until_generating(served.server.url)
         await asyncio.to_thread(control.pause)
         try:
-            aborted = await asyncio.wait_for(in_flight, timeout=30)
+            aborted = await asyncio.wait_for(asyncio.gather(*in_flight), timeout=30)
             assert (await asyncio.to_thread(control.get, "/is_paused"))["is_paused"]
             waiting = asyncio.create_task(served.client.complete(CompletionRequest(PROMPT)))
             await asyncio.sleep(1.0)
@@ -146,8 +151,9 @@ def test_pause_aborts_in_flight_requests_and_resume_restores_service(served):
         return aborted, await asyncio.wait_for(waiting, timeout=30)
 
     aborted, after = asyncio.run(run())
-    assert aborted.finish_reason == "abort"
-    assert 0 < len(aborted.trace.completion_token_ids) < 900
+    lengths = [len(r.trace.completion_token_ids) for r in aborted]
+    assert [r.finish_reason for r in aborted] == ["abort"] * n_long, lengths
+    assert all(n < max_tokens for n in lengths), lengths
     assert after.finish_reason in ("stop", "length")
     served.assert_parity()
 
