@@ -9,12 +9,14 @@ tensors and (ii) a few large ones, it times three ways of moving the same bytes:
   (a) ludic:  ModelWeightExtractor + BroadcastTransferSender (per chunk: JSON
               announcement, header + status handshake, one packed buffer or one
               broadcast per tensor); the worker runs BroadcastTransferReceiver.receive.
+              A steady-state sync: the layouts are known, chunks are announced by id.
+  (a1) ludic, first sync of the layout: planned afresh, announced in full.
   (b) naive:  per tensor, announce its metadata through the same queue, then broadcast it.
   (c) floor:  one broadcast of a flat buffer of the same total bytes, preallocated on
               both sides (what the link can do; nothing to describe or unpack).
 
 Each run ends when the worker's acknowledgement of the last byte arrives. Prints the
-median throughput of each and the ratios (a)/(c) and (a)/(b) from the same run.
+median throughput of each and the ratios (a)/(c), (a1)/(c) and (a)/(b) from the same run.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ludic.distributed.weight_transfer import (
     init_process_group,
 )
 from ludic.distributed.weight_transfer.groups import broadcast
+from ludic.distributed.weight_transfer.layout import SentLayouts
 
 HOST = "127.0.0.1"
 MIB = 2**20
@@ -94,10 +97,26 @@ class QueueControlPlane:
 
 # ------------------------------------------------------------------------------ methods
 def run_ludic(
-    sender: BroadcastTransferSender, control: QueueControlPlane, state: dict[str, torch.Tensor]
+    extractor: ModelWeightExtractor,
+    sender: BroadcastTransferSender,
+    control: QueueControlPlane,
+    state: dict[str, torch.Tensor],
 ) -> None:
-    sender.send(ModelWeightExtractor().extract_state_dict(state), control, version=1)
+    sender.send(extractor.extract_state_dict(state), control, version=1)
     control.wait_until_applied(600)
+
+
+def run_ludic_first_sync(
+    extractor: ModelWeightExtractor,
+    sender: BroadcastTransferSender,
+    control: QueueControlPlane,
+    state: dict[str, torch.Tensor],
+) -> None:
+    """(a1): as (a), but as the first sync of this layout: the extractor plans afresh and
+    every chunk is announced in full (the worker sees the same ids again and keeps them)."""
+    extractor.forget_plan()
+    sender.layouts = SentLayouts()
+    run_ludic(extractor, sender, control, state)
 
 
 def run_naive(pg, control: QueueControlPlane, state: dict[str, torch.Tensor]) -> None:
@@ -143,7 +162,10 @@ def main() -> None:
     proc.start()
     pg = init_process_group(master_addr=HOST, master_port=port, rank=0, world_size=2)
     control = QueueControlPlane(commands, acks)
-    sender = BroadcastTransferSender(pg)  # one per trainer: it keeps its pack buffers
+    # One of each per trainer, as BroadcastPolicyPublisher holds them: the sender keeps its
+    # pack buffers and the layouts the worker knows, the extractor its plan.
+    sender = BroadcastTransferSender(pg)
+    extractor = ModelWeightExtractor()
 
     models = {
         f"{args.small_tensors} small tensors": many_small_tensors(args.small_tensors),
@@ -153,32 +175,35 @@ def main() -> None:
     }
     print(
         f"gloo on {HOST}, 2 processes, {torch.get_num_threads()} torch threads; "
-        f"{args.repeats} rounds of (a), (b), (c) in turn after one warm-up round; medians"
+        f"{args.repeats} rounds of (a), (a1), (b), (c) in turn after one warm-up round; medians"
     )
     print(
-        f"{'model':<24}{'MB':>7}{'(a) ludic':>12}{'(b) naive':>12}{'(c) floor':>12}"
-        f"{'a/c':>7}{'a/c range':>12}{'a/b':>7}"
+        f"{'model':<24}{'MB':>7}{'(a) ludic':>12}{'(a1) 1st':>12}{'(b) naive':>12}"
+        f"{'(c) floor':>12}{'a/c':>7}{'a/c range':>12}{'a1/c':>7}{'a/b':>7}"
     )
     for label, state in models.items():
         nbytes = sum(t.numel() * t.element_size() for t in state.values())
         runs = {
-            "a": lambda s=state: run_ludic(sender, control, s),
+            "a": lambda s=state: run_ludic(extractor, sender, control, s),
+            "a1": lambda s=state: run_ludic_first_sync(extractor, sender, control, s),
             "b": lambda s=state: run_naive(pg, control, s),
             "c": make_floor(pg, control, nbytes),
         }
         for run in runs.values():
             run()  # warm-up: first-touch page faults, lazy allocations
         times: dict[str, list[float]] = {k: [] for k in runs}
-        for _ in range(args.repeats):  # interleaved, so drifting load hits all three
+        for _ in range(args.repeats):  # interleaved, so drifting load hits all of them
             for k, run in runs.items():
                 times[k].append(seconds(run))
         rate = {k: nbytes / statistics.median(v) / 1e6 for k, v in times.items()}  # MB/s
         a_over_c = [c / a for a, c in zip(times["a"], times["c"])]  # per round
+        a1_over_c = [c / a for a, c in zip(times["a1"], times["c"])]
         print(
             f"{label:<24}{nbytes / 1e6:>7.1f}"
-            + "".join(f"{rate[k]:>7.0f} MB/s" for k in "abc")
+            + "".join(f"{rate[k]:>7.0f} MB/s" for k in ("a", "a1", "b", "c"))
             + f"{statistics.median(a_over_c):>7.2f}"
             + f"{min(a_over_c):>6.2f}-{max(a_over_c):.2f}"
+            + f"{statistics.median(a1_over_c):>7.2f}"
             + f"{rate['a'] / rate['b']:>7.2f}"
         )
     commands.put(None)

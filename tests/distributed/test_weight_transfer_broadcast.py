@@ -265,6 +265,87 @@ def test_mismatched_announcement_fails_on_both_sides_and_the_group_stays_usable(
     assert_received_exactly(control.replies(), state)
 
 
+def test_later_syncs_announce_known_layouts_by_id_and_deliver_the_new_values(pool) -> None:
+    state = mixed_state_dict(torch.float32)
+    extractor = ModelWeightExtractor(chunk_bytes=16 * 1024)
+    sender = BroadcastTransferSender(pool.pg)
+    first = QueueControlPlane(pool)
+    sender.send(extractor.extract_state_dict(state), first, version=1)
+    assert_received_exactly(first.replies(), state)
+    assert all(a["names"] and a["layout"] for a in first.announced)  # in full, with ids
+
+    trained = {n: t + 1 if t.is_floating_point() else t.flip(0) for n, t in state.items()}
+    second = QueueControlPlane(pool)
+    sender.send(extractor.extract_state_dict(trained), second, version=2)
+    assert_received_exactly(second.replies(), trained)
+    assert [a["layout"] for a in second.announced] == [a["layout"] for a in first.announced]
+    assert all(a["names"] == [] for a in second.announced)  # by id only
+    assert len(json.dumps(second.announced)) < len(json.dumps(first.announced)) / 10
+
+    # A changed layout (one tensor resized) is announced in full again, under a new id.
+    resized = {**trained, "model.layers.0.attn.q_proj.bias": torch.randn(4)}
+    third = QueueControlPlane(pool)
+    sender.send(extractor.extract_state_dict(resized), third, version=3)
+    assert_received_exactly(third.replies(), resized)
+    assert third.announced[0]["names"] and third.announced[0]["layout"] not in {
+        a["layout"] for a in first.announced
+    }
+    assert all(a["names"] == [] for a in third.announced[1:])
+
+
+def test_a_reference_a_worker_does_not_know_is_rejected_and_nothing_moves(pool) -> None:
+    state = {"u.weight": torch.randn(3, 5), "u.bias": torch.randn(5)}
+    chunk = WeightChunk(names=list(state), tensors=list(state.values()))
+    sender = BroadcastTransferSender(pool.pg)
+    control = QueueControlPlane(pool)
+    sender.send([chunk], control, version=1)
+    assert_received_exactly(control.replies(), state)
+
+    def unknown_id_for_rank_2(rank: int, data: dict) -> dict:
+        if rank == 2:
+            data["layout"] = "0123456789abcdef"
+        return data
+
+    control = QueueControlPlane(pool, tamper=unknown_id_for_rank_2)
+    with pytest.raises(WeightTransferError, match="rejected the update.*layout id"):
+        sender.send([chunk], control, version=2)
+    [by_rank] = control.replies()
+    assert by_rank[2] == (
+        "error",
+        "WeightTransferError: weight update rejected: the control plane announced a reference "
+        "to layout 0123456789abcdef, which this worker was never announced (was it restarted "
+        "or its weight-sync group rebuilt without the trainer's?) but the trainer is sending "
+        + by_rank[2][1].split("but the trainer is sending ", 1)[1],
+    )
+    assert "rejected by another inference worker" in by_rank[1][1]
+
+    # Everyone is still in step, and the layout stays known: the next sync goes by id.
+    control = QueueControlPlane(pool)
+    sender.send([chunk], control, version=3)
+    assert_received_exactly(control.replies(), state)
+    assert control.announced[0]["names"] == []
+
+
+def test_a_rejected_full_announcement_is_sent_in_full_again(pool) -> None:
+    state = {"v.weight": torch.randn(2, 7), "v.bias": torch.randn(7)}
+    chunk = WeightChunk(names=list(state), tensors=list(state.values()))
+
+    def wrong_shape_for_rank_1(rank: int, data: dict) -> dict:
+        if rank == 1:
+            data["shapes"] = [[7, 2], [7]]
+        return data
+
+    sender = BroadcastTransferSender(pool.pg)
+    control = QueueControlPlane(pool, tamper=wrong_shape_for_rank_1)
+    with pytest.raises(WeightTransferError):
+        sender.send([chunk], control, version=1)
+    control.replies()
+    control = QueueControlPlane(pool)
+    sender.send([chunk], control, version=2)
+    assert_received_exactly(control.replies(), state)
+    assert control.announced[0]["names"] == list(state)  # not assumed known
+
+
 def test_sender_refuses_a_request_that_does_not_describe_its_chunk(pool) -> None:
     class LyingSender(BroadcastTransferSender):
         def create_request(self, chunk, *, version=None, last=False):

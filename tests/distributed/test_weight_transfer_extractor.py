@@ -68,6 +68,36 @@ def test_a_tensor_larger_than_chunk_bytes_is_a_chunk_of_its_own() -> None:
     assert all(c.total_size_bytes <= 1024 for c in chunks if len(c) > 1)
 
 
+def test_one_extractor_plans_a_layout_once_and_replans_when_it_changes() -> None:
+    extractor = ModelWeightExtractor(chunk_bytes=1024)
+    planned = 0
+    plan = extractor._plan
+
+    def counting_plan(state_dict):
+        nonlocal planned
+        planned += 1
+        return plan(state_dict)
+
+    extractor._plan = counting_plan
+    state = {"a.weight": f32(64), "a.bias": f32(64), "b.weight": f32(64), "c.weight": f32(64)}
+    first = list(extractor.extract_state_dict(state))
+    trained = {name: t + 1 for name, t in state.items()}  # new values, same layout
+    second = list(extractor.extract_state_dict(trained))
+    assert planned == 1
+    assert names_per_chunk(second) == names_per_chunk(first)
+    assert all(torch.equal(t, trained[n]) for c in second for n, t in zip(c.names, c.tensors))
+    second[0].names.append("scribbled")  # a caller's edit does not reach the cached plan
+
+    grown = {**state, "b.weight": f32(200)}  # a size changed: chunks change
+    assert names_per_chunk(list(extractor.extract_state_dict(grown))) == [
+        ["a.weight", "a.bias"], ["b.weight"], ["c.weight"]
+    ]  # fmt: skip
+    renamed = {"z.weight" if n == "c.weight" else n: t for n, t in state.items()}
+    assert names_per_chunk(list(extractor.extract_state_dict(renamed)))[-1][-1] == "z.weight"
+    assert planned == 3
+    assert names_per_chunk(list(extractor.extract_state_dict(state))) == names_per_chunk(first)
+
+
 def test_chunks_cover_every_tensor_once_in_state_dict_order() -> None:
     g = torch.Generator().manual_seed(0)
     state = {

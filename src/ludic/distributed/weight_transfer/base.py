@@ -141,6 +141,24 @@ class BroadcastWeightUpdateRequest(WeightUpdateRequest):
 
     kind: ClassVar[str] = "broadcast"
     packed: bool = True
+    layout: str | None = None
+    """The layout's id (see ``layout.py``): with ``names`` etc., workers remember the layout
+    under it; with no tensors listed, the request refers to a layout announced earlier over
+    the same group."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.layout is not None and not (
+            isinstance(self.layout, str)
+            and len(self.layout) == 16
+            and all(c in "0123456789abcdef" for c in self.layout)
+        ):
+            raise ValueError(f"layout={self.layout!r}; expected 16 lowercase hex digits or null")
+
+    @property
+    def is_reference(self) -> bool:
+        """Whether this names an earlier layout by id instead of listing the tensors."""
+        return self.layout is not None and not self.names
 
 
 @dataclass

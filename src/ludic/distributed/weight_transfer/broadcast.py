@@ -43,13 +43,19 @@ from ludic.distributed.weight_transfer.base import (
     WeightTransferReceiver,
     WeightTransferSender,
     WeightUpdateRequest,
-    dtype_from_name,
 )
 from ludic.distributed.weight_transfer.groups import (
     all_reduce_max,
     all_reduce_max_async,
     broadcast_async,
     wait,
+)
+from ludic.distributed.weight_transfer.layout import (
+    ChunkLayout,
+    KnownLayouts,
+    SentLayout,
+    SentLayouts,
+    chunk_signature,
 )
 from ludic.distributed.weight_transfer.packing import (
     ALIGN_BYTES,  # noqa: F401 (re-exported)
@@ -60,18 +66,14 @@ from ludic.distributed.weight_transfer.packing import (
     PROTOCOL_VERSION,  # noqa: F401 (re-exported)
     PackBuffers,
     ReceiveBuffers,
-    _aligned_offsets,
     _describe,
     _difference,
     _dtype_name,
-    _header,
     _nbytes,
     _on,
     _pack_into,
-    _packed_offsets,
     _unpack,
     as_bytes,
-    pieces,
     unpack_bytes,  # noqa: F401 (re-exported)
 )
 
@@ -111,12 +113,16 @@ class BroadcastTransferSender(WeightTransferSender):
         self.src = src
         # Two pack buffers: the next chunk is packed while the previous one moves.
         self._pack_buffers = PackBuffers(self.device)
+        # Layouts announced over this group; known ones travel by id (see layout.py).
+        self.layouts = SentLayouts()
 
     def create_request(
         self, chunk: WeightChunk, *, version: int | None = None, last: bool = False
     ) -> BroadcastWeightUpdateRequest:
-        """The request announcing ``chunk``; packed when it holds several small tensors."""
-        return _describe_tensors(chunk.names, chunk.tensors, version=version, last=last)
+        """The request announcing ``chunk`` in full; packed when it holds several small
+        tensors."""
+        layout = _layout_of(chunk.names, chunk.tensors)
+        return layout.request(version=version, last=last, by_reference=False, with_id=False)
 
     def send(
         self, chunks: Iterable[WeightChunk], control: ControlPlane, *, version: int | None
@@ -156,28 +162,34 @@ class BroadcastTransferSender(WeightTransferSender):
         self.pg.shutdown()
 
     def _prepare(self, chunk: WeightChunk, *, version: int | None, last: bool) -> _Outgoing:
-        """Request and header for ``chunk``, both built from the tensors that will move.
-        The announcement describes them by construction; a subclass's own
-        ``create_request`` is checked against them before anything is announced."""
+        """Request and header for ``chunk``, both from the layout of the tensors that will
+        move: the announcement describes them by construction. A layout the workers already
+        know is announced by id. A subclass's own ``create_request`` is checked against the
+        tensors before anything is announced (and announced as it is)."""
         if len(chunk) == 0:
             raise ValueError("refusing to send an empty WeightChunk")
         tensors = [_on(self.device, t) for t in chunk.tensors]
-        request = _describe_tensors(chunk.names, tensors, version=version, last=last)
+        entry: SentLayout | None = None
         if type(self).create_request is not BroadcastTransferSender.create_request:
-            described = request
+            actual = _layout_of(chunk.names, tensors)
             request = self.create_request(chunk, version=version, last=last)
-            check_request_describes(request, chunk.names, described.dtypes, described.shapes)
-        header = _header(
-            request.names,
-            request.dtypes,
-            request.shapes,
-            total_bytes=sum(_nbytes(t) for t in tensors),
-            packed=request.packed,
-            version=version,
-            last=last,
-        )
+            check_request_describes(request, chunk.names, actual.dtype_names, actual.shapes)
+            layout = ChunkLayout.of_request(request)
+        else:
+            signature = chunk_signature(chunk.names, tensors)
+            entry = self.layouts.get(signature)
+            if entry is None:
+                entry = self.layouts.add(signature, _layout_of(chunk.names, tensors))
+            layout = entry.layout if entry is not None else _layout_of(chunk.names, tensors)
+            request = layout.request(
+                version=version,
+                last=last,
+                by_reference=entry is not None and entry.known,
+                with_id=entry is not None,
+            )
+        header = layout.header(version=version, last=last).to(self.device)
         where = f"chunk of {len(chunk)} tensor(s) starting at {chunk.names[0]!r}"
-        return _Outgoing(request, tensors, header.to(self.device), where)
+        return _Outgoing(request, layout, tensors, header, where, entry)
 
     def _move(self, out: _Outgoing) -> _InFlight:
         """Handshake, then start the payload; returns the payload's pending works.
@@ -192,16 +204,16 @@ class BroadcastTransferSender(WeightTransferSender):
                 broadcast_async(self.pg, out.header, self.src, timeout_s=self.timeout_s),
                 all_reduce_max_async(self.pg, status, timeout_s=self.timeout_s),
             ]
-            if not out.request.packed:
+            layout = out.layout
+            if not layout.packed:
                 self._agreed(handshake, block=True)
                 return _InFlight([self._start(as_bytes(t)) for t in out.tensors], out.where)
-            sizes = [_nbytes(t) for t in out.tensors]
-            offsets = _packed_offsets(sizes)
-            buf = self._pack_buffers.take(offsets[-1] + sizes[-1])
+            buf = self._pack_buffers.take(layout.buffer_bytes)
             works: list[torch.distributed.Work | None] = []
             packed: list[torch.Tensor] = []  # packed, not yet started
-            for lo, hi in pieces(sizes):
-                piece = buf[offsets[lo] : offsets[hi - 1] + sizes[hi - 1]]
+            for lo, hi in layout.ranges:
+                start, end = layout.span(lo, hi)
+                piece = buf[start:end]
                 _pack_into(piece, out.tensors[lo:hi])
                 packed.append(piece)
                 if self._agreed(handshake, block=False):
@@ -229,10 +241,14 @@ class BroadcastTransferSender(WeightTransferSender):
             raise WeightTransferError(
                 "inference worker(s) rejected the update: announced metadata does not match "
                 f"the tensors sent ({handshake.out.where}; the control plane delivered a "
-                "request whose names/dtypes/shapes/version differ). Nothing was transferred; "
-                "the servers keep their current weights."
+                "request whose names/dtypes/shapes/version differ, or a layout id a worker "
+                "does not know; the worker's log says which). Nothing was transferred; the "
+                "servers keep their current weights."
             )
         handshake.agreed = True
+        out = handshake.out
+        if out.entry is not None and out.request.layout is not None:
+            out.entry.known = True  # every worker now holds it under its id
         return True
 
     def _finish(self, in_flight: _InFlight | None) -> None:
@@ -252,9 +268,11 @@ class BroadcastTransferSender(WeightTransferSender):
 @dataclass
 class _Outgoing:
     request: BroadcastWeightUpdateRequest
+    layout: ChunkLayout
     tensors: list[torch.Tensor]
     header: torch.Tensor
     where: str
+    entry: SentLayout | None  # the sender's cache entry for the layout, if tracked
 
 
 @dataclass
@@ -297,24 +315,21 @@ class BroadcastTransferReceiver(WeightTransferReceiver):
         self.timeout_s = timeout_s
         self.src = src
         self.buffers = ReceiveBuffers(self.device, keep=keep_buffers, max_bytes=max_kept_bytes)
+        self.layouts = KnownLayouts()  # layouts announced by id over this group
 
     def receive(self, request: WeightUpdateRequest) -> dict[str, torch.Tensor]:
         header = torch.zeros(len(HEADER_FIELDS), dtype=torch.int64, device=self.device)
+        layout, expected = None, None
+        problem = "a request this receiver cannot handle (not a broadcast request)"
         try:
-            # Describe what was announced while the trainer's header is on its way.
+            # Resolve what was announced while the trainer's header is on its way.
             incoming = broadcast_async(self.pg, header, self.src, timeout_s=self.timeout_s)
-            expected = None
             if isinstance(request, BroadcastWeightUpdateRequest):
-                sizes = request.sizes_bytes
-                expected = _header(
-                    request.names,
-                    request.dtypes,
-                    request.shapes,
-                    total_bytes=sum(sizes),
-                    packed=request.packed,
-                    version=request.version,
-                    last=request.last,
-                )
+                try:
+                    layout = self.layouts.resolve(request)
+                    expected = layout.header(version=request.version, last=request.last)
+                except ValueError as e:
+                    problem = str(e)
             wait(incoming, self.timeout_s)
             header = header.cpu()
             agrees = expected is not None and torch.equal(header, expected)
@@ -324,8 +339,9 @@ class BroadcastTransferReceiver(WeightTransferReceiver):
         except RuntimeError as e:
             raise _group_failure("waiting for the trainer's header", "announced update", e) from e
         if not agrees:
+            announced = problem if expected is None else _describe(expected)
             raise WeightTransferError(
-                f"weight update rejected: the control plane announced {_describe(expected)} "
+                f"weight update rejected: the control plane announced {announced} "
                 f"but the trainer is sending {_describe(header)}{_difference(expected, header)}. "
                 "Nothing was loaded; this server keeps its current weights."
             )
@@ -335,9 +351,10 @@ class BroadcastTransferReceiver(WeightTransferReceiver):
                 "does not match the tensors sent). Nothing was loaded; this server keeps its "
                 "current weights."
             )
-        assert isinstance(request, BroadcastWeightUpdateRequest)
+        assert isinstance(request, BroadcastWeightUpdateRequest) and layout is not None
+        self.layouts.remember(request, layout)
         try:
-            return self._receive_payload(request, sizes)
+            return self._receive_payload(layout)
         except RuntimeError as e:
             raise _group_failure("receiving", "announced update", e) from e
 
@@ -345,46 +362,32 @@ class BroadcastTransferReceiver(WeightTransferReceiver):
         self.buffers.clear()
         self.pg.shutdown()
 
-    def _receive_payload(
-        self, request: BroadcastWeightUpdateRequest, sizes: list[int]
-    ) -> dict[str, torch.Tensor]:
-        dtypes = [dtype_from_name(d) for d in request.dtypes]
-        offsets = _packed_offsets(sizes) if request.packed else _aligned_offsets(sizes)
-        buf = self.buffers.take(offsets[-1] + sizes[-1])
-        if request.packed:
-            ranges = pieces(sizes)
-            starts = [
-                self._start(buf[offsets[lo] : offsets[hi - 1] + sizes[hi - 1]]) for lo, hi in ranges
-            ]
-        else:
-            ranges = [(i, i + 1) for i in range(len(sizes))]
-            starts = [self._start(buf[o : o + s]) for o, s in zip(offsets, sizes)]
+    def _receive_payload(self, layout: ChunkLayout) -> dict[str, torch.Tensor]:
+        buf = self.buffers.take(layout.buffer_bytes)
+        starts = [self._start(buf[slice(*layout.span(lo, hi))]) for lo, hi in layout.ranges]
         tensors: list[torch.Tensor] = []
-        for (lo, hi), work in zip(ranges, starts):
+        for (lo, hi), work in zip(layout.ranges, starts):
             if work is not None:
                 wait(work, self.timeout_s)  # unpack what arrived while the rest moves
             tensors += _unpack(
-                buf, offsets[lo:hi], sizes[lo:hi], dtypes[lo:hi], request.shapes[lo:hi]
-            )
-        return dict(zip(request.names, tensors))
+                buf, layout.offsets[lo:hi], layout.sizes[lo:hi], layout.dtypes[lo:hi],
+                layout.shapes[lo:hi],
+            )  # fmt: skip
+        return dict(zip(layout.names, tensors))
 
     def _start(self, tensor: torch.Tensor) -> torch.distributed.Work | None:
         return start_payload(self.pg, tensor, self.src, self.timeout_s)
 
 
-def _describe_tensors(
-    names: Sequence[str], tensors: Sequence[torch.Tensor], *, version: int | None, last: bool
-) -> BroadcastWeightUpdateRequest:
-    """The broadcast request for ``tensors``: packed when there are several averaging
-    less than ``PACK_BELOW_MEAN_BYTES``."""
+def _layout_of(names: Sequence[str], tensors: Sequence[torch.Tensor]) -> ChunkLayout:
+    """The layout of a chunk of ``tensors``: packed when there are several averaging less
+    than ``PACK_BELOW_MEAN_BYTES``."""
     n = len(tensors)
     total = sum(_nbytes(t) for t in tensors)
-    return BroadcastWeightUpdateRequest(
-        names=list(names),
-        dtypes=[_dtype_name(t.dtype) for t in tensors],
-        shapes=[list(t.shape) for t in tensors],
-        version=version,
-        last=last,
+    return ChunkLayout.of(
+        names,
+        [_dtype_name(t.dtype) for t in tensors],
+        [list(t.shape) for t in tensors],
         packed=n > 1 and total < n * PACK_BELOW_MEAN_BYTES,
     )
 
