@@ -19,7 +19,10 @@ over the same group works. A peer that dies or stops answering makes the pending
 collective raise within the group timeout; the group is then unusable and must be rebuilt.
 
 The payload's byte layout (packed pieces or one broadcast per tensor, receive buffers and
-their reuse) lives in ``packing.py``.
+their reuse) lives in ``packing.py``. A chunk is announced in full the first time its
+layout crosses the group and by the layout's id afterwards (``layout.py``); the header is
+the same either way, so an id a worker does not know, or one naming another layout, fails
+the same vote.
 
 ``send`` pipelines chunks: chunk ``k+1`` is extracted, checked, announced and packed (into
 the second of two pack buffers) while chunk ``k``'s payload is still moving; within a chunk,
