@@ -38,6 +38,7 @@ from ludic.distributed.weight_transfer.broadcast import (
     unpack_bytes,
 )
 from ludic.distributed.weight_transfer.groups import all_reduce_max, broadcast
+from ludic.distributed.weight_transfer.layout import SentLayouts
 
 HOST = "127.0.0.1"
 ROOT = Path(__file__).resolve().parents[2]
@@ -291,6 +292,20 @@ def test_later_syncs_announce_known_layouts_by_id_and_deliver_the_new_values(poo
         a["layout"] for a in first.announced
     }
     assert all(a["names"] == [] for a in third.announced[1:])
+
+
+def test_past_its_capacity_a_sender_announces_new_layouts_in_full_without_an_id(pool) -> None:
+    state = {"p.weight": torch.randn(3, 3), "q.weight": torch.randn(2, 4)}
+    chunks = [WeightChunk(names=[name], tensors=[t]) for name, t in state.items()]
+    sender = BroadcastTransferSender(pool.pg)
+    sender.layouts = SentLayouts(capacity=1)
+    for version in (1, 2):
+        control = QueueControlPlane(pool)
+        sender.send(chunks, control, version=version)
+        assert_received_exactly(control.replies(), state)
+        first, second = control.announced
+        assert (first["names"] == []) == (version == 2) and first["layout"] is not None
+        assert second["names"] == ["q.weight"] and second["layout"] is None
 
 
 def test_a_reference_a_worker_does_not_know_is_rejected_and_nothing_moves(pool) -> None:

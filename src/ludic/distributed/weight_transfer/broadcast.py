@@ -182,8 +182,10 @@ class BroadcastTransferSender(WeightTransferSender):
             signature = chunk_signature(chunk.names, tensors)
             entry = self.layouts.get(signature)
             if entry is None:
-                entry = self.layouts.add(signature, _layout_of(chunk.names, tensors))
-            layout = entry.layout if entry is not None else _layout_of(chunk.names, tensors)
+                layout = _layout_of(chunk.names, tensors)
+                entry = self.layouts.add(signature, layout)  # None once it tracks its most
+            else:
+                layout = entry.layout
             request = layout.request(
                 version=version,
                 last=last,
