@@ -4,7 +4,9 @@
 
 This process is the trainer (rank 0); one spawned process is the inference worker
 (rank 1). The control plane is a multiprocessing queue. For two models, (i) many small
-tensors and (ii) a few large ones, it times three ways of moving the same bytes:
+tensors, (i') the same kept flat in one buffer (as ``TrainerConfig.flat_parameters`` keeps
+a model's parameters) and (ii) a few large ones, it times these ways of moving the same
+bytes:
 
   (a) ludic:  ModelWeightExtractor + BroadcastTransferSender (per chunk: JSON
               announcement, header + status handshake, one packed buffer or one
@@ -40,6 +42,7 @@ from ludic.distributed.weight_transfer import (
 )
 from ludic.distributed.weight_transfer.groups import broadcast
 from ludic.distributed.weight_transfer.layout import SentLayouts
+from ludic.training.flat_parameters import flatten_parameters
 
 HOST = "127.0.0.1"
 MIB = 2**20
@@ -53,6 +56,22 @@ def many_small_tensors(count: int) -> dict[str, torch.Tensor]:
         f"model.layers.{i // 8}.p{i % 8}.weight": torch.randn(int(n), generator=g)
         for i, n in enumerate(sizes)
     }
+
+
+def kept_flat(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The same tensors as the parameters of a module kept flat by ``flatten_parameters``
+    (``TrainerConfig.flat_parameters``): its state dict, views back to back in one buffer."""
+    root = torch.nn.Module()
+    for name, tensor in state.items():
+        *path, leaf = name.split(".")
+        module = root
+        for part in path:
+            if not hasattr(module, part):
+                module.add_module(part, torch.nn.Module())
+            module = getattr(module, part)
+        module.register_parameter(leaf, torch.nn.Parameter(tensor.clone()))
+    flatten_parameters(root)
+    return root.state_dict()
 
 
 def few_large_tensors(count: int, mib: int) -> dict[str, torch.Tensor]:
@@ -167,8 +186,10 @@ def main() -> None:
     sender = BroadcastTransferSender(pg)
     extractor = ModelWeightExtractor()
 
+    small = many_small_tensors(args.small_tensors)
     models = {
-        f"{args.small_tensors} small tensors": many_small_tensors(args.small_tensors),
+        f"{args.small_tensors} small tensors": small,
+        f"{args.small_tensors} small, kept flat": kept_flat(small),
         f"{args.large_tensors} x {args.large_mib} MiB tensors": few_large_tensors(
             args.large_tensors, args.large_mib
         ),

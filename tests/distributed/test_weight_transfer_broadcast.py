@@ -361,6 +361,31 @@ def test_a_rejected_full_announcement_is_sent_in_full_again(pool) -> None:
     assert control.announced[0]["names"] == list(state)  # not assumed known
 
 
+def flat_state_dict(sizes: list[int]) -> dict[str, torch.Tensor]:
+    """Views lying back to back in one buffer, as flatten_parameters leaves parameters."""
+    buf = torch.randn(sum(sizes))
+    views = buf.split(sizes)
+    return {f"flat.p{i}.weight": v for i, v in enumerate(views)}
+
+
+def test_tensors_back_to_back_in_memory_move_without_a_packing_copy(pool) -> None:
+    state = flat_state_dict([1000 + 37 * i for i in range(64)])
+    sender = BroadcastTransferSender(pool.pg)
+    control = QueueControlPlane(pool)
+    sender.send([WeightChunk(names=list(state), tensors=list(state.values()))], control, version=1)
+    assert_received_exactly(control.replies(), state)
+    assert control.announced[0]["packed"]
+    assert sender._pack_buffers._buffers == [None, None]  # nothing was copied
+
+    # One tensor elsewhere in memory: its piece is packed, the same bytes arrive.
+    mixed = dict(state)
+    mixed["flat.p5.weight"] = mixed["flat.p5.weight"].clone()
+    control = QueueControlPlane(pool)
+    sender.send([WeightChunk(names=list(mixed), tensors=list(mixed.values()))], control, version=2)
+    assert_received_exactly(control.replies(), mixed)
+    assert sender._pack_buffers._buffers != [None, None]
+
+
 def test_sender_refuses_a_request_that_does_not_describe_its_chunk(pool) -> None:
     class LyingSender(BroadcastTransferSender):
         def create_request(self, chunk, *, version=None, last=False):

@@ -15,7 +15,12 @@ from ludic.distributed.weight_transfer.layout import (
     SentLayouts,
     chunk_signature,
 )
-from ludic.distributed.weight_transfer.packing import ALIGN_BYTES, layout_checksum
+from ludic.distributed.weight_transfer.packing import (
+    ALIGN_BYTES,
+    as_bytes,
+    contiguous_bytes,
+    layout_checksum,
+)
 
 
 def layout(packed: bool = True, shapes=([2, 3], [5], [])) -> ChunkLayout:
@@ -115,3 +120,16 @@ def test_the_trainer_tracks_at_most_capacity_layouts_by_signature() -> None:
     entry = sent.add(sig, layout())
     assert sent.get(sig) is entry and not entry.known
     assert sent.add(("other",), layout()) is None and len(sent) == 1
+
+
+def test_contiguous_bytes_views_only_tensors_back_to_back_in_one_storage() -> None:
+    buf = torch.arange(12, dtype=torch.float32)
+    a, b, c = buf[2:5], buf[5:9].view(2, 2), buf[9:12]
+    run = contiguous_bytes([a, b, c])
+    assert run is not None and run.data_ptr() == a.data_ptr()
+    assert torch.equal(run, torch.cat([as_bytes(a), as_bytes(b), as_bytes(c)]))
+    assert contiguous_bytes([a, c]) is None  # a gap
+    assert contiguous_bytes([b, a]) is None  # out of order
+    assert contiguous_bytes([a, b.clone()]) is None  # another storage
+    assert contiguous_bytes([buf.view(3, 4).t()]) is None  # not contiguous
+    assert contiguous_bytes([buf[0:4].view(2, 2), buf[4:8].view(2, 2).t()]) is None

@@ -362,6 +362,7 @@ def rl_trainer_config(config: RunConfig, pad_token_id: int) -> TrainerConfig:
         pad_token_id=pad_token_id,
         max_lag=t.max_lag,
         publish_every=t.publish_every,
+        flat_parameters=t.flat_parameters,
         seed=config.seed,
         device=config.model.device,
         dtype=None if config.model.dtype == "float32" else config.model.dtype,

@@ -154,6 +154,9 @@ class TrainerSection(_Section):
     publish_every: int = Field(1, ge=1)
     """Push weights to the inference backend every N steps (version = step)."""
     max_lag: int | None = Field(None, ge=0)
+    flat_parameters: bool = False
+    """Keep the policy's parameters in one flat buffer per dtype, so weight syncs send
+    chunks of small tensors without a packing copy."""
     checkpoint_every: int = Field(25, ge=1)
     keep_last: int = Field(2, ge=1)
     """Checkpoints kept per phase."""

@@ -49,6 +49,10 @@ class TrainerConfig:
     publish_every: int = 1
     """Publish weights to the inference side every this many optimizer steps (with
     ``version = step``); 0 never publishes."""
+    flat_parameters: bool = False
+    """Keep the model's parameters back to back in one buffer per dtype
+    (:func:`ludic.training.flat_parameters.flatten_parameters`), so weight sync sends
+    chunks of small tensors without a packing copy."""
     seed: int = 0
     """Seeds python, numpy and torch RNGs when the Trainer is built."""
     device: str = "cpu"

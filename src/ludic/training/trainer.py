@@ -42,6 +42,7 @@ from ludic.training.checkpoint import (
 from ludic.training.collate import CollatedBatch, collate, split_microbatches
 from ludic.training.config import TrainerConfig
 from ludic.training.filters import SampleFilter
+from ludic.training.flat_parameters import flatten_parameters
 from ludic.training.loggers import MultiLogger, TrainingLogger
 from ludic.training.losses.base import LossInputs
 from ludic.training.optim import build_lr_scheduler, build_optimizer, clipped_optimizer_step
@@ -104,6 +105,8 @@ class Trainer:
         self.device = torch.device(config.device)
         _seed_everything(config.seed)
         self.model = model.to(self.device)
+        if config.flat_parameters:
+            flatten_parameters(self.model)
         self.algorithm = algorithm
         self.loss = algorithm.loss
         self.batch_source = batch_source

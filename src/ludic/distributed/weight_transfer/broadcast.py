@@ -26,7 +26,9 @@ the same vote.
 
 ``send`` pipelines chunks: chunk ``k+1`` is extracted, checked, announced and packed (into
 the second of two pack buffers) while chunk ``k``'s payload is still moving; within a chunk,
-packing overlaps the handshake, and packed pieces start moving once every worker agreed.
+packing overlaps the handshake, and packed pieces start moving once every worker agreed. A
+piece whose tensors already lie back to back in one storage (parameters kept flat by
+``ludic.training.flat_parameters``) is not copied: it moves from where it is.
 
 Nothing here unpickles anything: requests are JSON and the payload is raw bytes.
 """
@@ -77,6 +79,7 @@ from ludic.distributed.weight_transfer.packing import (
     _pack_into,
     _unpack,
     as_bytes,
+    contiguous_bytes,
     unpack_bytes,  # noqa: F401 (re-exported)
 )
 
@@ -213,13 +216,19 @@ class BroadcastTransferSender(WeightTransferSender):
             if not layout.packed:
                 self._agreed(handshake, block=True)
                 return _InFlight([self._start(as_bytes(t)) for t in out.tensors], out.where)
-            buf = self._pack_buffers.take(layout.buffer_bytes)
+            buf: torch.Tensor | None = None
             works: list[torch.distributed.Work | None] = []
             packed: list[torch.Tensor] = []  # packed, not yet started
             for lo, hi in layout.ranges:
-                start, end = layout.span(lo, hi)
-                piece = buf[start:end]
-                _pack_into(piece, out.tensors[lo:hi])
+                # Tensors already back to back in memory (flatten_parameters) move where
+                # they are; others are copied into the pack buffer.
+                piece = contiguous_bytes(out.tensors[lo:hi])
+                if piece is None:
+                    if buf is None:
+                        buf = self._pack_buffers.take(layout.buffer_bytes)
+                    start, end = layout.span(lo, hi)
+                    piece = buf[start:end]
+                    _pack_into(piece, out.tensors[lo:hi])
                 packed.append(piece)
                 if self._agreed(handshake, block=False):
                     works += [self._start(p) for p in packed]

@@ -138,6 +138,27 @@ def _pack_into(dst: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
         torch.cat([as_bytes(t) for t in tensors], out=dst)
 
 
+def contiguous_bytes(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """A flat uint8 view of ``tensors`` when they lie back to back, in order, in one
+    storage (e.g. parameters kept in one flat buffer); ``None`` otherwise. Such a piece
+    is exactly the bytes packing would produce, without the copy."""
+    first = tensors[0]
+    if not first.is_contiguous():
+        return None
+    storage = first.untyped_storage()
+    base = storage.data_ptr()
+    at = first.data_ptr()
+    for t in tensors:
+        if t.data_ptr() != at or t.untyped_storage().data_ptr() != base:
+            return None
+        if not t.is_contiguous():
+            return None
+        at += t.numel() * t.element_size()
+    start = first.data_ptr() - base
+    flat = torch.empty(0, dtype=torch.uint8, device=first.device).set_(storage)
+    return flat[start : start + (at - first.data_ptr())]
+
+
 def _unpack(
     buf: torch.Tensor,
     offsets: Sequence[int],
