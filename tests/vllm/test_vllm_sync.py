@@ -17,6 +17,7 @@ from ludic.distributed.weight_transfer import (  # noqa: E402
     WeightTransferError,
 )
 from ludic.inference.vllm_client import VLLMServerError  # noqa: E402
+from ludic.training.flat_parameters import flatten_parameters  # noqa: E402
 
 
 def perturb(module: torch.nn.Module, seed: int, scale: float = 0.05) -> None:
@@ -62,6 +63,44 @@ def test_syncing_one_module_updates_only_that_module(served):
     served.client.sync_weights(subset, version=version + 1)
     served.assert_parity()
     assert served.client.get_policy_version() == version + 1
+
+
+class RecordingControl:
+    """The client's control plane, recording every announced request as JSON."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.announced = inner, []
+
+    def announce(self, request) -> None:
+        self.announced.append(request.to_dict())
+        self.inner.announce(request)
+
+    def wait_until_applied(self, timeout_s: float) -> None:
+        self.inner.wait_until_applied(timeout_s)
+
+
+def test_flat_parameters_sync_and_later_syncs_announce_layouts_by_id(served):
+    """A mirror kept flat (flatten_parameters) syncs to parity; its second sync announces
+    every chunk by layout id only, over HTTP to the worker, and still matches."""
+    publisher = served.client.publisher
+    original_extractor, original_control = publisher.extractor, publisher.control
+    publisher.extractor = ModelWeightExtractor(chunk_bytes=200_000)
+    publisher.control = recording = RecordingControl(original_control)
+    try:
+        flatten_parameters(served.mirror)
+        version = served.client.get_policy_version()
+        for step in (1, 2):
+            perturb(served.mirror, seed=10 + step)
+            served.client.sync_weights(served.mirror.state_dict(), version=version + step)
+            served.assert_parity()
+        assert served.client.get_policy_version() == version + 2
+    finally:
+        publisher.extractor, publisher.control = original_extractor, original_control
+    half = len(recording.announced) // 2
+    first, second = recording.announced[:half], recording.announced[half:]
+    assert half > 3 and all(a["names"] and a["layout"] for a in first)
+    assert [a["layout"] for a in second] == [a["layout"] for a in first]
+    assert all(a["names"] == [] for a in second)
 
 
 def test_a_sync_split_into_many_chunks_matches(served):
