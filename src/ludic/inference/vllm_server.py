@@ -213,8 +213,8 @@ def make_control_router(
                 state.version = update.version if update.version is not None else state.version + 1
                 logger.info("weights updated: runtime version %d", state.version)
 
-        what = f"layout {update.layout}" if getattr(update, "is_reference", False) else None
-        what = what or f"{len(update.names)} tensors"
+        by_id = getattr(update, "is_reference", False)  # broadcast requests only
+        what = f"layout {update.layout}" if by_id else f"{len(update.names)} tensors"
         start_background(state, f"update_param_batch({what})", work)
         return {"status": "ok", "error_count": state.error_count}
 

@@ -143,15 +143,11 @@ def contiguous_bytes(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
     storage (e.g. parameters kept in one flat buffer); ``None`` otherwise. Such a piece
     is exactly the bytes packing would produce, without the copy."""
     first = tensors[0]
-    if not first.is_contiguous():
-        return None
     storage = first.untyped_storage()
     base = storage.data_ptr()
     at = first.data_ptr()
     for t in tensors:
-        if t.data_ptr() != at or t.untyped_storage().data_ptr() != base:
-            return None
-        if not t.is_contiguous():
+        if t.data_ptr() != at or t.untyped_storage().data_ptr() != base or not t.is_contiguous():
             return None
         at += t.numel() * t.element_size()
     start = first.data_ptr() - base
