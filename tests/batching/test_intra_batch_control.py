@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ludic.inference.request import InferenceSpec, SamplingSpec
-from ludic.training.batching.intra_batch_control import GRPORequestStrategy, RequestStrategy
+from ludic.rollouts.strategies import GRPORequestStrategy, RequestStrategy
 from ludic.training.types import EnvSpec, ProtocolSpec, RolloutRequest
 
 

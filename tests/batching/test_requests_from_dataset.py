@@ -7,8 +7,8 @@ import queue
 
 import pytest
 
+from ludic.rollouts.requests_from_dataset import make_requests_fn_from_queue
 from ludic.training.batching.offline import DataExhausted
-from ludic.training.batching.requests_from_dataset import make_requests_fn_from_queue
 from ludic.training.types import EnvSpec, ProtocolSpec, RolloutRequest
 
 

@@ -1,4 +1,4 @@
-"""RolloutEngine: concurrency, ordering, meta, errors, JSONL log, batches."""
+"""RolloutEngine: concurrency, ordering, meta, errors, JSONL log."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from ludic.inference.request import InferenceSpec, SamplingSpec
+from ludic.rollouts.engine import RolloutEngine, UnknownKindError
 from ludic.training.batching.offline import read_rollouts_jsonl
-from ludic.training.batching.rollout_engine import RolloutEngine, UnknownKindError
 from ludic.training.types import EnvSpec, ProtocolSpec, RolloutRequest
 from ludic.types import rollout_to_dict
 
@@ -123,29 +123,6 @@ def test_jsonl_log_writes_one_line_per_rollout_that_roundtrips(fakes, tmp_path):
     for r in rollouts:
         assert rollout_to_dict(by_id[r.id]) == rollout_to_dict(r)
         assert by_id[r.id].agent_steps[0].trace == r.agent_steps[0].trace
-
-
-def test_generate_batch_returns_items_with_reward_statistics(fakes):
-    engine = RolloutEngine(
-        {"fake": fakes.FakeEnv},
-        {"fake": fakes.FakeProtocol},
-    )
-    reqs = [
-        RolloutRequest(EnvSpec("fake", {"reward": 1.0}), ProtocolSpec("fake"), num_episodes=2),
-        RolloutRequest(
-            EnvSpec("fake", {"reward": 0.0}), ProtocolSpec("fake", {"parse_error": True})
-        ),
-    ]
-    batch = asyncio.run(engine.generate_batch(reqs, credit_assigner=fakes.TurnRewardCredit()))
-    assert [it.weight for it in batch.items] == [1.0, 1.0, 0.0]
-    assert batch.meta["num_rollouts"] == 3
-    assert batch.meta["total_rewards"] == [1.0, 1.0, 0.0]
-    assert batch.meta["reward_mean"] == pytest.approx(2 / 3)
-    assert (batch.meta["reward_min"], batch.meta["reward_max"]) == (0.0, 1.0)
-    assert batch.meta["length_mean"] == 1.0
-    assert batch.meta["terminated_frac"] == 1.0
-    assert batch.meta["truncated_frac"] == 0.0
-    assert batch.meta["parse_error_rate"] == pytest.approx(1 / 3)
 
 
 def test_constructor_rejects_nonpositive_concurrency_and_timeout(fakes):

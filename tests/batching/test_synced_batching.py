@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from ludic.training.batching.intra_batch_control import GRPORequestStrategy
-from ludic.training.batching.rollout_engine import RolloutEngine
+from ludic.rollouts.engine import RolloutEngine
+from ludic.rollouts.strategies import GRPORequestStrategy
 from ludic.training.batching.synced_batching import EmptyBatchError, RolloutBatchSource
 from ludic.training.types import BatchSource, EnvSpec, ProtocolSpec, RolloutRequest
 
@@ -103,3 +103,27 @@ def test_invalid_settings_are_rejected_at_construction(fakes):
         RolloutBatchSource(
             engine(fakes), CountingRequests(), fakes.TurnRewardCredit(), retokenize=True
         )
+
+
+def test_batch_carries_items_and_reward_statistics(fakes):
+    engine = RolloutEngine(
+        {"fake": fakes.FakeEnv},
+        {"fake": fakes.FakeProtocol},
+    )
+    reqs = [
+        RolloutRequest(EnvSpec("fake", {"reward": 1.0}), ProtocolSpec("fake"), num_episodes=2),
+        RolloutRequest(
+            EnvSpec("fake", {"reward": 0.0}), ProtocolSpec("fake", {"parse_error": True})
+        ),
+    ]
+    source = RolloutBatchSource(engine, lambda: reqs, fakes.TurnRewardCredit())
+    batch = asyncio.run(source.next_batch())
+    assert [it.weight for it in batch.items] == [1.0, 1.0, 0.0]
+    assert batch.meta["num_rollouts"] == 3
+    assert batch.meta["total_rewards"] == [1.0, 1.0, 0.0]
+    assert batch.meta["reward_mean"] == pytest.approx(2 / 3)
+    assert (batch.meta["reward_min"], batch.meta["reward_max"]) == (0.0, 1.0)
+    assert batch.meta["length_mean"] == 1.0
+    assert batch.meta["terminated_frac"] == 1.0
+    assert batch.meta["truncated_frac"] == 0.0
+    assert batch.meta["parse_error_rate"] == pytest.approx(1 / 3)

@@ -10,8 +10,8 @@ import pytest
 from ludic.envs.env import LudicEnv
 from ludic.eval import EngineEvaluator, Evaluator, eval_item, run_eval
 from ludic.inference.request import InferenceSpec
-from ludic.training.batching.rollout_engine import RolloutEngine
-from ludic.training.stats import Reducer
+from ludic.rollouts.engine import RolloutEngine
+from ludic.stats import Reducer
 from ludic.training.types import EnvSpec, ProtocolSpec, RolloutRequest
 from ludic.types import AgentStep, EnvironmentStep, Rollout, StepOutcome
 

@@ -161,7 +161,8 @@ def test_cli_refuses_publish_every_without_a_reward_server(tmp_path: Path, capsy
 
 
 def test_jsonl_data_and_a_missing_file(tmp_path: Path):
-    from ludic.training.preferences import synthetic_arithmetic_preferences, write_preferences_jsonl
+    from ludic.run.demos import synthetic_arithmetic_preferences
+    from ludic.training.reward_model.preferences import write_preferences_jsonl
 
     data = write_preferences_jsonl(synthetic_arithmetic_preferences(20), tmp_path / "p.jsonl")
     run_dir = train_reward_model(

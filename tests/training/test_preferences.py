@@ -1,4 +1,4 @@
-"""Pins ``ludic.training.preferences``: validated pairs, synthetic arithmetic pairs, JSONL
+"""Pins ``ludic.training.reward_model.preferences``: validated pairs, synthetic arithmetic pairs, JSONL
 files and the held-out split."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from ludic.training.preferences import (
+from ludic.run.demos import synthetic_arithmetic_preferences
+from ludic.training.reward_model.preferences import (
     PreferencePair,
     read_preferences_jsonl,
     split_preferences,
-    synthetic_arithmetic_preferences,
     write_preferences_jsonl,
 )
 

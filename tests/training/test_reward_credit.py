@@ -32,9 +32,9 @@ from ludic.inference.transformers_reward_client import TransformersRewardClient
 from ludic.interaction import SingleAgentProtocol
 from ludic.models.tiny import build_tiny_causal_lm, build_tiny_reward_model
 from ludic.parsers import ParseResult
+from ludic.rollouts.engine import RolloutEngine
+from ludic.rollouts.strategies import GRPORequestStrategy
 from ludic.training.algorithm import RLAlgorithm, make_reinforce, make_reward_rl
-from ludic.training.batching.intra_batch_control import GRPORequestStrategy
-from ludic.training.batching.rollout_engine import RolloutEngine
 from ludic.training.batching.synced_batching import RolloutBatchSource
 from ludic.training.config import TrainerConfig
 from ludic.training.credit_assignment import GroupNormalizedReturn
@@ -501,15 +501,13 @@ def test_hooks_run_again_on_every_regenerated_batch():
     assert calls == [2, 2] and batch.meta["attempts"] == 2
 
 
-def test_generate_batch_runs_hooks_before_credit():
+def test_batch_source_runs_hooks_before_credit():
     async def hook(rollouts: list[Rollout]) -> None:
         for r in rollouts:
             r.meta["mark"] = -0.5
 
-    engine = fake_engine()
-    batch = asyncio.run(
-        engine.generate_batch(_requests(3)(), credit_assigner=MetaCredit(), rollout_hooks=[hook])
-    )
+    source = RolloutBatchSource(fake_engine(), _requests(3), MetaCredit(), rollout_hooks=[hook])
+    batch = asyncio.run(source.next_batch())
     assert [item.weight for item in batch.items] == [-0.5] * 3
 
 

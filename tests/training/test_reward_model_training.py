@@ -14,9 +14,10 @@ from ludic.distributed.reward_publisher import (
     reward_sync_params,
 )
 from ludic.models.tiny import build_tiny_causal_lm, build_tiny_reward_model
+from ludic.run.demos import synthetic_arithmetic_preferences
 from ludic.training.checkpoint import CheckpointConfig
-from ludic.training.preferences import PreferencePair, synthetic_arithmetic_preferences
-from ludic.training.reward_model_training import (
+from ludic.training.reward_model.preferences import PreferencePair
+from ludic.training.reward_model.trainer import (
     LoraSettings,
     PreferenceTrainer,
     PreferenceTrainerConfig,

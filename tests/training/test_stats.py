@@ -1,4 +1,4 @@
-"""Reducer / aggregate_stats (ludic.training.stats)."""
+"""Reducer / aggregate_stats (ludic.stats)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ludic.training.stats import Reducer, StatsPathError, aggregate_stats, lookup
+from ludic.stats import Reducer, StatsPathError, aggregate_stats, lookup
 
 
 @dataclass

@@ -13,13 +13,13 @@ import torch
 
 from ludic.distributed.publisher import InMemoryPublisher
 from ludic.models.tiny import build_tiny_causal_lm
+from ludic.stats import Reducer
 from ludic.training.checkpoint import CheckpointConfig
 from ludic.training.collate import split_microbatches
 from ludic.training.config import TrainerConfig
 from ludic.training.filters import drop_truncated
 from ludic.training.loggers import JsonlLogger
 from ludic.training.losses.base import LossInputs, LossOutput
-from ludic.training.stats import Reducer
 from ludic.training.trainer import EmptyBatchError, NonFiniteError, StepTotals, Trainer
 from ludic.training.types import DataExhausted, SAWBatch, SAWItem
 

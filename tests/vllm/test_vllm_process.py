@@ -19,8 +19,8 @@ from tests.vllm.helpers import assert_all_gone  # noqa: E402
 
 from ludic.distributed.weight_transfer import ModelWeightExtractor  # noqa: E402
 from ludic.inference.request import CompletionRequest  # noqa: E402
-from ludic.inference.vllm_client import VLLMChatClient  # noqa: E402
-from ludic.inference.vllm_utils import (  # noqa: E402
+from ludic.inference.vllm.client import VLLMChatClient  # noqa: E402
+from ludic.inference.vllm.process import (  # noqa: E402
     find_free_port,
     start_vllm_server,
     wait_for_vllm_health,

@@ -16,7 +16,7 @@ from ludic.distributed.weight_transfer import (  # noqa: E402
     ModelWeightExtractor,
     WeightTransferError,
 )
-from ludic.inference.vllm_client import VLLMServerError  # noqa: E402
+from ludic.inference.vllm.client import VLLMServerError  # noqa: E402
 from ludic.training.flat_parameters import flatten_parameters  # noqa: E402
 
 
@@ -199,7 +199,7 @@ def test_update_param_batch_rejects_malformed_requests(served):
 
 def test_after_close_a_new_trainer_can_form_a_new_group(served):
     """Runs last in this module: it replaces the session client."""
-    from ludic.inference.vllm_client import VLLMChatClient
+    from ludic.inference.vllm.client import VLLMChatClient
 
     old = served.client
     old.close()  # leaves the group; the server closes its side too

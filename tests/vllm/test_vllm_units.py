@@ -11,14 +11,14 @@ pytest.importorskip("vllm", reason="vLLM is not installed")
 
 import torch  # noqa: E402
 
-from ludic.inference.logits_processors import _MaxThink  # noqa: E402
-from ludic.inference.vllm_client import (  # noqa: E402
+from ludic.inference.vllm.client import (  # noqa: E402
     VLLMServerError,
     _finish_reason,
     _Retrying,
 )
-from ludic.inference.vllm_utils import CPU_DEFAULT_ARGS, _missing_defaults  # noqa: E402
-from ludic.inference.vllm_worker import check_update  # noqa: E402
+from ludic.inference.vllm.logits_processors import _MaxThink  # noqa: E402
+from ludic.inference.vllm.process import CPU_DEFAULT_ARGS, _missing_defaults  # noqa: E402
+from ludic.inference.vllm.worker import check_update  # noqa: E402
 
 QWEN2_PACKED = {
     "qkv_proj": ["q_proj", "k_proj", "v_proj"],

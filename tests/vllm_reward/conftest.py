@@ -30,7 +30,7 @@ def served_reward(tmp_path_factory: pytest.TempPathFactory):
     from tests.vllm.helpers import assert_all_gone
     from transformers import AutoModelForSequenceClassification
 
-    from ludic.inference.vllm_utils import start_vllm_server
+    from ludic.inference.vllm.process import start_vllm_server
     from ludic.models.tiny import build_tiny_tokenizer, save_tiny_reward_model
 
     root = tmp_path_factory.mktemp("vllm_reward")

@@ -19,10 +19,10 @@ from tests.vllm_reward.helpers import API_KEY, MAX_ABS_SCORE_DIFF, max_abs_diff 
 
 from ludic.distributed.reward_publisher import create_reward_publisher  # noqa: E402
 from ludic.inference.reward_client import ScoringRequest, format_reward_input  # noqa: E402
-from ludic.inference.vllm_http import VLLMServerError  # noqa: E402
-from ludic.inference.vllm_reward_client import VLLMRewardClient  # noqa: E402
-from ludic.training.preferences import synthetic_arithmetic_preferences  # noqa: E402
-from ludic.training.reward_model_training import (  # noqa: E402
+from ludic.inference.vllm.http import VLLMServerError  # noqa: E402
+from ludic.inference.vllm.reward_client import VLLMRewardClient  # noqa: E402
+from ludic.run.demos import synthetic_arithmetic_preferences  # noqa: E402
+from ludic.training.reward_model.trainer import (  # noqa: E402
     LoraSettings,
     PreferenceTrainer,
     PreferenceTrainerConfig,

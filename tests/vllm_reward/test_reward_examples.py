@@ -17,7 +17,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed")
 
 from tests.vllm_reward.helpers import API_KEY, MAX_ABS_SCORE_DIFF, max_abs_diff  # noqa: E402
 
-from ludic.inference.vllm_reward_client import VLLMRewardClient  # noqa: E402
+from ludic.inference.vllm.reward_client import VLLMRewardClient  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "reward_model" / "rlhf_cold_start.py"
 

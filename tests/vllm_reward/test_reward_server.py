@@ -14,7 +14,7 @@ import httpx  # noqa: E402
 import torch  # noqa: E402
 from tests.vllm_reward.helpers import AUTH, MAX_ABS_SCORE_DIFF, max_abs_diff  # noqa: E402
 
-from ludic.inference.vllm_utils import wait_for_vllm_health  # noqa: E402
+from ludic.inference.vllm.process import wait_for_vllm_health  # noqa: E402
 
 TEXTS = [
     "a",

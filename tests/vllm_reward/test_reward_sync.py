@@ -15,7 +15,7 @@ import httpx  # noqa: E402
 import torch  # noqa: E402
 from tests.vllm_reward.helpers import API_KEY, MAX_ABS_SCORE_DIFF, max_abs_diff  # noqa: E402
 
-from ludic.inference.vllm_reward_client import VLLMRewardClient  # noqa: E402
+from ludic.inference.vllm.reward_client import VLLMRewardClient  # noqa: E402
 
 TEXTS = ["a", "Is 2 + 3 = 5? Yes.", "The quick brown fox jumps over the lazy dog. " * 4]
 

@@ -12,15 +12,15 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed")
 
-from ludic.inference.vllm_reward_server import (  # noqa: E402
+from ludic.inference.vllm.process import start_vllm_server  # noqa: E402
+from ludic.inference.vllm.reward_server import (  # noqa: E402
     ScoreBody,
     ScoreBodyError,
     check_reward_model,
     force_pooling_runner,
     parse_score_body,
 )
-from ludic.inference.vllm_server import ControlState, make_control_router  # noqa: E402
-from ludic.inference.vllm_utils import start_vllm_server  # noqa: E402
+from ludic.inference.vllm.server import ControlState, make_control_router  # noqa: E402
 
 
 def _parse(body: dict) -> ScoreBody:

@@ -14,7 +14,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed")
 import torch  # noqa: E402
 from tests.vllm_reward.helpers import API_KEY, MAX_ABS_SCORE_DIFF, max_abs_diff  # noqa: E402
 
-from ludic.inference.vllm_reward_client import VLLMRewardClient  # noqa: E402
+from ludic.inference.vllm.reward_client import VLLMRewardClient  # noqa: E402
 
 TEXTS = ["2+2=\n4", "2+2=\n5"]
 

@@ -1,9 +1,16 @@
 """Agents: an LLM with state (client + context strategy + parser + chat template), plus
 tool-calling and ReAct variants."""
 
-from ludic.agents.base_agent import Agent
-from ludic.agents.react_agent import ReActAgent
-from ludic.agents.tool_agent import ToolAgent
-from ludic.agents.tools import Tool, tool_schema
+from __future__ import annotations
 
-__all__ = ["Agent", "ReActAgent", "Tool", "ToolAgent", "tool_schema"]
+from ludic._lazy import lazy_exports
+
+_EXPORTS: dict[str, str] = {
+    "Agent": "ludic.agents.base_agent",
+    "ReActAgent": "ludic.agents.react_agent",
+    "ToolAgent": "ludic.agents.tool_agent",
+    "Tool": "ludic.agents.tools",
+    "tool_schema": "ludic.agents.tools",
+}
+
+__getattr__, __all__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -1,7 +1,14 @@
 """Context strategies: how an agent's history becomes its next prompt."""
 
-from ludic.context.base import ContextStrategy
-from ludic.context.full_dialog import FullDialog
-from ludic.context.truncated_thinking import TruncatedThinkingContext, truncate_thinking
+from __future__ import annotations
 
-__all__ = ["ContextStrategy", "FullDialog", "TruncatedThinkingContext", "truncate_thinking"]
+from ludic._lazy import lazy_exports
+
+_EXPORTS: dict[str, str] = {
+    "ContextStrategy": "ludic.context.base",
+    "FullDialog": "ludic.context.full_dialog",
+    "TruncatedThinkingContext": "ludic.context.truncated_thinking",
+    "truncate_thinking": "ludic.context.truncated_thinking",
+}
+
+__getattr__, __all__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -1,28 +1,22 @@
 """Environments: the multi-agent kernel, the single-agent convenience layer and ready envs."""
 
-from ludic.envs.arithmetic import ArithmeticQAEnv, make_arithmetic_samples
-from ludic.envs.dataset_qa_env import (
-    DatasetQAEnv,
-    Verifier,
-    exact_match,
-    numeric_match,
-    parse_number,
-)
-from ludic.envs.env import LudicEnv
-from ludic.envs.single_agent_env import SingleAgentEnv
-from ludic.envs.tic_tac_toe import TicTacToeEnv, TicTacToeRewards, TicTacToeTwoPlayerEnv
+from __future__ import annotations
 
-__all__ = [
-    "ArithmeticQAEnv",
-    "DatasetQAEnv",
-    "LudicEnv",
-    "SingleAgentEnv",
-    "TicTacToeEnv",
-    "TicTacToeRewards",
-    "TicTacToeTwoPlayerEnv",
-    "Verifier",
-    "exact_match",
-    "make_arithmetic_samples",
-    "numeric_match",
-    "parse_number",
-]
+from ludic._lazy import lazy_exports
+
+_EXPORTS: dict[str, str] = {
+    "ArithmeticQAEnv": "ludic.envs.arithmetic",
+    "make_arithmetic_samples": "ludic.envs.arithmetic",
+    "DatasetQAEnv": "ludic.envs.dataset_qa_env",
+    "Verifier": "ludic.envs.dataset_qa_env",
+    "exact_match": "ludic.envs.dataset_qa_env",
+    "numeric_match": "ludic.envs.dataset_qa_env",
+    "parse_number": "ludic.envs.dataset_qa_env",
+    "LudicEnv": "ludic.envs.env",
+    "SingleAgentEnv": "ludic.envs.single_agent_env",
+    "TicTacToeEnv": "ludic.envs.tic_tac_toe",
+    "TicTacToeRewards": "ludic.envs.tic_tac_toe",
+    "TicTacToeTwoPlayerEnv": "ludic.envs.tic_tac_toe",
+}
+
+__getattr__, __all__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ludic.training.batching.rollout_engine import RolloutEngine
-from ludic.training.batching.saw import parse_error_rate
-from ludic.training.stats import Reducer, aggregate_stats
-from ludic.training.types import RolloutRequest
+from ludic.rollouts.engine import RolloutEngine
+from ludic.rollouts.requests import RolloutRequest
+from ludic.rollouts.summary import parse_error_rate
+from ludic.stats import Reducer, aggregate_stats
 from ludic.types import Rollout
 
 

@@ -6,9 +6,9 @@ from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from ludic.eval.core import run_eval
-from ludic.training.batching.rollout_engine import RolloutEngine
-from ludic.training.stats import Reducer
-from ludic.training.types import RolloutRequest
+from ludic.rollouts.engine import RolloutEngine
+from ludic.rollouts.requests import RolloutRequest
+from ludic.stats import Reducer
 from ludic.types import Rollout
 
 

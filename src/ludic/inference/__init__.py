@@ -1,40 +1,30 @@
 """Inference contracts (``ChatClient``, ``RewardModelClient``), request data, chat templates and tool-call parsing."""
 
-from ludic.inference.chat_template import ChatTemplate, HFChatTemplate
-from ludic.inference.client import ChatClient
-from ludic.inference.request import CompletionRequest, InferenceSpec, ReturnSpec, SamplingSpec
-from ludic.inference.reward_client import (
-    RewardModelClient,
-    RewardModelTrainingMode,
-    ScoringRequest,
-    ScoringResponse,
-    format_reward_input,
-)
-from ludic.inference.sampling import to_openai_params
-from ludic.inference.scripted_client import ScriptedChatClient, ScriptExhaustedError
-from ludic.inference.tool_parser import ToolCallParse, ToolCallParser, XMLJsonToolCallParser
-from ludic.inference.transformers_client import TransformersChatClient
-from ludic.inference.transformers_reward_client import TransformersRewardClient
+from __future__ import annotations
 
-__all__ = [
-    "TransformersChatClient",
-    "TransformersRewardClient",
-    "RewardModelClient",
-    "RewardModelTrainingMode",
-    "ScoringRequest",
-    "ScoringResponse",
-    "format_reward_input",
-    "ChatClient",
-    "ChatTemplate",
-    "CompletionRequest",
-    "HFChatTemplate",
-    "InferenceSpec",
-    "ReturnSpec",
-    "SamplingSpec",
-    "ScriptExhaustedError",
-    "ScriptedChatClient",
-    "ToolCallParse",
-    "ToolCallParser",
-    "XMLJsonToolCallParser",
-    "to_openai_params",
-]
+from ludic._lazy import lazy_exports
+
+_EXPORTS: dict[str, str] = {
+    "ChatTemplate": "ludic.inference.chat_template",
+    "HFChatTemplate": "ludic.inference.chat_template",
+    "ChatClient": "ludic.inference.client",
+    "CompletionRequest": "ludic.inference.request",
+    "InferenceSpec": "ludic.inference.request",
+    "ReturnSpec": "ludic.inference.request",
+    "SamplingSpec": "ludic.inference.request",
+    "RewardModelClient": "ludic.inference.reward_client",
+    "RewardModelTrainingMode": "ludic.inference.reward_client",
+    "ScoringRequest": "ludic.inference.reward_client",
+    "ScoringResponse": "ludic.inference.reward_client",
+    "format_reward_input": "ludic.inference.reward_client",
+    "to_openai_params": "ludic.inference.sampling",
+    "ScriptedChatClient": "ludic.inference.scripted_client",
+    "ScriptExhaustedError": "ludic.inference.scripted_client",
+    "ToolCallParse": "ludic.inference.tool_parser",
+    "ToolCallParser": "ludic.inference.tool_parser",
+    "XMLJsonToolCallParser": "ludic.inference.tool_parser",
+    "TransformersChatClient": "ludic.inference.transformers_client",
+    "TransformersRewardClient": "ludic.inference.transformers_reward_client",
+}
+
+__getattr__, __all__ = lazy_exports(__name__, globals(), _EXPORTS)

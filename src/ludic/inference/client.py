@@ -8,12 +8,13 @@ training never re-tokenizes (no drift between what was sampled and what is train
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol, runtime_checkable
-
-import torch
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ludic.inference.request import CompletionRequest
 from ludic.types import ChatResponse
+
+if TYPE_CHECKING:
+    import torch
 
 
 @runtime_checkable

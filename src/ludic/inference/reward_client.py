@@ -6,7 +6,7 @@ A reward model here is a sequence classifier with one label: an LLM backbone plu
 ``normalize=True`` a server applies the model's activation (a sigmoid for one label) and
 returns ``sigmoid(s)``.
 
-Implementations: :class:`ludic.inference.vllm_reward_client.VLLMRewardClient` (a vLLM
+Implementations: :class:`ludic.inference.vllm.reward_client.VLLMRewardClient` (a vLLM
 reward server, ``ludic serve reward``) and
 :class:`ludic.inference.transformers_reward_client.TransformersRewardClient` (in process).
 """
@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+
+from ludic.distributed.reward_weights import RewardModelTrainingMode
 
 POOLING_TYPES = ("last", "mean", "cls", "step")
 """Pooling names as in vLLM's pooler config (lower case). A server pools one way, set
@@ -30,34 +31,6 @@ def format_reward_input(prompt: str, response: str) -> str:
     newline, ``response``. Preference training and RL scoring both use it by default, so
     the model is scored on the same layout it was trained on."""
     return f"{prompt}\n{response}"
-
-
-class RewardModelTrainingMode(Enum):
-    """What of a reward model is trained, and therefore what a weight sync carries.
-
-    * ``HEAD_ONLY``: the backbone is frozen, only the linear head trains; a sync carries
-      the head's tensors only (``score.weight``, ``score.bias`` if present).
-    * ``LORA``: peft LoRA adapters on the backbone plus the head train; a sync carries the
-      merged weights (``W + B A * scaling``) of the whole model, under base-model names.
-    * ``FULL``: everything trains; a sync carries the whole model.
-    """
-
-    HEAD_ONLY = "head_only"
-    LORA = "lora"
-    FULL = "full"
-
-    @classmethod
-    def parse(cls, value: RewardModelTrainingMode | str) -> RewardModelTrainingMode:
-        """``value`` as a mode; raises ``ValueError`` listing the valid names."""
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(str(value).lower())
-        except ValueError:
-            valid = ", ".join(m.value for m in cls)
-            raise ValueError(
-                f"unknown reward-model training mode {value!r}; expected {valid}"
-            ) from None
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ludic.distributed.reward_weights import reward_sync_params
 from ludic.inference.reward_client import (
     RewardModelTrainingMode,
     ScoringRequest,
@@ -122,16 +123,13 @@ class TransformersRewardClient:
         """Copy ``params`` into the model in place.
 
         ``params`` are first normalized and checked for ``training_mode`` by
-        :func:`~ludic.distributed.reward_publisher.reward_sync_params`; then every name
+        :func:`~ludic.distributed.reward_weights.reward_sync_params`; then every name
         must be a model tensor of the same shape. Any failure raises before a single
         tensor is copied. ``version``: the new version (``None``: current + 1).
         ``timeout_s``: how long to wait for a running forward to release the model
         (``None``: no limit); ``TimeoutError`` past it, nothing changed.
         """
         mode = RewardModelTrainingMode.parse(training_mode)
-        # imported here: ludic.distributed imports ludic.inference (no cycle at import time)
-        from ludic.distributed.reward_publisher import reward_sync_params
-
         tensors = reward_sync_params(params, mode)
         own = self.model.state_dict(keep_vars=True)
         unknown = sorted(n for n in tensors if n not in own)

@@ -1,29 +1,23 @@
 """Interaction protocols: own the agent <-> environment loop and produce rollouts."""
 
-from ludic.interaction.base import (
-    ActingAgent,
-    ExternalToolHandler,
-    ExternalToolResult,
-    InteractionProtocol,
-)
-from ludic.interaction.delegation import TaskEnv, final_answer, make_delegation_handler
-from ludic.interaction.info import PROTOCOL_META_KEYS, RESERVED_STEP_INFO_KEYS, merge_step_info
-from ludic.interaction.multi_agent import MultiAgentProtocol
-from ludic.interaction.single_agent import SingleAgentProtocol
-from ludic.interaction.step_collector import TraceCollector
+from __future__ import annotations
 
-__all__ = [
-    "PROTOCOL_META_KEYS",
-    "RESERVED_STEP_INFO_KEYS",
-    "ActingAgent",
-    "ExternalToolHandler",
-    "ExternalToolResult",
-    "InteractionProtocol",
-    "MultiAgentProtocol",
-    "SingleAgentProtocol",
-    "TaskEnv",
-    "TraceCollector",
-    "final_answer",
-    "make_delegation_handler",
-    "merge_step_info",
-]
+from ludic._lazy import lazy_exports
+
+_EXPORTS: dict[str, str] = {
+    "ActingAgent": "ludic.interaction.base",
+    "ExternalToolHandler": "ludic.interaction.base",
+    "ExternalToolResult": "ludic.interaction.base",
+    "InteractionProtocol": "ludic.interaction.base",
+    "TaskEnv": "ludic.interaction.delegation",
+    "final_answer": "ludic.interaction.delegation",
+    "make_delegation_handler": "ludic.interaction.delegation",
+    "PROTOCOL_META_KEYS": "ludic.interaction.info",
+    "RESERVED_STEP_INFO_KEYS": "ludic.interaction.info",
+    "merge_step_info": "ludic.interaction.info",
+    "MultiAgentProtocol": "ludic.interaction.multi_agent",
+    "SingleAgentProtocol": "ludic.interaction.single_agent",
+    "TraceCollector": "ludic.interaction.step_collector",
+}
+
+__getattr__, __all__ = lazy_exports(__name__, globals(), _EXPORTS)

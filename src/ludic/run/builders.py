@@ -150,7 +150,7 @@ def inference_backend(
 
 def _vllm_backend(config: RunConfig, *, model_dir: Path, log_dir: Path) -> Iterator[ChatClient]:
     try:
-        from ludic.inference.vllm_client import VLLMChatClient
+        from ludic.inference.vllm.client import VLLMChatClient
     except ImportError as e:
         raise RunError(_NEEDS_VLLM.format(field="inference.backend=vllm", error=e)) from None
     with vllm_server_client(
@@ -188,7 +188,7 @@ def vllm_server_client(
     ``v.start_server`` is false; everything started is stopped on exit. ``field`` names
     the config section in errors."""
     try:
-        from ludic.inference.vllm_utils import start_vllm_server
+        from ludic.inference.vllm.process import start_vllm_server
     except ImportError as e:
         raise RunError(_NEEDS_VLLM.format(field=field, error=e)) from None
     with contextlib.ExitStack() as stack:
@@ -233,7 +233,7 @@ def reward_backend(config: RunConfig, *, log_dir: Path) -> Iterator[Any]:
         return
     if reward.backend == "vllm":
         try:
-            from ludic.inference.vllm_reward_client import VLLMRewardClient
+            from ludic.inference.vllm.reward_client import VLLMRewardClient
         except ImportError as e:
             raise RunError(_NEEDS_VLLM.format(field="reward.backend=vllm", error=e)) from None
         with vllm_server_client(

@@ -179,7 +179,7 @@ class LoggingConfig(_Section):
 
 
 class SyntheticPreferencesConfig(_Section):
-    """Preference pairs over arithmetic problems (``ludic.training.preferences.
+    """Preference pairs over arithmetic problems (``ludic.training.reward_model.preferences.
     synthetic_arithmetic_preferences``): prompt ``"3+4="``, chosen the answer, rejected
     the answer off by 1..max_offset."""
 

@@ -1,23 +1,29 @@
-"""Demonstrations for the supervised warm start.
+"""Demonstration data: warm-start demonstrations and synthetic preference pairs.
 
 ``dataset_answers``: a QA env's own reference answers, played through the *same* agent,
 protocol and chat template as RL uses (a scripted client answers each prompt with its
 reference answer), so SFT trains on exactly the token layout RL samples in.
+
+``synthetic_arithmetic_preferences``: preference pairs over arithmetic problems, for
+reward-model training demos and tests.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ludic.context import FullDialog
 from ludic.envs import DatasetQAEnv
+from ludic.envs.arithmetic import make_arithmetic_samples
 from ludic.inference import HFChatTemplate, InferenceSpec, ScriptedChatClient
 from ludic.run.builders import RunError, make_engine, make_requests
 from ludic.run.config import RunConfig
 from ludic.run.registries import ENVS, resolve
 from ludic.training import write_rollouts_jsonl
+from ludic.training.reward_model.preferences import PreferencePair, wrong_answer_preferences
 
 
 def demonstrations_path(config: RunConfig, tokenizer: Any, out: Path) -> Path:
@@ -69,3 +75,34 @@ def _reference_answers(config: RunConfig, template: HFChatTemplate) -> dict[tupl
         prompt = tuple(template.render(context.on_before_act()))
         answers[prompt] = str(env.current_sample[env.answer_key])
     return answers
+
+
+def synthetic_arithmetic_preferences(
+    n: int,
+    seed: int = 0,
+    *,
+    operators: Sequence[str] = ("+",),
+    min_digits: int = 1,
+    max_digits: int = 1,
+    max_offset: int = 9,
+    prompt_template: str = "{question}=",
+) -> list[PreferencePair]:
+    """``n`` pairs over arithmetic problems: the prompt is the problem as the arithmetic env
+    shows it (``"3+4="``), ``chosen`` its answer, ``rejected`` a wrong answer.
+
+    Problems come from :func:`ludic.envs.arithmetic.make_arithmetic_samples` (``n``,
+    ``seed``, ``operators``, ``min_digits``, ``max_digits``); the wrong answers from
+    :func:`~ludic.training.reward_model.preferences.wrong_answer_preferences` (``seed``,
+    ``max_offset``), on a random stream separate from the problems'.
+    """
+    if max_offset < 1:
+        raise ValueError(
+            f"synthetic_arithmetic_preferences: max_offset={max_offset}; expected >= 1 (a "
+            "wrong answer differs from the right one by 1..max_offset)"
+        )
+    samples = make_arithmetic_samples(
+        n, seed, operators=operators, min_digits=min_digits, max_digits=max_digits
+    )
+    return wrong_answer_preferences(
+        samples, seed, max_offset=max_offset, prompt_template=prompt_template, source="arithmetic"
+    )

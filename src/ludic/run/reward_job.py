@@ -2,7 +2,7 @@
 
 A run builds (or loads) a sequence classifier with one label, prepares it for
 ``reward_model.training_mode``, trains it on preference pairs with the Bradley-Terry loss
-(:class:`~ludic.training.reward_model_training.PreferenceTrainer`), measures pairwise
+(:class:`~ludic.training.reward_model.trainer.PreferenceTrainer`), measures pairwise
 accuracy on held-out pairs before training, every ``eval_every`` steps and after, and
 saves the final model as a plain HF folder that a vLLM reward server loads::
 
@@ -39,18 +39,18 @@ from ludic.distributed.reward_publisher import create_reward_publisher
 from ludic.inference.reward_client import format_reward_input
 from ludic.run.builders import RunError, vllm_server_client
 from ludic.run.config import RewardModelSection, RunConfig
+from ludic.run.demos import synthetic_arithmetic_preferences
 from ludic.run.progress import ProgressLogger, print_summary
 from ludic.run.run_dir import RunDirectory, open_run
 from ludic.training.checkpoint import CheckpointConfig
 from ludic.training.loggers import RichConsoleLogger
-from ludic.training.preferences import (
+from ludic.training.reward_model.preferences import (
     PreferencePair,
     read_preferences_jsonl,
     split_preferences,
-    synthetic_arithmetic_preferences,
     write_preferences_jsonl,
 )
-from ludic.training.reward_model_training import (
+from ludic.training.reward_model.trainer import (
     LoraSettings,
     PreferenceTrainer,
     PreferenceTrainerConfig,
@@ -190,7 +190,7 @@ def _reward_server(config: RunConfig, run: RunDirectory) -> Iterator[Any]:
     rm = config.reward_model
     assert rm.server is not None
     try:
-        from ludic.inference.vllm_reward_client import VLLMRewardClient
+        from ludic.inference.vllm.reward_client import VLLMRewardClient
     except ImportError as e:
         raise RunError(
             f"reward_model.server needs vLLM ({e}); pip install 'ludic-rl[vllm]' (or "

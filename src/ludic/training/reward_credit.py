@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from ludic.inference.reward_client import RewardModelClient, format_reward_input
+from ludic.rollouts.hooks import RM_SCORES_KEY
 from ludic.training.credit_assignment import group_relative_advantages
 from ludic.types import Rollout, Turn
 
-RM_SCORES_KEY = "rm_scores"
 """Rollout meta key: per-turn reward-model scores (``float | None`` per turn)."""
 
 RM_VERSION_KEY = "rm_model_version"

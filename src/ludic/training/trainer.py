@@ -33,6 +33,7 @@ import torch
 
 from ludic.distributed.interfaces import PolicyPublisher
 from ludic.distributed.weights import policy_state_dict
+from ludic.stats import Reducer, aggregate_stats
 from ludic.training.checkpoint import (
     CheckpointConfig,
     CheckpointError,
@@ -46,7 +47,6 @@ from ludic.training.flat_parameters import flatten_parameters
 from ludic.training.loggers import MultiLogger, TrainingLogger
 from ludic.training.losses.base import LossInputs
 from ludic.training.optim import build_lr_scheduler, build_optimizer, clipped_optimizer_step
-from ludic.training.stats import Reducer, aggregate_stats
 from ludic.training.types import BatchSource, DataExhausted, EmptyBatchError, SAWBatch, SAWItem
 
 

@@ -1,5 +1,6 @@
-"""Training-side pure data and contracts: rollout requests, SAW items, batch sources,
-rollout hooks, credit assigners.
+"""Training-side pure data and contracts: SAW items, batch sources, credit assigners.
+
+Rollout requests and rollout hooks live in :mod:`ludic.rollouts` (re-exported here).
 
 A ``SAWItem`` is one training sequence: **S**tate/**A**ction tokens, a mask saying which
 tokens are the agent's own actions, and a scalar **W**eight from credit assignment.
@@ -12,47 +13,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from ludic.inference.request import InferenceSpec
+from ludic.rollouts.hooks import RolloutHook
+from ludic.rollouts.requests import DataExhausted, EnvSpec, ProtocolSpec, RolloutRequest
 from ludic.types import Rollout
 
-
-@dataclass(frozen=True)
-class EnvSpec:
-    """Which environment to build: a registry name plus constructor kwargs."""
-
-    kind: str
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ProtocolSpec:
-    """Which interaction protocol to build: a registry name plus constructor kwargs."""
-
-    kind: str
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class RolloutRequest:
-    """Pure data: run ``num_episodes`` episodes of ``env`` under ``protocol``.
-
-    ``env_seed`` picks the problem; ``inference.sampling.seed`` the generation. ``meta``
-    is copied into every produced rollout (e.g. ``group_id`` for GRPO).
-    """
-
-    env: EnvSpec
-    protocol: ProtocolSpec
-    env_seed: int | None = None
-    inference: InferenceSpec = field(default_factory=InferenceSpec)
-    num_episodes: int = 1
-    max_steps: int = 8
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.num_episodes < 1:
-            raise ValueError(f"RolloutRequest.num_episodes must be >= 1, got {self.num_episodes}")
-        if self.max_steps < 1:
-            raise ValueError(f"RolloutRequest.max_steps must be >= 1, got {self.max_steps}")
+__all__ = [
+    "BatchSource",
+    "CreditAssigner",
+    "DataExhausted",
+    "EmptyBatchError",
+    "EnvSpec",
+    "ProtocolSpec",
+    "RolloutHook",
+    "RolloutRequest",
+    "SAWBatch",
+    "SAWItem",
+]
 
 
 @dataclass(frozen=True)
@@ -122,13 +98,6 @@ class SAWBatch:
         return len(self.items)
 
 
-class DataExhausted(Exception):
-    """Raised by a batch source (or a request function) that has no more data.
-
-    ``Trainer.train`` treats it as the end of training, not as a failure.
-    """
-
-
 class EmptyBatchError(RuntimeError):
     """A batch has no training item left: a batch source's retries all came back empty, or
     the trainer's sample filter and ``max_lag`` dropped every item. One class for both, so
@@ -151,17 +120,3 @@ class CreditAssigner(Protocol):
     """
 
     def compute(self, rollouts: Sequence[Rollout]) -> list[list[float]]: ...
-
-
-@runtime_checkable
-class RolloutHook(Protocol):
-    """Runs on every freshly generated list of rollouts, after generation and before
-    credit assignment (``RolloutBatchSource``, ``RolloutEngine.generate_batch``).
-
-    A hook annotates the rollouts in place, typically in ``rollout.meta`` (e.g.
-    ``RewardModelScorer`` writes ``meta["rm_scores"]`` that ``RewardModelCreditAssigner``
-    reads), and returns ``None``. It is async so it can await a backend (a reward model);
-    hooks run one after another, in the order given.
-    """
-
-    async def __call__(self, rollouts: list[Rollout]) -> None: ...

@@ -1,42 +1,31 @@
-"""Rollout execution and batch sources: requests -> rollouts -> ``SAWItem``s -> ``SAWBatch``."""
+"""Batch sources: rollouts -> credit -> ``SAWItem``s -> ``SAWBatch``.
 
-from ludic.training.batching.intra_batch_control import GRPORequestStrategy, RequestStrategy
-from ludic.training.batching.offline import (
-    DataExhausted,
-    OfflineBatchSource,
-    RolloutFilter,
-    read_rollouts_jsonl,
-    write_rollouts_jsonl,
-)
-from ludic.training.batching.requests_from_dataset import make_requests_fn_from_queue
-from ludic.training.batching.rollout_engine import RolloutEngine, UnknownKindError
-from ludic.training.batching.saw import (
-    SampleFilter,
-    TokenAlignmentError,
-    build_saw_batch,
-    parse_error_rate,
-    rollouts_to_saw_items,
-    summarize_rollouts,
-)
-from ludic.training.batching.synced_batching import EmptyBatchError, RolloutBatchSource
+The rollout engine, requests and request strategies live in :mod:`ludic.rollouts`; they are
+re-exported here for existing imports."""
 
-__all__ = [
-    "DataExhausted",
-    "EmptyBatchError",
-    "GRPORequestStrategy",
-    "OfflineBatchSource",
-    "RequestStrategy",
-    "RolloutBatchSource",
-    "RolloutEngine",
-    "RolloutFilter",
-    "SampleFilter",
-    "TokenAlignmentError",
-    "UnknownKindError",
-    "build_saw_batch",
-    "make_requests_fn_from_queue",
-    "parse_error_rate",
-    "read_rollouts_jsonl",
-    "rollouts_to_saw_items",
-    "summarize_rollouts",
-    "write_rollouts_jsonl",
-]
+from __future__ import annotations
+
+from ludic._lazy import lazy_exports
+
+_EXPORTS: dict[str, str] = {
+    "GRPORequestStrategy": "ludic.rollouts.strategies",
+    "RequestStrategy": "ludic.rollouts.strategies",
+    "DataExhausted": "ludic.rollouts.requests",
+    "OfflineBatchSource": "ludic.training.batching.offline",
+    "RolloutFilter": "ludic.training.batching.offline",
+    "read_rollouts_jsonl": "ludic.training.batching.offline",
+    "write_rollouts_jsonl": "ludic.training.batching.offline",
+    "make_requests_fn_from_queue": "ludic.rollouts.requests_from_dataset",
+    "RolloutEngine": "ludic.rollouts.engine",
+    "UnknownKindError": "ludic.rollouts.engine",
+    "SampleFilter": "ludic.training.batching.saw",
+    "TokenAlignmentError": "ludic.training.batching.saw",
+    "build_saw_batch": "ludic.training.batching.saw",
+    "parse_error_rate": "ludic.rollouts.summary",
+    "rollouts_to_saw_items": "ludic.training.batching.saw",
+    "summarize_rollouts": "ludic.rollouts.summary",
+    "EmptyBatchError": "ludic.training.batching.synced_batching",
+    "RolloutBatchSource": "ludic.training.batching.synced_batching",
+}
+
+__getattr__, __all__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -35,8 +35,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ludic.inference.chat_template import ChatTemplate
+from ludic.rollouts.summary import summarize_rollouts
 from ludic.training.filters import SampleFilter
-from ludic.training.reward_credit import RM_SCORES_KEY
 from ludic.training.types import CreditAssigner, SAWBatch, SAWItem
 from ludic.types import AgentStep, Message, Rollout, Turn
 
@@ -266,40 +266,6 @@ def _item_meta(rollout: Rollout, turn_index: int, turn: Turn, seq: _Sequence) ->
         if key in rollout.meta and key not in meta:
             meta[key] = rollout.meta[key]
     return meta
-
-
-def parse_error_rate(rollout: Rollout) -> float:
-    """Fraction of the rollout's agent steps whose completion did not parse (0.0 if none)."""
-    steps = rollout.agent_steps
-    return sum(s.parse_error for s in steps) / len(steps) if steps else 0.0
-
-
-def summarize_rollouts(rollouts: Sequence[Rollout]) -> dict[str, Any]:
-    """Batch-level rollout statistics (reward, length, truncation, parse errors).
-
-    ``parse_error_rate`` is the mean over rollouts of :func:`parse_error_rate`;
-    ``total_rewards`` lists every rollout's total reward in order. When a reward model
-    scored the rollouts (``RewardModelScorer``), ``rm_score_mean`` is the mean of its
-    scores.
-    """
-    n = len(rollouts)
-    rewards = [r.total_reward for r in rollouts]
-    if n == 0:
-        return {"num_rollouts": 0, "total_rewards": []}
-    scores = [s for r in rollouts for s in r.meta.get(RM_SCORES_KEY) or () if s is not None]
-    rm_stats = {"rm_score_mean": sum(scores) / len(scores)} if scores else {}
-    return {
-        **rm_stats,
-        "num_rollouts": n,
-        "reward_mean": sum(rewards) / n,
-        "reward_min": min(rewards),
-        "reward_max": max(rewards),
-        "length_mean": sum(r.length for r in rollouts) / n,
-        "truncated_frac": sum(r.truncated for r in rollouts) / n,
-        "terminated_frac": sum(r.terminated for r in rollouts) / n,
-        "parse_error_rate": sum(parse_error_rate(r) for r in rollouts) / n,
-        "total_rewards": rewards,
-    }
 
 
 def build_saw_batch(

@@ -10,12 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ludic.inference.chat_template import ChatTemplate
-from ludic.training.batching.intra_batch_control import RequestStrategy
-from ludic.training.batching.rollout_engine import (
-    RolloutEngine,
-    check_rollout_hooks,
-    run_rollout_hooks,
-)
+from ludic.rollouts.engine import RolloutEngine
+from ludic.rollouts.hooks import check_rollout_hooks, run_rollout_hooks
+from ludic.rollouts.strategies import RequestStrategy
 from ludic.training.batching.saw import SampleFilter, build_saw_batch, check_retokenize_args
 from ludic.training.types import (
     CreditAssigner,

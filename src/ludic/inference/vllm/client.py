@@ -1,4 +1,4 @@
-"""A ``ChatClient`` for ludic's vLLM server (``ludic.inference.vllm_server``).
+"""A ``ChatClient`` for ludic's vLLM server (``ludic.inference.vllm.server``).
 
 * Generation: token-in ``POST /v1/completions`` (``prompt`` = the rendered token ids) with
   ``return_token_ids`` and ``logprobs=0``; the reply becomes a ``ChatResponse`` whose
@@ -29,17 +29,17 @@ import torch
 
 from ludic.inference.request import CompletionRequest
 from ludic.inference.sampling import to_openai_params
-from ludic.inference.vllm_http import (  # noqa: F401 (re-exported)
+from ludic.inference.vllm.http import (  # noqa: F401 (re-exported)
     KEEPALIVE_EXPIRY_S,
     AsyncHTTP,
     VLLMControlPlane,
     VLLMServerError,
     _Retrying,
 )
-from ludic.inference.vllm_weight_sync import VLLMConnection
+from ludic.inference.vllm.weight_sync import VLLMConnection
 from ludic.types import FINISH_REASONS, ChatResponse, TokenTrace
 
-VERSION_HEADER = "x-ludic-policy-version"  # set by ludic.inference.vllm_server
+VERSION_HEADER = "x-ludic-policy-version"  # set by ludic.inference.vllm.server
 
 FINISH_REASON_MAP: dict[str, str] = {
     "stop": "stop",
@@ -123,7 +123,7 @@ class VLLMChatClient:
             if token_ids is None:
                 raise VLLMServerError(
                     f"{self.base_url}/v1/completions returned no token_ids; the server must "
-                    "be vLLM >= 0.10 (return_token_ids) - start it with ludic.inference.vllm_server"
+                    "be vLLM >= 0.10 (return_token_ids) - start it with ludic.inference.vllm.server"
                 )
             logprobs = None
             if request.returns.return_logprobs:
@@ -217,6 +217,6 @@ def _finish_reason(reason: str | None) -> str | None:
     if mapped is None or mapped not in FINISH_REASONS:
         raise VLLMServerError(
             f"vLLM returned finish_reason={reason!r}; ludic knows {sorted(FINISH_REASON_MAP)} "
-            "(add it to ludic.inference.vllm_client.FINISH_REASON_MAP)"
+            "(add it to ludic.inference.vllm.client.FINISH_REASON_MAP)"
         )
     return mapped

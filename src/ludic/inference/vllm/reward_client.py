@@ -4,7 +4,7 @@
   ids); the server submits them to the engine together. ``normalize=True`` returns the
   head's activation (a sigmoid for one label), ``False`` the raw logit.
 * Weight sync: the same group, transfer layer and control plane as the policy client
-  (:class:`~ludic.inference.vllm_weight_sync.WeightSyncSession`). ``sync_weights`` first
+  (:class:`~ludic.inference.vllm.weight_sync.WeightSyncSession`). ``sync_weights`` first
   normalizes and checks the tensors against the training mode
   (:func:`~ludic.distributed.reward_publisher.reward_sync_params`): a sync that does not
   fit its mode is refused before anything is announced.
@@ -26,14 +26,14 @@ from typing import Any
 
 import torch
 
-from ludic.distributed.reward_publisher import HEAD_MODULES, reward_sync_params
+from ludic.distributed.reward_weights import HEAD_MODULES, reward_sync_params
 from ludic.inference.reward_client import (
     RewardModelTrainingMode,
     ScoringRequest,
     ScoringResponse,
 )
-from ludic.inference.vllm_http import VLLMServerError
-from ludic.inference.vllm_weight_sync import VLLMConnection
+from ludic.inference.vllm.http import VLLMServerError
+from ludic.inference.vllm.weight_sync import VLLMConnection
 
 VERSION_HEADER = "x-ludic-policy-version"  # set by the server: the served model's version
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
-from ludic.training.types import RolloutRequest
+from ludic.rollouts.requests import RolloutRequest
 
 _SEED_SPACE = 2**31 - 1
 

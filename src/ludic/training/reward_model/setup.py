@@ -4,7 +4,7 @@ A reward model is a sequence classifier with one label (an LLM backbone plus a l
 ``score`` head read at the last non-pad token). :func:`prepare_reward_model` sets it up for
 a :class:`~ludic.inference.reward_client.RewardModelTrainingMode`;
 :func:`reward_scores` / :func:`evaluate_preferences` score texts and preference pairs the
-way :class:`~ludic.training.reward_model_training.PreferenceTrainer` trains them.
+way :class:`~ludic.training.reward_model.trainer.PreferenceTrainer` trains them.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from ludic.distributed.reward_publisher import HEAD_MODULES, is_head
 from ludic.inference.reward_client import RewardModelTrainingMode, format_reward_input
 from ludic.training.losses.bradley_terry import BradleyTerryLoss
-from ludic.training.preferences import PreferencePair
+from ludic.training.reward_model.preferences import PreferencePair
 
 
 # ---------------------------------------------------------------------------- modes

@@ -11,7 +11,7 @@ import queue
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from ludic.training.types import DataExhausted, RolloutRequest
+from ludic.rollouts.requests import DataExhausted, RolloutRequest
 
 T = TypeVar("T")
 

@@ -35,8 +35,8 @@ from ludic.training.loggers import MultiLogger, TrainingLogger
 from ludic.training.losses.base import LossOutput
 from ludic.training.losses.bradley_terry import BradleyTerryLoss
 from ludic.training.optim import build_lr_scheduler, build_optimizer, clipped_optimizer_step
-from ludic.training.preferences import PreferencePair
-from ludic.training.reward_model import (  # noqa: F401 (re-exported)
+from ludic.training.reward_model.preferences import PreferencePair
+from ludic.training.reward_model.setup import (  # noqa: F401 (re-exported)
     LoraSettings,
     _chosen,
     _rejected,

@@ -12,16 +12,13 @@ Every rollout's ``meta`` receives (without overwriting what the protocol set): t
 request's ``meta``, ``env_kind``, ``protocol_kind``, ``env_seed``, ``sampling_seed``,
 ``episode_index`` and ``request_index``.
 
-Rollout hooks (:class:`~ludic.training.types.RolloutHook`, e.g. a reward-model scorer) run
-between generation and credit assignment wherever a batch is built from fresh rollouts:
-:meth:`RolloutEngine.generate_batch` and ``RolloutBatchSource.next_batch`` both call
-:func:`run_rollout_hooks`.
+Turning rollouts into training data (rollout hooks, credit, ``SAWItem``s) is the batch
+source's job (``ludic.training.RolloutBatchSource``); the engine knows nothing of training.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -29,49 +26,12 @@ from typing import Any
 
 from ludic._async import gather_or_cancel
 from ludic.envs.env import LudicEnv
-from ludic.inference.chat_template import ChatTemplate
 from ludic.interaction.base import InteractionProtocol
-from ludic.training.batching.saw import SampleFilter, build_saw_batch
-from ludic.training.types import CreditAssigner, RolloutHook, RolloutRequest, SAWBatch
+from ludic.rollouts.requests import RolloutRequest
 from ludic.types import Rollout, rollout_to_dict
 
 EnvFactory = Callable[..., LudicEnv]
 ProtocolFactory = Callable[..., InteractionProtocol]
-
-
-def check_rollout_hooks(owner: str, hooks: Sequence[RolloutHook]) -> tuple[RolloutHook, ...]:
-    """``hooks`` as a tuple; raises ``TypeError`` naming ``owner`` if one is not callable."""
-    if isinstance(hooks, str) or not isinstance(hooks, Sequence):
-        raise TypeError(
-            f"{owner}: rollout_hooks={hooks!r}; expected a sequence of async callables "
-            "(rollouts) -> None"
-        )
-    for i, hook in enumerate(hooks):
-        if not callable(hook):
-            raise TypeError(
-                f"{owner}: rollout_hooks[{i}]={hook!r} is not callable; a rollout hook is an "
-                "async callable (rollouts) -> None"
-            )
-    return tuple(hooks)
-
-
-async def run_rollout_hooks(hooks: Sequence[RolloutHook], rollouts: list[Rollout]) -> None:
-    """Await every hook on ``rollouts``, in order. A hook must be async and return
-    ``None`` (it annotates in place); anything else raises ``TypeError``, since a
-    returned value would otherwise be dropped silently."""
-    for hook in hooks:
-        result = hook(rollouts)
-        if not inspect.isawaitable(result):
-            raise TypeError(
-                f"rollout hook {hook!r} returned {type(result).__name__}, not an awaitable; "
-                "define it as `async def __call__(self, rollouts)`"
-            )
-        value = await result
-        if value is not None:
-            raise TypeError(
-                f"rollout hook {hook!r} returned {type(value).__name__}; hooks annotate the "
-                "rollouts in place (e.g. rollout.meta) and return None"
-            )
 
 
 class UnknownKindError(KeyError):
@@ -203,30 +163,3 @@ class RolloutEngine:
             )
         )
         return [r for episode in results for r in episode]
-
-    async def generate_batch(
-        self,
-        requests: Sequence[RolloutRequest],
-        *,
-        credit_assigner: CreditAssigner,
-        retokenize: bool = False,
-        chat_template: ChatTemplate | None = None,
-        sample_filter: SampleFilter | None = None,
-        rollout_hooks: Sequence[RolloutHook] = (),
-    ) -> SAWBatch:
-        """Rollouts -> ``rollout_hooks`` (in order) -> credit -> ``SAWItem``s -> filter, as
-        one ``SAWBatch``.
-
-        ``batch.meta`` holds the rollout statistics of ``summarize_rollouts`` (reward
-        mean/min/max, ``total_rewards``, lengths, truncation, parse errors) and item counts.
-        """
-        hooks = check_rollout_hooks("RolloutEngine.generate_batch", rollout_hooks)
-        rollouts = await self.generate_rollouts(requests)
-        await run_rollout_hooks(hooks, rollouts)
-        return build_saw_batch(
-            rollouts,
-            credit_assigner=credit_assigner,
-            retokenize=retokenize,
-            chat_template=chat_template,
-            sample_filter=sample_filter,
-        )

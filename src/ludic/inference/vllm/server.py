@@ -1,12 +1,12 @@
 """ludic's policy server: vLLM's OpenAI-compatible server plus a weight-sync control plane.
 
-    python -m ludic.inference.vllm_server --model DIR [--host 127.0.0.1] [--port 8000] \\
+    python -m ludic.inference.vllm.server --model DIR [--host 127.0.0.1] [--port 8000] \\
         [--api-key KEY] [any vLLM engine argument]
 
 Generation is vLLM's own ``/v1/completions`` (token-in: ``prompt`` as token ids). Every
 response carries the header ``x-ludic-policy-version`` (the runtime version when the
 request arrived). ludic adds the control plane below, which this module also provides to
-the reward server (``ludic.inference.vllm_reward_server``: ``make_control_router``,
+the reward server (``ludic.inference.vllm.reward_server``: ``make_control_router``,
 ``install_routes``, ``prepare_args``, ``parse_args``, ``serve``):
 
 ==============================  ==========================================================
@@ -63,11 +63,11 @@ from ludic.distributed.weight_transfer.base import (
     TorchDistributedWeightSyncInfo,
     request_from_dict,
 )
-from ludic.inference.logits_processors import MAX_THINK_FQCN, THINK_TOKENS_ENV, think_token_ids
+from ludic.inference.vllm.logits_processors import MAX_THINK_FQCN, THINK_TOKENS_ENV, think_token_ids
 
-logger = logging.getLogger("ludic.inference.vllm_server")
+logger = logging.getLogger("ludic.inference.vllm.server")
 
-WORKER_EXTENSION = "ludic.inference.vllm_worker.WeightSyncWorkerExtension"
+WORKER_EXTENSION = "ludic.inference.vllm.worker.WeightSyncWorkerExtension"
 API_KEY_ENV = "LUDIC_API_KEY"
 VERSION_HEADER = "x-ludic-policy-version"
 SERVER_TYPES = ("policy", "reward_model")
@@ -341,7 +341,7 @@ def prepare_args(args: Namespace) -> Namespace:
 
 def add_max_think(args: Namespace) -> Namespace:
     """The policy server's logits processor for ``max_think`` (see
-    ``ludic.inference.logits_processors``), added once."""
+    ``ludic.inference.vllm.logits_processors``), added once."""
     processors = list(args.logits_processors or [])
     if MAX_THINK_FQCN not in processors:
         processors.append(MAX_THINK_FQCN)
@@ -427,7 +427,7 @@ async def run_server(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m ludic.inference.vllm_server``: the policy server."""
+    """``python -m ludic.inference.vllm.server``: the policy server."""
     args = add_max_think(parse_args(argv, __doc__.split("\n")[0]))
     export_think_tokens(args)
     serve(args, server_type="policy")

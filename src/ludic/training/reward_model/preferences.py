@@ -1,4 +1,4 @@
-"""Preference data for reward-model training: pairs, a synthetic arithmetic source,
+"""Preference data for reward-model training: pairs, wrong-answer pairs from QA data,
 JSONL files and a held-out evaluation split.
 
 A :class:`PreferencePair` says that ``chosen`` is a better response to ``prompt`` than
@@ -20,8 +20,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
-
-from ludic.envs.arithmetic import make_arithmetic_samples
 
 FIELDS = ("prompt", "chosen", "rejected", "meta", "margin")
 """Keys of a JSONL line (``meta`` and ``margin`` may be left out)."""
@@ -100,35 +98,29 @@ class PreferencePair:
         )
 
 
-def synthetic_arithmetic_preferences(
-    n: int,
+def wrong_answer_preferences(
+    samples: Sequence[Mapping[str, Any]],
     seed: int = 0,
     *,
-    operators: Sequence[str] = ("+",),
-    min_digits: int = 1,
-    max_digits: int = 1,
     max_offset: int = 9,
     prompt_template: str = "{question}=",
+    source: str = "qa",
 ) -> list[PreferencePair]:
-    """``n`` pairs over arithmetic problems: the prompt is the problem as the arithmetic env
-    shows it (``"3+4="``), ``chosen`` its answer, ``rejected`` a wrong answer.
+    """One pair per sample of integer-answer QA data (``{"question", "answer"}``): the
+    prompt is ``prompt_template`` filled with the question, ``chosen`` the answer,
+    ``rejected`` a wrong answer.
 
-    Problems come from :func:`ludic.envs.arithmetic.make_arithmetic_samples` (``n``,
-    ``seed``, ``operators``, ``min_digits``, ``max_digits``). The wrong answer is
-    ``answer + k`` with ``k`` drawn from ``[-max_offset, max_offset]`` without 0; a
-    negative result takes ``answer + |k|`` instead, so answers stay non-negative as the
-    problems' are. The same arguments give the same pairs.
+    The wrong answer is ``answer + k`` with ``k`` drawn from ``[-max_offset, max_offset]``
+    without 0; a negative result takes ``answer + |k|`` instead, so non-negative answers
+    stay non-negative. The same arguments give the same pairs; ``meta`` records
+    ``source``, ``seed`` and the sample's index.
     """
     if max_offset < 1:
         raise ValueError(
-            f"synthetic_arithmetic_preferences: max_offset={max_offset}; expected >= 1 (a "
+            f"wrong_answer_preferences: max_offset={max_offset}; expected >= 1 (a "
             "wrong answer differs from the right one by 1..max_offset)"
         )
-    samples = make_arithmetic_samples(
-        n, seed, operators=operators, min_digits=min_digits, max_digits=max_digits
-    )
-    # A stream separate from the problems' (make_arithmetic_samples seeds Random(seed)).
-    rng = random.Random(f"ludic.preferences.arithmetic:{seed}")
+    rng = random.Random(f"ludic.preferences.{source}:{seed}")
     pairs: list[PreferencePair] = []
     for index, sample in enumerate(samples):
         answer = int(sample["answer"])
@@ -139,7 +131,7 @@ def synthetic_arithmetic_preferences(
                 prompt=prompt_template.format(question=sample["question"]),
                 chosen=str(answer),
                 rejected=str(wrong),
-                meta={"source": "arithmetic", "seed": seed, "index": index},
+                meta={"source": source, "seed": seed, "index": index},
             )
         )
     return pairs

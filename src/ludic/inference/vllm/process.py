@@ -1,6 +1,6 @@
 """Start, health-check and stop a ludic vLLM server as a subprocess: the policy server
-(``ludic.inference.vllm_server``) or the reward server
-(``ludic.inference.vllm_reward_server``).
+(``ludic.inference.vllm.server``) or the reward server
+(``ludic.inference.vllm.reward_server``).
 
 The server runs in its own session (process group), so :meth:`VLLMServerProcess.stop`
 ends it together with every process vLLM spawned (engine core, CPU workers): no orphans.
@@ -151,8 +151,8 @@ def start_vllm_server(
     """Start ``python -m ludic serve KIND --model model_dir`` in a new session.
 
     Args:
-        kind: ``"policy"`` (``ludic.inference.vllm_server``) or ``"reward"``
-            (``ludic.inference.vllm_reward_server``, a one-label sequence classifier).
+        kind: ``"policy"`` (``ludic.inference.vllm.server``) or ``"reward"``
+            (``ludic.inference.vllm.reward_server``, a one-label sequence classifier).
         port: HTTP port (default: a free one). ``group_port``: reserved for the weight-sync
             rendezvous (default: a free one).
         api_key: guards the control routes and ``/v1`` (sent as ``--api-key``).

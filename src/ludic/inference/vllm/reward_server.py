@@ -2,7 +2,7 @@
 reward model (``--runner pooling``), ludic's ``/score`` and the policy server's control
 plane (weight sync, runtime version, API key).
 
-    python -m ludic.inference.vllm_reward_server --model DIR [--host 127.0.0.1] \\
+    python -m ludic.inference.vllm.reward_server --model DIR [--host 127.0.0.1] \\
         [--port 8000] [--api-key KEY] [any vLLM engine argument]
     ludic serve reward --model DIR ...                      # the same
 
@@ -33,8 +33,8 @@ same computation as vLLM's ``/classify`` (``probs[0]``; ``normalize=false`` is i
 The response header ``x-ludic-policy-version`` is the reward model's runtime version when
 the request arrived; ``GET /health`` answers ``{"status": "ok", "type": "reward_model",
 "version": N}``. Every other control route is the policy server's (see
-``ludic.inference.vllm_server``), including weight sync through
-``ludic.inference.vllm_worker.WeightSyncWorkerExtension``. vLLM's own ``/classify`` and
+``ludic.inference.vllm.server``), including weight sync through
+``ludic.inference.vllm.worker.WeightSyncWorkerExtension``. vLLM's own ``/classify`` and
 ``/pooling`` stay as they are (vLLM does not guard them with the API key).
 """
 
@@ -51,7 +51,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 
 from ludic._async import gather_or_cancel
 from ludic.inference.reward_client import POOLING_TYPES
-from ludic.inference.vllm_server import (
+from ludic.inference.vllm.server import (
     ServerContext,
     api_key_guard,
     json_body,
@@ -264,7 +264,7 @@ def force_pooling_runner(args: Namespace) -> Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m ludic.inference.vllm_reward_server``: the reward server."""
+    """``python -m ludic.inference.vllm.reward_server``: the reward server."""
     args = force_pooling_runner(parse_args(argv, __doc__.split("\n")[0]))
     serve(args, server_type=SERVER_TYPE, extra_routers=[make_score_router])
 

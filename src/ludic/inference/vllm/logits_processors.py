@@ -8,9 +8,9 @@ closed, or from the first ``<think>`` the model emits. Requests without ``max_th
 completions that close ``</think>`` themselves are untouched.
 
 The ``</think>`` / ``<think>`` ids come from the served tokenizer; both must be single
-tokens. ``ludic.inference.vllm_server`` resolves them at start-up and passes them to the
+tokens. ``ludic.inference.vllm.server`` resolves them at start-up and passes them to the
 worker processes in :data:`THINK_TOKENS_ENV`; elsewhere (plain ``vllm serve
---logits-processors ludic.inference.logits_processors:MaxThinkLogitsProcessor``) each
+--logits-processors ludic.inference.vllm.logits_processors:MaxThinkLogitsProcessor``) each
 worker loads the tokenizer itself.
 """
 
@@ -39,7 +39,7 @@ THINK_TOKENS_ENV = "LUDIC_THINK_TOKEN_IDS"
 """JSON ``{"start": id | null, "end": id | null}`` set by the ludic server before the
 engine starts (inherited by its workers)."""
 
-MAX_THINK_FQCN = "ludic.inference.logits_processors:MaxThinkLogitsProcessor"
+MAX_THINK_FQCN = "ludic.inference.vllm.logits_processors:MaxThinkLogitsProcessor"
 """The ``--logits-processors`` entry for :class:`MaxThinkLogitsProcessor`."""
 
 

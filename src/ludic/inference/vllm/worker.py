@@ -1,7 +1,7 @@
 """vLLM worker extension: the inference side of ludic's weight sync.
 
-Pass ``--worker-extension-cls ludic.inference.vllm_worker.WeightSyncWorkerExtension``
-(``ludic.inference.vllm_server`` does by default). vLLM mixes these methods into every
+Pass ``--worker-extension-cls ludic.inference.vllm.worker.WeightSyncWorkerExtension``
+(``ludic.inference.vllm.server`` does by default). vLLM mixes these methods into every
 worker; the server calls them with ``engine.collective_rpc(method, args=...)``. Arguments
 are JSON-shaped dicts (never pickled objects from the network).
 

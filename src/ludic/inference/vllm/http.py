@@ -63,7 +63,7 @@ class _Retrying:
         return ConnectionError(
             f"vLLM server at {self.base_url} unreachable ({path}, {attempts} attempt(s)): "
             f"{type(err).__name__}: {err}. Is it running? (start it with "
-            "ludic.inference.vllm_utils.start_vllm_server)"
+            "ludic.inference.vllm.process.start_vllm_server)"
         )
 
     def translate(self, path: str, err: httpx.HTTPError) -> Exception:

@@ -1,8 +1,8 @@
 """The trainer's side of live weight sync with a ludic vLLM server (policy or reward):
 form the process group with the server's workers, publish state dicts through it, leave.
 
-Both :class:`~ludic.inference.vllm_client.VLLMChatClient` and
-:class:`~ludic.inference.vllm_reward_client.VLLMRewardClient` hold one
+Both :class:`~ludic.inference.vllm.client.VLLMChatClient` and
+:class:`~ludic.inference.vllm.reward_client.VLLMRewardClient` hold one
 :class:`WeightSyncSession`; the group, the transfer strategy and the publisher are the
 weight-transfer layer's (``ludic.distributed.weight_transfer``), shared, not copied.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ludic.inference.vllm_http import AsyncHTTP, VLLMControlPlane, VLLMServerError
+from ludic.inference.vllm.http import AsyncHTTP, VLLMControlPlane, VLLMServerError
 
 
 class WeightSyncSession:
