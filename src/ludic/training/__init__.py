@@ -52,7 +52,7 @@ _EXPORTS: dict[str, str] = {
     "aggregate_stats": "ludic.stats",
     # trainer and utilities
     "Trainer": "ludic.training.trainer",
-    "NonFiniteError": "ludic.training.trainer",
+    "NonFiniteError": "ludic.training.core",
     "token_logprobs": "ludic.training.trainer",
     "TrainerConfig": "ludic.training.config",
     "CollatedBatch": "ludic.training.collate",

@@ -56,6 +56,7 @@ class LoadedCheckpoint:
 
     step: int
     extra: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
 
 
 class CheckpointError(RuntimeError):
@@ -149,7 +150,9 @@ def load_checkpoint(
         if scheduler is not None:
             scheduler.load_state_dict(_load(path / "scheduler.pt"))
         _set_rng_state(_load(path / "rng.pt"))
-        return LoadedCheckpoint(step=int(state["step"]), extra=dict(state.get("extra", {})))
+        return LoadedCheckpoint(
+            step=int(state["step"]), extra=dict(state.get("extra", {})), path=path
+        )
     except (
         OSError,
         EOFError,

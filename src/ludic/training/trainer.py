@@ -26,7 +26,7 @@ import statistics
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,24 +34,19 @@ import torch
 from ludic.distributed.interfaces import PolicyPublisher
 from ludic.distributed.weights import policy_state_dict
 from ludic.stats import Reducer, aggregate_stats
-from ludic.training.checkpoint import (
-    CheckpointConfig,
-    CheckpointError,
-    CheckpointManager,
-    load_checkpoint,
-)
+from ludic.training.checkpoint import CheckpointConfig
 from ludic.training.collate import CollatedBatch, collate, split_microbatches
 from ludic.training.config import TrainerConfig
+from ludic.training.core import (  # noqa: F401 (NonFiniteError re-exported)
+    HasTrainingCore,
+    NonFiniteError,
+    TrainingCore,
+)
 from ludic.training.filters import SampleFilter
 from ludic.training.flat_parameters import flatten_parameters
-from ludic.training.loggers import MultiLogger, TrainingLogger
+from ludic.training.loggers import TrainingLogger
 from ludic.training.losses.base import LossInputs
-from ludic.training.optim import build_lr_scheduler, build_optimizer, clipped_optimizer_step
 from ludic.training.types import BatchSource, DataExhausted, EmptyBatchError, SAWBatch, SAWItem
-
-
-class NonFiniteError(FloatingPointError):
-    """The loss or gradient of a step was NaN/inf; the optimizer step was skipped."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +63,7 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     return logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
 
 
-class Trainer:
+class Trainer(HasTrainingCore):
     """Optimises ``model`` with ``algorithm.loss`` on batches from ``batch_source``.
 
     * ``model``: an HF-style causal LM (``model(input_ids=, attention_mask=).logits``),
@@ -80,6 +75,10 @@ class Trainer:
       ``requires_ref_logprobs``.
     * ``metric_reducers``: ``stats.Reducer``s over the step's (kept) ``SAWItem``s, e.g.
       ``Reducer("success", "meta.reward", reduce="fraction", transform=lambda r: r > 0)``.
+
+    The optimizer, schedule, step counter, checkpoints and loggers live in a
+    :class:`~ludic.training.core.TrainingCore` (``trainer.core``) shared with the
+    reward-model trainer; ``trainer.step``, ``.optimizer``, ``.checkpoints`` read through.
     """
 
     def __init__(
@@ -111,14 +110,18 @@ class Trainer:
         self.loss = algorithm.loss
         self.batch_source = batch_source
         self.publisher = publisher
-        self.checkpoints = CheckpointManager(checkpoint) if checkpoint is not None else None
-        self.logger = MultiLogger(loggers)
         self.sample_filter = sample_filter
         self.reference_model = self._prepare_reference(reference_model)
         self.metric_reducers = tuple(metric_reducers)
-        self.optimizer = build_optimizer(self.model, config)
-        self.scheduler = build_lr_scheduler(self.optimizer, config)
-        self.step = 0
+        self.core = TrainingCore(
+            self.model,
+            config,
+            owner="step",
+            fix_hint="Check the model weights and batch for NaN/inf, lower TrainerConfig.lr, "
+            "or set TrainerConfig.max_grad_norm",
+            checkpoint=checkpoint,
+            loggers=loggers,
+        )
 
     # ---------------------------------------------------------------- the loop
     async def train_step(self) -> dict[str, float]:
@@ -134,12 +137,13 @@ class Trainer:
             num_action_tokens=sum(item.num_action_tokens for item in batch.items),
         )
         loss, loss_stats = self._accumulate_gradients(microbatches, totals)
-        lr = self.scheduler.get_last_lr()[0]
-        grad_norm = self._optimizer_step()
+        lr = self.core.lr
+        grad_norm = self.core.optimizer_step()
         t_compute = time.perf_counter()
         self.step += 1
-        self._maybe_publish()
-        self._maybe_checkpoint()
+        if self.publisher is not None and self.core.is_due(self.config.publish_every):
+            self.publish_policy()
+        self.core.maybe_checkpoint(self._checkpoint_extra)
         timing = {
             "time/batch_wait_s": t_batch - t_start,
             "time/compute_s": t_compute - t_batch,
@@ -225,7 +229,7 @@ class Trainer:
             out = self.loss(self._loss_inputs(mb, totals))
             value = float(out.loss.detach())
             if not math.isfinite(value):
-                self._abort_step(f"loss is {value}")
+                self.core.abort_step(f"loss is {value}")
             out.loss.backward()
             total_loss += value
             share = mb.num_action_tokens / max(totals.num_action_tokens, 1)
@@ -263,23 +267,6 @@ class Trainer:
                 input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False
             ).logits
 
-    def _optimizer_step(self) -> float:
-        return clipped_optimizer_step(
-            self.model,
-            self.optimizer,
-            self.scheduler,
-            self.config.max_grad_norm,
-            abort=self._abort_step,
-        )
-
-    def _abort_step(self, reason: str) -> NoReturn:
-        self.optimizer.zero_grad(set_to_none=True)
-        raise NonFiniteError(
-            f"step {self.step + 1}: {reason}; the optimizer step was skipped and gradients "
-            "zeroed. Check the model weights and batch for NaN/inf, lower TrainerConfig.lr, "
-            "or set TrainerConfig.max_grad_norm"
-        )
-
     # ---------------------------------------------------------------- sync, save, log
     def publish_policy(self) -> None:
         """Publish the current weights as version ``step`` (also useful after resume)."""
@@ -287,44 +274,19 @@ class Trainer:
             raise ValueError("Trainer has no publisher; pass Trainer(publisher=...)")
         self.publisher.publish(policy_state_dict(self.model), version=self.step)
 
-    def _maybe_publish(self) -> None:
-        every = self.config.publish_every
-        if self.publisher is not None and every > 0 and self.step % every == 0:
-            self.publish_policy()
-
     def save_checkpoint(self) -> Path:
-        if self.checkpoints is None:
-            raise ValueError("Trainer has no checkpoint config; pass Trainer(checkpoint=...)")
-        extra = {
+        return self.core.save_checkpoint(self._checkpoint_extra())
+
+    def _checkpoint_extra(self) -> dict[str, Any]:
+        return {
             "algorithm": getattr(self.algorithm, "name", type(self.algorithm).__name__),
             "config": dataclasses.asdict(self.config),
         }
-        return self.checkpoints.save(self.step, self.model, self.optimizer, self.scheduler, extra)
-
-    def _maybe_checkpoint(self) -> None:
-        if self.checkpoints is not None and self.checkpoints.is_due(self.step):
-            self.save_checkpoint()
 
     def resume(self, path: str | Path | None = None) -> int:
         """Restore model, optimizer, schedule, RNGs and ``step`` from ``path`` (default:
         the latest checkpoint). Returns the restored step."""
-        if path is None:
-            if self.checkpoints is None:
-                raise ValueError(
-                    "Trainer.resume() without a path needs Trainer(checkpoint=CheckpointConfig"
-                    "(dir=...)) to find the latest checkpoint"
-                )
-            path = self.checkpoints.latest()
-            if path is None:
-                raise CheckpointError(
-                    f"no checkpoint to resume from in {str(self.checkpoints.dir)!r}"
-                )
-        loaded = load_checkpoint(path, self.model, self.optimizer, self.scheduler)
-        self.step = loaded.step
-        return self.step
-
-    def close(self) -> None:
-        self.logger.close()
+        return self.core.resume(path).step
 
     def _metrics(
         self,

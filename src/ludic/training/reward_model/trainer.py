@@ -22,19 +22,19 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, Protocol
+from typing import Any, Protocol
 
 import torch
 
 from ludic.distributed.reward_publisher import reward_model_state_dict
 from ludic.distributed.weights import policy_state_dict
 from ludic.inference.reward_client import RewardModelTrainingMode
-from ludic.training.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
+from ludic.training.checkpoint import CheckpointConfig, CheckpointError
 from ludic.training.config import LR_SCHEDULES, LRSchedule, TrainerConfig
-from ludic.training.loggers import MultiLogger, TrainingLogger
+from ludic.training.core import HasTrainingCore, TrainingCore
+from ludic.training.loggers import TrainingLogger
 from ludic.training.losses.base import LossOutput
 from ludic.training.losses.bradley_terry import BradleyTerryLoss
-from ludic.training.optim import build_lr_scheduler, build_optimizer, clipped_optimizer_step
 from ludic.training.reward_model.preferences import PreferencePair
 from ludic.training.reward_model.setup import (  # noqa: F401 (re-exported)
     LoraSettings,
@@ -47,7 +47,6 @@ from ludic.training.reward_model.setup import (  # noqa: F401 (re-exported)
     prepare_reward_model,
     reward_scores,
 )
-from ludic.training.trainer import NonFiniteError
 
 
 # ---------------------------------------------------------------------------- trainer
@@ -108,7 +107,7 @@ class PreferenceTrainerConfig:
         )
 
 
-class PreferenceTrainer:
+class PreferenceTrainer(HasTrainingCore):
     """Trains a prepared reward model on preference pairs. Each :meth:`train_step`::
 
         pairs   = the next batch_size pairs of a seeded shuffle (new order every epoch;
@@ -158,11 +157,14 @@ class PreferenceTrainer:
         self.pairs = list(pairs)
         self.loss = BradleyTerryLoss()
         self.publisher = publisher
-        self.checkpoints = CheckpointManager(checkpoint) if checkpoint is not None else None
-        self.logger = MultiLogger(loggers)
-        self.optimizer = build_optimizer(self.model, config.optimizer_config())
-        self.scheduler = build_lr_scheduler(self.optimizer, config.optimizer_config())
-        self.step = 0
+        self.core = TrainingCore(
+            self.model,
+            config.optimizer_config(),
+            owner="reward-model step",
+            fix_hint="Lower PreferenceTrainerConfig.lr or set max_grad_norm",
+            checkpoint=checkpoint,
+            loggers=loggers,
+        )
         self._order: tuple[int, torch.Tensor] | None = None  # (epoch, permutation)
 
     # ---------------------------------------------------------------- the loop
@@ -173,10 +175,10 @@ class PreferenceTrainer:
         self.model.train()
         out, num_tokens = self._loss(batch)
         if not math.isfinite(out.stats["loss"]):
-            self._abort_step(f"loss is {out.stats['loss']}")
+            self.core.abort_step(f"loss is {out.stats['loss']}")
         out.loss.backward()
-        lr = self.scheduler.get_last_lr()[0]
-        grad_norm = self._optimizer_step()
+        lr = self.core.lr
+        grad_norm = self.core.optimizer_step()
         seconds = time.perf_counter() - started
         self.step += 1
         metrics = {
@@ -189,10 +191,9 @@ class PreferenceTrainer:
             "time/step_s": seconds,
         }
         self.logger.log(self.step, metrics)  # the step is done even if a publish fails
-        if self.config.publish_every and self.step % self.config.publish_every == 0:
+        if self.core.is_due(self.config.publish_every):
             self.publish()
-        if self.checkpoints is not None and self.checkpoints.is_due(self.step):
-            self.save_checkpoint()
+        self.core.maybe_checkpoint(self._checkpoint_extra)
         return metrics
 
     def train(self, num_steps: int) -> list[dict[str, float]]:
@@ -238,22 +239,6 @@ class PreferenceTrainer:
         b = len(pairs)
         return self.loss(rewards[:b], rewards[b:], margin=margin), num_tokens
 
-    def _optimizer_step(self) -> float:
-        return clipped_optimizer_step(
-            self.model,
-            self.optimizer,
-            self.scheduler,
-            self.config.max_grad_norm,
-            abort=self._abort_step,
-        )
-
-    def _abort_step(self, reason: str) -> NoReturn:
-        self.optimizer.zero_grad(set_to_none=True)
-        raise NonFiniteError(
-            f"reward-model step {self.step + 1}: {reason}; the optimizer step was skipped. "
-            "Lower PreferenceTrainerConfig.lr or set max_grad_norm"
-        )
-
     # ---------------------------------------------------------------- publish, save
     def publish(self) -> None:
         """Publish the current weights as version ``step``."""
@@ -263,31 +248,22 @@ class PreferenceTrainer:
         self.publisher.publish(state, self.step, training_mode=self.mode)
 
     def save_checkpoint(self) -> Path:
-        if self.checkpoints is None:
-            raise ValueError("PreferenceTrainer has no checkpoint config; pass checkpoint=...")
-        extra = {"training_mode": self.mode.value, "num_pairs": len(self.pairs)}
-        return self.checkpoints.save(self.step, self.model, self.optimizer, self.scheduler, extra)
+        return self.core.save_checkpoint(self._checkpoint_extra())
+
+    def _checkpoint_extra(self) -> dict[str, Any]:
+        return {"training_mode": self.mode.value, "num_pairs": len(self.pairs)}
 
     def resume(self, path: str | Path | None = None) -> int:
         """Restore model, optimizer, schedule, RNGs and ``step`` from ``path`` (default:
-        the latest checkpoint); returns the step."""
-        if path is None:
-            if self.checkpoints is None:
-                raise ValueError("PreferenceTrainer.resume() without a path needs checkpoint=")
-            path = self.checkpoints.latest()
-            if path is None:
-                raise CheckpointError(f"no checkpoint to resume from in {self.checkpoints.dir}")
-        loaded = self.checkpoints.load(path, self.model, self.optimizer, self.scheduler)
+        the latest checkpoint); returns the step. A checkpoint of another training mode
+        is refused."""
+        loaded = self.core.resume(path)
         if loaded.extra.get("training_mode") != self.mode.value:
             raise CheckpointError(
-                f"checkpoint {str(path)!r} was trained with training_mode="
+                f"checkpoint {str(loaded.path)!r} was trained with training_mode="
                 f"{loaded.extra.get('training_mode')!r}, not {self.mode.value!r}"
             )
-        self.step = loaded.step
         return self.step
-
-    def close(self) -> None:
-        self.logger.close()
 
 
 # ---------------------------------------------------------------------------- saving
