@@ -28,7 +28,7 @@ from ludic.inference.vllm.process import (  # noqa: E402
 
 
 def test_nothing_listening_raises_connection_error_quickly():
-    client = VLLMChatClient(port=find_free_port(), timeout_s=5, max_retries=2, backoff_s=0.1)
+    client = VLLMChatClient(port=find_free_port(), timeout_s=5, max_retries=2)
     started = time.monotonic()
     with pytest.raises(ConnectionError, match="unreachable"):
         asyncio.run(client.complete(CompletionRequest((1, 2, 3))))
@@ -77,7 +77,7 @@ def test_server_killed_mid_sync_raises_within_the_timeout_and_leaves_no_orphans(
     pids = [server.pid, *(p.pid for p in psutil.Process(server.pid).children(recursive=True))]
     assert len(pids) >= 3  # API server, engine core, worker(s)
     timeout_s = 20.0
-    client = VLLMChatClient(server.url, timeout_s=timeout_s, max_retries=2, backoff_s=0.2)
+    client = VLLMChatClient(server.url, timeout_s=timeout_s, max_retries=2)
     try:
         client.init_weight_sync(master_port=server.group_port)
         publisher = client.publisher

@@ -1,21 +1,23 @@
 """The pure pieces of the vLLM integration, without a server: update checks, the max_think
-state machine, finish-reason mapping, CPU default arguments and retry delays."""
+state machine, finish-reason mapping, CPU default arguments and connection retries."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
+import threading
 import time
 
+import httpx
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed")
 
 import torch  # noqa: E402
 
-from ludic.inference.vllm.client import (  # noqa: E402
-    VLLMServerError,
-    _finish_reason,
-    _Retrying,
-)
+from ludic.distributed.weight_transfer.groups import free_port  # noqa: E402
+from ludic.inference.vllm.client import VLLMServerError, _finish_reason  # noqa: E402
+from ludic.inference.vllm.http import VLLMControlPlane  # noqa: E402
 from ludic.inference.vllm.logits_processors import _MaxThink  # noqa: E402
 from ludic.inference.vllm.process import CPU_DEFAULT_ARGS, _missing_defaults  # noqa: E402
 from ludic.inference.vllm.worker import check_update  # noqa: E402
@@ -114,10 +116,58 @@ def test_cpu_defaults_yield_to_explicit_flags():
     assert "--dtype" not in _missing_defaults(CPU_DEFAULT_ARGS, ["--dtype=half"])
 
 
-def test_retry_delays_back_off_exponentially_within_the_deadline():
-    far = time.monotonic() + 60
-    policy = _Retrying("u", timeout_s=60, max_retries=3, backoff_s=0.5)
-    assert [policy.retry_delay(i, far) for i in range(4)] == [0.5, 1.0, 2.0, None]
-    assert policy.retry_delay(0, time.monotonic() + 0.2) is None  # would overrun the deadline
-    with pytest.raises(ValueError):
-        _Retrying("u", timeout_s=0, max_retries=1, backoff_s=0.1)
+def _serve_health_after(port: int, delay_s: float) -> threading.Thread:
+    """Start answering ``GET /health`` on ``port`` after ``delay_s`` (a server coming up)."""
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's naming)
+            body = b'{"status": "ok"}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    def serve():
+        time.sleep(delay_s)
+        with http.server.HTTPServer(("127.0.0.1", port), Health) as server:
+            server.handle_request()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_connection_failures_are_retried_until_the_server_comes_up():
+    port = free_port()
+    thread = _serve_health_after(port, delay_s=0.3)
+    control = VLLMControlPlane(f"http://127.0.0.1:{port}", timeout_s=5, max_retries=3)
+    try:
+        assert control.health() == {"status": "ok"}  # retried at 0, 0.5, 1.0 s
+    finally:
+        control.close()
+        thread.join(timeout=5)
+
+
+def test_without_retries_a_server_not_yet_up_is_unreachable():
+    port = free_port()
+    thread = _serve_health_after(port, delay_s=0.5)
+    control = VLLMControlPlane(f"http://127.0.0.1:{port}", timeout_s=5, max_retries=0)
+    try:
+        with pytest.raises(ConnectionError, match=r"unreachable \(/health, 1 attempt"):
+            control.health()
+    finally:
+        control.close()
+        thread.join(timeout=5)
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)  # let the server thread end
+
+
+def test_invalid_timeout_or_retries_are_refused():
+    with pytest.raises(ValueError, match="timeout_s"):
+        VLLMControlPlane("http://127.0.0.1:1", timeout_s=0)
+    with pytest.raises(ValueError, match="max_retries"):
+        VLLMControlPlane("http://127.0.0.1:1", max_retries=-1)

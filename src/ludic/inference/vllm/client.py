@@ -15,7 +15,7 @@
     client.sync_weights(model.state_dict(), version=1)
 
 Every HTTP call is bounded by ``timeout_s``; connection failures are retried
-``max_retries`` times with exponential backoff (``backoff_s * 2**attempt``), nothing else
+``max_retries`` times (httpx transport retries, exponential backoff), nothing else
 is retried. A dead server raises ``ConnectionError`` / ``TimeoutError``, never hangs.
 """
 
@@ -31,15 +31,13 @@ from ludic.inference.request import CompletionRequest
 from ludic.inference.sampling import to_openai_params
 from ludic.inference.vllm.http import (  # noqa: F401 (re-exported)
     KEEPALIVE_EXPIRY_S,
+    VERSION_HEADER,
     AsyncHTTP,
     VLLMControlPlane,
     VLLMServerError,
-    _Retrying,
 )
 from ludic.inference.vllm.weight_sync import VLLMConnection
 from ludic.types import FINISH_REASONS, ChatResponse, TokenTrace
-
-VERSION_HEADER = "x-ludic-policy-version"  # set by ludic.inference.vllm.server
 
 FINISH_REASON_MAP: dict[str, str] = {
     "stop": "stop",
@@ -61,8 +59,8 @@ class VLLMChatClient:
         api_key: sent as ``Authorization: Bearer`` (the server's ``--api-key``).
         timeout_s: bound on every HTTP call, on the weight-sync group's collectives and
             on waiting for a sync to be applied.
-        max_retries, backoff_s: connection failures are retried after
-            ``backoff_s * 2**attempt`` seconds.
+        max_retries: connection failures (the request never reached the server) are
+            retried this many times, with httpx's exponential backoff.
         max_connections: concurrent completion requests kept open.
 
     ``TokenTrace.policy_version`` is the server's runtime version when it received the
@@ -80,7 +78,6 @@ class VLLMChatClient:
         api_key: str | None = None,
         timeout_s: float = 60.0,
         max_retries: int = 3,
-        backoff_s: float = 0.5,
         max_connections: int = 256,
     ) -> None:
         self.base_url = (base_url or f"http://{host}:{port}").rstrip("/")
@@ -92,7 +89,6 @@ class VLLMChatClient:
             api_key=api_key,
             timeout_s=timeout_s,
             max_retries=max_retries,
-            backoff_s=backoff_s,
             max_connections=max_connections,
         )
         self.http = self.connection.http

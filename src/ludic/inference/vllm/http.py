@@ -3,15 +3,15 @@ policy, the synchronous control plane (weight-sync routes), and a per-event-loop
 client for the data routes.
 
 Every call is bounded by ``timeout_s``; connection failures (the request never reached
-the server) are retried ``max_retries`` times with exponential backoff
-(``backoff_s * 2**attempt``); nothing else is retried. A dead server raises
-``ConnectionError`` / ``TimeoutError``, never hangs.
+the server) are retried ``max_retries`` times by httpx's own transport retries (exponential
+backoff: 0, 0.5, 1, 2 ... s); nothing else is retried, since a request that reached the
+server may have had an effect. A dead server raises ``ConnectionError`` / ``TimeoutError``,
+never hangs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -22,6 +22,10 @@ from ludic.distributed.weight_transfer.base import (
     TorchDistributedWeightSyncInfo,
     WeightUpdateRequest,
 )
+
+VERSION_HEADER = "x-ludic-policy-version"
+"""Response header set by ludic's servers: the served model's runtime version when the
+request arrived (policy and reward servers alike)."""
 
 
 class VLLMServerError(RuntimeError):
@@ -37,36 +41,35 @@ class VLLMServerError(RuntimeError):
 
 
 # ------------------------------------------------------------------------------ HTTP
-class _Retrying:
-    """Shared retry / error policy of the sync and async HTTP paths."""
+class _ErrorPolicy:
+    """Shared error policy of the sync and async HTTP paths: httpx errors and error
+    statuses become ``ConnectionError`` / ``TimeoutError`` / :class:`VLLMServerError`
+    naming the server, the route and the fix."""
 
-    def __init__(self, base_url: str, timeout_s: float, max_retries: int, backoff_s: float):
-        if timeout_s <= 0 or max_retries < 0 or backoff_s < 0:
+    def __init__(self, base_url: str, timeout_s: float, max_retries: int):
+        if timeout_s <= 0 or max_retries < 0:
             raise ValueError(
-                f"timeout_s={timeout_s}, max_retries={max_retries}, backoff_s={backoff_s}; "
-                "need timeout_s > 0, max_retries >= 0, backoff_s >= 0"
+                f"timeout_s={timeout_s}, max_retries={max_retries}; need timeout_s > 0 and "
+                "max_retries >= 0"
             )
         self.base_url = base_url
         self.timeout_s = timeout_s
         self.max_retries = max_retries
-        self.backoff_s = backoff_s
 
-    def retry_delay(self, attempt: int, deadline: float) -> float | None:
-        """Seconds to sleep before retrying failed attempt ``attempt`` (0-based), or
-        ``None`` when the retries or the time (``deadline``) are used up."""
-        delay = self.backoff_s * 2**attempt
-        if attempt >= self.max_retries or time.monotonic() + delay >= deadline:
-            return None
-        return delay
-
-    def unreachable(self, path: str, attempts: int, err: Exception) -> ConnectionError:
-        return ConnectionError(
-            f"vLLM server at {self.base_url} unreachable ({path}, {attempts} attempt(s)): "
-            f"{type(err).__name__}: {err}. Is it running? (start it with "
-            "ludic.inference.vllm.process.start_vllm_server)"
+    def limits(self, max_connections: int | None = None) -> httpx.Limits:
+        return httpx.Limits(
+            max_connections=max_connections,
+            max_keepalive_connections=max_connections,
+            keepalive_expiry=KEEPALIVE_EXPIRY_S,
         )
 
     def translate(self, path: str, err: httpx.HTTPError) -> Exception:
+        if isinstance(err, _NEVER_REACHED):
+            return ConnectionError(
+                f"vLLM server at {self.base_url} unreachable ({path}, "
+                f"{self.max_retries + 1} attempt(s)): {type(err).__name__}: {err}. Is it "
+                "running? (start it with ludic.inference.vllm.process.start_vllm_server)"
+            )
         if isinstance(err, httpx.TimeoutException):
             return TimeoutError(
                 f"vLLM server at {self.base_url} did not answer {path} within "
@@ -96,7 +99,8 @@ class _Retrying:
         )
 
 
-_RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout)  # the request never reached the server
+_NEVER_REACHED = (httpx.ConnectError, httpx.ConnectTimeout)
+"""What httpx's transport retries: the request never reached the server."""
 
 KEEPALIVE_EXPIRY_S = 2.0
 """Pooled connections idle longer than this are not reused. It must stay below the
@@ -116,16 +120,15 @@ class VLLMControlPlane:
         api_key: str | None = None,
         timeout_s: float = 60.0,
         max_retries: int = 3,
-        backoff_s: float = 0.5,
         poll_s: float = 0.05,
     ) -> None:
-        self.policy = _Retrying(base_url, timeout_s, max_retries, backoff_s)
+        self.policy = _ErrorPolicy(base_url, timeout_s, max_retries)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(
             base_url=base_url,
             headers=headers,
             timeout=timeout_s,
-            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S),
+            transport=httpx.HTTPTransport(retries=max_retries, limits=self.policy.limits()),
         )
         self.poll_s = poll_s
         self._errors_before: int | None = None  # server error_count when this sync began
@@ -213,18 +216,10 @@ class VLLMControlPlane:
         self.http.close()
 
     def _call(self, path: str, send: Callable[[], httpx.Response]) -> dict[str, Any]:
-        deadline = time.monotonic() + self.policy.timeout_s
-        for attempt in itertools.count():
-            try:
-                return self.policy.check(path, send()).json()
-            except _RETRYABLE as e:
-                delay = self.policy.retry_delay(attempt, deadline)
-                if delay is None:
-                    raise self.policy.unreachable(path, attempt + 1, e) from e
-                time.sleep(delay)
-            except httpx.HTTPError as e:
-                raise self.policy.translate(path, e) from e
-        raise AssertionError("itertools.count() does not end")
+        try:
+            return self.policy.check(path, send()).json()
+        except httpx.HTTPError as e:
+            raise self.policy.translate(path, e) from e
 
 
 class AsyncHTTP:
@@ -238,13 +233,12 @@ class AsyncHTTP:
         api_key: str | None = None,
         timeout_s: float = 60.0,
         max_retries: int = 3,
-        backoff_s: float = 0.5,
         max_connections: int = 256,
     ) -> None:
         self.base_url = base_url
         self.api_key = api_key
         self.max_connections = max_connections
-        self.policy = _Retrying(base_url, timeout_s, max_retries, backoff_s)
+        self.policy = _ErrorPolicy(base_url, timeout_s, max_retries)
         self._async: tuple[asyncio.AbstractEventLoop, httpx.AsyncClient] | None = None
 
     async def post(self, path: str, body: dict[str, Any]) -> httpx.Response:
@@ -271,16 +265,15 @@ class AsyncHTTP:
         loop = asyncio.get_running_loop()
         if self._async is None or self._async[0] is not loop:
             headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-            limits = httpx.Limits(
-                max_connections=self.max_connections,
-                max_keepalive_connections=self.max_connections,
-                keepalive_expiry=KEEPALIVE_EXPIRY_S,
+            transport = httpx.AsyncHTTPTransport(
+                retries=self.policy.max_retries,
+                limits=self.policy.limits(self.max_connections),
             )
             client = httpx.AsyncClient(
                 base_url=self.base_url,
                 headers=headers,
                 timeout=self.policy.timeout_s,
-                limits=limits,
+                transport=transport,
             )
             self._async = (loop, client)
         return self._async[1]
@@ -288,15 +281,7 @@ class AsyncHTTP:
     async def _call(
         self, path: str, send: Callable[[], Awaitable[httpx.Response]]
     ) -> httpx.Response:
-        deadline = time.monotonic() + self.policy.timeout_s
-        for attempt in itertools.count():
-            try:
-                return self.policy.check(path, await send())
-            except _RETRYABLE as e:
-                delay = self.policy.retry_delay(attempt, deadline)
-                if delay is None:
-                    raise self.policy.unreachable(path, attempt + 1, e) from e
-                await asyncio.sleep(delay)
-            except httpx.HTTPError as e:
-                raise self.policy.translate(path, e) from e
-        raise AssertionError("itertools.count() does not end")
+        try:
+            return self.policy.check(path, await send())
+        except httpx.HTTPError as e:
+            raise self.policy.translate(path, e) from e

@@ -32,10 +32,8 @@ from ludic.inference.reward_client import (
     ScoringRequest,
     ScoringResponse,
 )
-from ludic.inference.vllm.http import VLLMServerError
+from ludic.inference.vllm.http import VERSION_HEADER, VLLMServerError
 from ludic.inference.vllm.weight_sync import VLLMConnection
-
-VERSION_HEADER = "x-ludic-policy-version"  # set by the server: the served model's version
 
 
 class VLLMRewardClient:
@@ -48,8 +46,8 @@ class VLLMRewardClient:
         api_key: sent as ``Authorization: Bearer`` (the server's ``--api-key``).
         timeout_s: bound on every HTTP call, on the weight-sync collectives and on waiting
             for a sync to be applied.
-        max_retries, backoff_s: connection failures are retried after
-            ``backoff_s * 2**attempt`` seconds.
+        max_retries: connection failures (the request never reached the server) are
+            retried this many times, with httpx's exponential backoff.
         head_modules: module names of the classification head (for mode checks).
         check_server: ask ``/health`` at construction and refuse a server that is not a
             reward server.
@@ -65,7 +63,6 @@ class VLLMRewardClient:
         api_key: str | None = None,
         timeout_s: float = 60.0,
         max_retries: int = 3,
-        backoff_s: float = 0.5,
         max_connections: int = 64,
         head_modules: Sequence[str] = HEAD_MODULES,
         check_server: bool = True,
@@ -79,7 +76,6 @@ class VLLMRewardClient:
             api_key=api_key,
             timeout_s=timeout_s,
             max_retries=max_retries,
-            backoff_s=backoff_s,
             max_connections=max_connections,
         )
         self.http = self.connection.http

@@ -141,7 +141,6 @@ class VLLMConnection:
         api_key: str | None = None,
         timeout_s: float = 60.0,
         max_retries: int = 3,
-        backoff_s: float = 0.5,
         max_connections: int = 256,
     ) -> None:
         self.http = AsyncHTTP(
@@ -149,7 +148,6 @@ class VLLMConnection:
             api_key=api_key,
             timeout_s=timeout_s,
             max_retries=max_retries,
-            backoff_s=backoff_s,
             max_connections=max_connections,
         )
         self.control = VLLMControlPlane(
@@ -157,7 +155,6 @@ class VLLMConnection:
             api_key=api_key,
             timeout_s=timeout_s,
             max_retries=max_retries,
-            backoff_s=backoff_s,
         )
         self.weight_sync = WeightSyncSession(self.control, timeout_s=timeout_s)
 
