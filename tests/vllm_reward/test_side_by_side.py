@@ -1,4 +1,4 @@
-"""A policy server and a reward server side by side (spec 2, sec. 5.1): different HTTP
+"""A policy server and a reward server side by side (docs/design.md, "Reward models"): different HTTP
 ports and different weight-sync groups, each synced by its own client, neither disturbing
 the other. Uses the session's policy server (``served``, tests/conftest.py) and reward
 server (``served_reward``)."""

@@ -1,4 +1,4 @@
-"""Publishing reward-model weights (spec 2, sec. 6.4 and 7), per training mode.
+"""Publishing reward-model weights (docs/design.md, "Reward models"), per training mode.
 
 What a sync in each mode carries, and the names it carries them under, is decided by
 :mod:`ludic.distributed.reward_weights` (re-exported here).

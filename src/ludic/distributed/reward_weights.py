@@ -1,4 +1,4 @@
-"""Reward-model weights by training mode (spec 2, sec. 6.4): the naming rules in one place.
+"""Reward-model weights by training mode (docs/design.md, "Reward models"): the naming rules in one place.
 
 :class:`RewardModelTrainingMode` says what trains (head only, LoRA, full) and therefore
 what a sync carries. :func:`reward_sync_params` turns what the caller passes into exactly

@@ -1,4 +1,4 @@
-"""Reward-model inference contracts (spec 2, sec. 6.1): scoring requests and responses,
+"""Reward-model inference contracts (docs/design.md, "Reward models"): scoring requests and responses,
 the ``RewardModelClient`` protocol and the three training modes of a reward model.
 
 A reward model here is a sequence classifier with one label: an LLM backbone plus a linear

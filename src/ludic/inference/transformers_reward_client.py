@@ -1,5 +1,5 @@
 """An in-process ``RewardModelClient`` on a transformers sequence-classification model: the
-embedded counterpart of a vLLM reward server (spec 2, sec. 6.1).
+embedded counterpart of a vLLM reward server (docs/design.md, "Reward models").
 
 The model is a one-label sequence classifier (``AutoModelForSequenceClassification`` with
 ``num_labels=1``, e.g. :func:`ludic.models.tiny.build_tiny_reward_model`). A request's

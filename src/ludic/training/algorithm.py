@@ -235,7 +235,7 @@ def make_reward_rl(
     format_fn: RewardFormatFn = reward_text,
     loss: Loss | None = None,
 ) -> RLAlgorithm:
-    """RL from a learned reward model (RLHF-style, spec 2 sec. 6.5).
+    """RL from a learned reward model (RLHF-style; docs/design.md, "Reward models").
 
     Rollout hook ``RewardModelScorer(reward_client, normalize, format_fn, per_turn)``
     scores each rollout's last turn (every turn if ``per_turn``): s = sigmoid(logit) if

@@ -1,4 +1,4 @@
-"""Credit from a learned reward model (spec 2, sec. 6.5), in two parts.
+"""Credit from a learned reward model (docs/design.md, "Reward models"), in two parts.
 
 1. :class:`RewardModelScorer` is a :class:`~ludic.training.types.RolloutHook`: after a
    batch is generated it scores every rollout (or every turn) with ONE

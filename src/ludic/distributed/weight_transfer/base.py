@@ -1,4 +1,4 @@
-"""The weight-transfer layer's data and contracts (spec 3, in ludic's terms: no Ray; the
+"""The weight-transfer layer's data and contracts (docs/design.md, "Weight transfer"; in ludic's terms: no Ray; the
 control plane is HTTP to the inference server, the data plane a process group or CUDA
 IPC).
 

@@ -1,4 +1,4 @@
-"""A reward model's set-up per training mode and its scoring (spec 2, sec. 2.2 and 7).
+"""A reward model's set-up per training mode and its scoring (docs/design.md, "Reward models").
 
 A reward model is a sequence classifier with one label (an LLM backbone plus a linear
 ``score`` head read at the last non-pad token). :func:`prepare_reward_model` sets it up for

@@ -1,4 +1,4 @@
-"""Reward-model training on preference pairs (spec 2, sec. 2.2 and 7).
+"""Reward-model training on preference pairs (docs/design.md, "Reward models").
 
 A reward model is a sequence classifier with one label (an LLM backbone plus a linear
 ``score`` head read at the last non-pad token). Three training modes
