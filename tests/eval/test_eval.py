@@ -11,8 +11,8 @@ from ludic.envs.env import LudicEnv
 from ludic.eval import EngineEvaluator, Evaluator, eval_item, run_eval
 from ludic.inference.request import InferenceSpec
 from ludic.rollouts.engine import RolloutEngine
+from ludic.rollouts.requests import EnvSpec, ProtocolSpec, RolloutRequest
 from ludic.stats import Reducer
-from ludic.training.types import EnvSpec, ProtocolSpec, RolloutRequest
 from ludic.types import AgentStep, EnvironmentStep, Rollout, StepOutcome
 
 

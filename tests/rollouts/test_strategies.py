@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ludic.inference.request import InferenceSpec, SamplingSpec
+from ludic.rollouts.requests import EnvSpec, ProtocolSpec, RolloutRequest
 from ludic.rollouts.strategies import GRPORequestStrategy, RequestStrategy
-from ludic.training.types import EnvSpec, ProtocolSpec, RolloutRequest
 
 
 def req(env_seed=None, seed=None, n=1, meta=None):

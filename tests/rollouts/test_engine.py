@@ -8,8 +8,8 @@ import pytest
 
 from ludic.inference.request import InferenceSpec, SamplingSpec
 from ludic.rollouts.engine import RolloutEngine, UnknownKindError
+from ludic.rollouts.requests import EnvSpec, ProtocolSpec, RolloutRequest
 from ludic.training.batching.offline import read_rollouts_jsonl
-from ludic.training.types import EnvSpec, ProtocolSpec, RolloutRequest
 from ludic.types import rollout_to_dict
 
 
