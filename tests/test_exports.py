@@ -15,10 +15,14 @@ PACKAGES = [
     "ludic.context",
     "ludic.interaction",
     "ludic.inference",
+    "ludic.inference.vllm",
+    "ludic.rollouts",
     "ludic.training",
+    "ludic.training.reward_model",
     "ludic.training.losses",
     "ludic.training.batching",
     "ludic.distributed",
+    "ludic.distributed.weight_transfer",
     "ludic.eval",
 ]
 

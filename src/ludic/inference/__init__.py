@@ -25,6 +25,11 @@ _EXPORTS: dict[str, str] = {
     "XMLJsonToolCallParser": "ludic.inference.tool_parser",
     "TransformersChatClient": "ludic.inference.transformers_client",
     "TransformersRewardClient": "ludic.inference.transformers_reward_client",
+    # vLLM clients and process helpers (importing them does not import vLLM)
+    "VLLMChatClient": "ludic.inference.vllm.client",
+    "VLLMRewardClient": "ludic.inference.vllm.reward_client",
+    "VLLMServerError": "ludic.inference.vllm.http",
+    "start_vllm_server": "ludic.inference.vllm.process",
 }
 
 __getattr__, __all__ = lazy_exports(__name__, globals(), _EXPORTS)
