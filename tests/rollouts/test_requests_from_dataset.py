@@ -7,9 +7,8 @@ import queue
 
 import pytest
 
-from ludic.rollouts.requests import EnvSpec, ProtocolSpec, RolloutRequest
+from ludic.rollouts.requests import DataExhausted, EnvSpec, ProtocolSpec, RolloutRequest
 from ludic.rollouts.requests_from_dataset import make_requests_fn_from_queue
-from ludic.rollouts.requests import DataExhausted
 
 
 def build(item: int) -> RolloutRequest:
