@@ -155,7 +155,18 @@ class OfflineBatchSource:
         left = len(self._order) - self._pos
         return left == 0 or (self.drop_last and left < self.batch_size)
 
-    async def next_batch(self) -> SAWBatch:
+    def skip(self, num_batches: int) -> None:
+        """Advance past ``num_batches`` batches without building them, exactly as that many
+        :meth:`next_batch` calls would (the order is a function of seed and epoch), so a
+        resumed run continues with the batch an uninterrupted one would see next."""
+        if num_batches < 0:
+            raise ValueError(
+                f"OfflineBatchSource.skip: num_batches must be >= 0, got {num_batches}"
+            )
+        for _ in range(num_batches):
+            self._advance()
+
+    def _advance(self) -> list[int]:
         if self._epoch_done():
             if self.epochs is not None and self.epoch + 1 >= self.epochs:
                 raise DataExhausted(
@@ -167,7 +178,10 @@ class OfflineBatchSource:
         idx = self._order[self._pos : self._pos + self.batch_size]
         self._pos += len(idx)
         self._batch_index += 1
-        items = [self.items[i] for i in idx]
+        return idx
+
+    async def next_batch(self) -> SAWBatch:
+        items = [self.items[i] for i in self._advance()]
         meta: dict[str, Any] = {
             "source": "offline",
             "epoch": self.epoch,
