@@ -113,7 +113,7 @@ def test_bad_line_names_file_and_line(fakes, tmp_path):
     path = write(fakes, tmp_path / "d.jsonl", n=2)
     with path.open("a") as f:
         f.write("{not json\n")
-    with pytest.raises(ValueError, match=r"d\.jsonl:3: not a rollout"):
+    with pytest.raises(ValueError, match=r"d\.jsonl:3: not valid JSON"):
         read_rollouts_jsonl(path)
     bad_step = {"id": "x", "steps": [{"kind": "agent", "index": 0}]}
     path.write_text(json.dumps(bad_step) + "\n")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ludic.inference.chat_template import ChatTemplate
+from ludic.jsonl import iter_jsonl
 from ludic.training.batching.saw import SampleFilter, build_saw_batch, check_retokenize_args
 from ludic.training.types import CreditAssigner, DataExhausted, SAWBatch, SAWItem
 from ludic.types import Rollout, rollout_from_dict, rollout_to_dict
@@ -43,17 +44,14 @@ def read_rollouts_jsonl(path: str | Path) -> list[Rollout]:
     if not path.is_file():
         raise FileNotFoundError(f"rollout file {str(path)!r} does not exist")
     rollouts: list[Rollout] = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rollouts.append(rollout_from_dict(json.loads(line)))
-            except (ValueError, TypeError, AttributeError) as e:
-                raise ValueError(
-                    f"{path}:{lineno}: not a rollout ({type(e).__name__}: {e}); each line must "
-                    "be one rollout_to_dict object (see write_rollouts_jsonl)"
-                ) from e
+    for lineno, data in iter_jsonl(path):  # a line that is not JSON: JSONLError, file:line
+        try:
+            rollouts.append(rollout_from_dict(data))
+        except (ValueError, TypeError, AttributeError) as e:
+            raise ValueError(
+                f"{path}:{lineno}: not a rollout ({type(e).__name__}: {e}); each line must "
+                "be one rollout_to_dict object (see write_rollouts_jsonl)"
+            ) from e
     return rollouts
 
 
