@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -206,3 +207,31 @@ def test_exploding_weights_stop_with_a_clear_error_and_are_never_checkpointed(
         job.train(config(tmp_path, "trainer.lr=1e30", "trainer.checkpoint_every=1"))
     assert checkpoint_steps(run_dir(tmp_path), "rl") == []
     assert steps(run_dir(tmp_path), "rl") == []
+
+
+def test_sigterm_on_a_reward_model_run_checkpoints_a_whole_step_and_exits_143(
+    tmp_path: Path,
+) -> None:
+    """The reward-model loop is synchronous: SIGTERM is held until the step ends, so the
+    checkpoint holds exactly the steps metrics.jsonl records."""
+    example = Path(__file__).resolve().parents[2] / "examples/configs/reward_model_tiny.yaml"
+    argv = [sys.executable, "-m", "ludic", "train", str(example), f"output_dir={tmp_path}",
+            "reward_model.steps=100000", "reward_model.batch_size=4",
+            "reward_model.checkpoint_every=1000", "reward_model.eval_every=0",
+            "reward_model.data.synthetic.num_pairs=40", "reward_model.data.eval_size=8"]  # fmt: skip
+    with (tmp_path / "stderr.txt").open("w") as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
+    run = wait_for("a run directory", lambda: run_dir_of(tmp_path), proc, 60)
+    wait_for("step 3", lambda: len(steps(run, "reward_model")) >= 3, proc, 60)
+    proc.send_signal(signal.SIGTERM)
+    assert _finish(proc) == 143
+    done = steps(run, "reward_model")
+    assert done == list(range(1, len(done) + 1))
+    saved = sorted((run / "checkpoints").rglob("step_*"))
+    assert [int(p.name[5:]) for p in saved] == [done[-1]]
+    assert "--resume" in (tmp_path / "stderr.txt").read_text()
+
+
+def run_dir_of(out: Path) -> Path | None:
+    found = [p for p in out.iterdir() if p.is_dir()]
+    return found[0] if found else None

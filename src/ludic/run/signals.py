@@ -7,6 +7,8 @@ at that moment (inside ``asyncio.run`` that cancels the main task at its next aw
 step boundary; elsewhere Python raises ``KeyboardInterrupt`` at once), so every
 ``except KeyboardInterrupt`` and context manager unwinds exactly as for Ctrl-C; it then
 re-raises the interrupt as :class:`Terminated` so the CLI can exit with 143.
+Synchronous loops (no event loop to cancel) wrap each step in :func:`interrupts_deferred`
+so a signal lands between steps, never between an optimizer step and its bookkeeping.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
-__all__ = ["EXIT_TERMINATED", "Terminated", "terminate_as_interrupt"]
+__all__ = ["EXIT_TERMINATED", "Terminated", "interrupts_deferred", "terminate_as_interrupt"]
 
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143, as shells report a SIGTERM death
 
@@ -52,3 +54,28 @@ def terminate_as_interrupt() -> Iterator[None]:
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM that arrive inside the block are held until it ends, then raised
+    as ``KeyboardInterrupt`` (:class:`Terminated` for SIGTERM). Main thread only; elsewhere
+    a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+
+    previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if signal.SIGTERM in received:
+        raise Terminated("SIGTERM")
+    if received:
+        raise KeyboardInterrupt
