@@ -21,10 +21,8 @@ the checkpoint it loads, so after a crash at any moment the file and the checkpo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -52,6 +50,7 @@ from ludic.run.plot import plot_reward_curve
 from ludic.run.progress import ProgressLogger, print_summary
 from ludic.run.run_dir import PhaseMetricsWriter, RunDirectory, open_run
 from ludic.run.signals import terminate_as_interrupt
+from ludic.run.steps import checkpoint_on_failure, run_steps
 from ludic.training import (
     CheckpointConfig,
     CheckpointManager,
@@ -63,8 +62,7 @@ from ludic.training import (
     Trainer,
     make_sft,
 )
-from ludic.training.checkpoint import load_checkpoint, step_of
-from ludic.training.optim import parameter_problem
+from ludic.training.checkpoint import load_checkpoint
 
 __all__ = ["RunError", "evaluate", "train"]
 
@@ -149,14 +147,14 @@ def _warm_start(
         checkpoint=_checkpoint_config(config, run, "warm_start"),
         loggers=loggers,
     )
-    with _checkpoint_on_failure(trainer, loggers[0], console):
+    with checkpoint_on_failure(trainer, loggers[0], console):
         if resuming:
             if run.has_checkpoint("warm_start"):
                 trainer.resume()
             run.truncate_metrics("warm_start", trainer.step)
             source.skip(trainer.step)
             loggers[0].last_step = trainer.step
-        _run_steps(trainer, steps - trainer.step, every=config.trainer.checkpoint_every)
+        run_steps(trainer, steps - trainer.step, every=config.trainer.checkpoint_every)
 
 
 def _reinforce(
@@ -223,7 +221,7 @@ def _reinforce_with(
         checkpoint=_checkpoint_config(config, run, "rl"),
         loggers=loggers,
     )
-    with _checkpoint_on_failure(trainer, loggers[0], console):
+    with checkpoint_on_failure(trainer, loggers[0], console):
         _run_rl(
             config,
             run,
@@ -274,7 +272,7 @@ def _run_rl(
         and trainer.step < config.trainer.steps
     ):
         asyncio.run(record_eval())
-    _run_steps(
+    run_steps(
         trainer,
         config.trainer.steps - trainer.step,
         after_step,
@@ -282,68 +280,6 @@ def _run_rl(
     )
     if trainer.step not in evaluated:
         asyncio.run(record_eval())
-
-
-@contextlib.contextmanager
-def _checkpoint_on_failure(
-    trainer: Trainer, metrics: PhaseMetricsWriter, console: Console
-) -> Iterator[None]:
-    """Ctrl-C, SIGTERM or any failure in a phase (a step, an evaluation, a weight sync)
-    saves a checkpoint of the last completed step, then re-raises. Nothing is saved when
-    the weights are non-finite or exploded, or when the step counter is ahead of
-    ``metrics.jsonl`` (a failure between the optimizer step and its log line): the newest
-    checkpoint then stays the resume point. Inside the step loop Ctrl-C cancels at the
-    next await, which :func:`_run_steps` places at every step boundary."""
-    try:
-        yield
-    except BaseException:
-        problem = parameter_problem(trainer.model)
-        if problem is not None:
-            console.print(f"[yellow]not checkpointing step {trainer.step}: {problem}[/yellow]")
-        elif trainer.step != metrics.last_step:
-            console.print(
-                f"[yellow]not checkpointing step {trainer.step}: it failed before its "
-                "metrics line was written; --resume continues from the newest checkpoint"
-                "[/yellow]"
-            )
-        elif trainer.step > 0:
-            _save_checkpoint(trainer)
-        raise
-    finally:
-        trainer.close()
-
-
-def _run_steps(
-    trainer: Trainer,
-    num_steps: int,
-    after_step: Callable[[int], Awaitable[None]] | None = None,
-    *,
-    every: int,
-) -> None:
-    """``num_steps`` optimizer steps (and ``after_step`` hooks) in one event loop, a
-    checkpoint every ``every`` steps and one after the last step. A checkpoint is saved
-    after its step's metrics line, samples and evaluation, so it never gets ahead of them.
-    """
-
-    async def loop() -> None:
-        for _ in range(num_steps):
-            await asyncio.sleep(0)  # a step boundary: a pending Ctrl-C/SIGTERM cancels here
-            await trainer.train_step()
-            if after_step is not None:
-                await after_step(trainer.step)
-            if every and trainer.step % every == 0:
-                _save_checkpoint(trainer)
-        _save_checkpoint(trainer)  # the phase's last step is always resumable
-
-    asyncio.run(loop())
-
-
-def _save_checkpoint(trainer: Trainer) -> None:
-    """Save step ``trainer.step`` unless its checkpoint exists already."""
-    assert trainer.checkpoints is not None
-    latest = trainer.checkpoints.latest()
-    if trainer.step > 0 and (latest is None or step_of(latest) != trainer.step):
-        trainer.save_checkpoint()
 
 
 async def _evaluate(config: RunConfig, engine: RolloutEngine) -> dict[str, float]:
