@@ -21,6 +21,7 @@ from pathlib import Path
 from ludic import __version__
 from ludic.run.errors import RunError
 from ludic.run.loading import ConfigError, load_config
+from ludic.run.signals import EXIT_TERMINATED, Terminated
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # an unexpected exception (a bug, or an environment problem)
@@ -60,7 +61,8 @@ examples:
   ludic train my_run.yaml --resume runs/my-run-20250101-120000
   ludic eval my_run.yaml --run-dir runs/my-run-20250101-120000
 
-exit codes: 0 ok, 1 unexpected error, 2 bad config or input, 130 interrupted.
+exit codes: 0 ok, 1 unexpected error, 2 bad config or input, 130 interrupted (Ctrl-C),
+143 terminated (SIGTERM; both save a checkpoint).
 Run `ludic COMMAND --help` for a command's options.
 """
 )
@@ -84,9 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.handler(args)
     try:
         return args.handler(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         _print_error(_interrupted_message(args))
-        return EXIT_INTERRUPTED
+        return EXIT_TERMINATED if isinstance(interrupt, Terminated) else EXIT_INTERRUPTED
     except Exception as err:
         if isinstance(err, _user_error_types()):
             _print_error(f"error: {_one_line(err)}")

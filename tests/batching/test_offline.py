@@ -113,7 +113,7 @@ def test_bad_line_names_file_and_line(fakes, tmp_path):
     path = write(fakes, tmp_path / "d.jsonl", n=2)
     with path.open("a") as f:
         f.write("{not json\n")
-    with pytest.raises(ValueError, match=r"d\.jsonl:3: not a rollout"):
+    with pytest.raises(ValueError, match=r"d\.jsonl:3: not valid JSON"):
         read_rollouts_jsonl(path)
     bad_step = {"id": "x", "steps": [{"kind": "agent", "index": 0}]}
     path.write_text(json.dumps(bad_step) + "\n")
@@ -154,3 +154,20 @@ def test_invalid_arguments_are_rejected(fakes, tmp_path):
         OfflineBatchSource(path, credit_assigner=credit, batch_size=1, epochs=0)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         OfflineBatchSource(tmp_path / "missing.jsonl", credit_assigner=credit, batch_size=1)
+
+
+def test_skip_continues_exactly_where_that_many_batches_would_leave_off(fakes, tmp_path):
+    """What a resumed warm start relies on: skip(k) then next_batch == the (k+1)th batch."""
+    path = write(fakes, tmp_path / "d.jsonl")
+
+    def source():
+        return OfflineBatchSource(
+            path, credit_assigner=fakes.TurnRewardCredit(), batch_size=3, seed=1
+        )
+
+    straight = asyncio.run(take(source(), 8))
+    resumed = source()
+    resumed.skip(5)  # across an epoch boundary
+    assert [ids(b) for b in asyncio.run(take(resumed, 3))] == [ids(b) for b in straight[5:]]
+    with pytest.raises(ValueError, match="num_batches must be >= 0"):
+        resumed.skip(-1)

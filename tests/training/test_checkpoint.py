@@ -112,3 +112,39 @@ def test_loading_into_a_different_model_raises_checkpoint_error(tmp_path) -> Non
 def test_checkpoint_config_rejects_invalid_values_naming_the_field(tmp_path, kwargs, field):
     with pytest.raises(ValueError, match=f"CheckpointConfig.{field}"):
         CheckpointConfig(tmp_path, **kwargs)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 1e30])
+def test_non_finite_or_exploded_weights_are_never_checkpointed(tmp_path, bad) -> None:
+    manager = CheckpointManager(CheckpointConfig(tmp_path, every_n_steps=1))
+    model, optimizer, scheduler = _setup()
+    with torch.no_grad():
+        model.weight[0, 0] = bad
+    with pytest.raises(CheckpointError, match=r"not saving checkpoint step 3 .*weights"):
+        manager.save(3, model, optimizer, scheduler)
+    assert manager.checkpoints() == [] and not any(tmp_path.iterdir())
+
+
+def test_an_exploding_optimizer_step_raises_naming_the_step_and_the_fix() -> None:
+    from ludic.training.optim import DivergedError, clipped_optimizer_step
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optimizer = build_optimizer(model, TrainerConfig(lr=1e30))
+    scheduler = build_lr_scheduler(optimizer, TrainerConfig(lr=1e30))
+
+    def abort(reason: str):
+        raise AssertionError(reason)
+
+    model(torch.ones(2, 4)).pow(2).sum().backward()
+    with pytest.raises(DivergedError, match=r"optimizer step 1 \(lr=1e\+30.*exploded.*trainer\.lr"):
+        clipped_optimizer_step(model, optimizer, scheduler, None, abort=abort)
+
+
+def test_saving_over_an_existing_step_replaces_it_whole(tmp_path) -> None:
+    manager = CheckpointManager(CheckpointConfig(tmp_path, every_n_steps=1))
+    model, optimizer, scheduler = _setup()
+    manager.save(1, model, optimizer, scheduler, extra={"n": 1})
+    path = manager.save(1, model, optimizer, scheduler, extra={"n": 2})
+    assert manager.load(path, model).extra == {"n": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001"]

@@ -7,18 +7,22 @@ re-syncs every ``trainer.publish_every`` steps). ``metrics.jsonl`` gets one line
 of either phase and one per evaluation (greedy, before RL, every ``eval.every`` steps and
 after RL).
 
-Ctrl-C stops at a step boundary, saves a checkpoint and re-raises ``KeyboardInterrupt``;
-``train(config, resume=RUN_DIR)`` continues from the newest checkpoint with the same step
-count and optimizer state.
+Ctrl-C (or SIGTERM) stops at a step boundary, saves a checkpoint and re-raises
+``KeyboardInterrupt`` (:class:`~ludic.run.signals.Terminated` for SIGTERM); any other
+failure also saves one while the weights are finite. ``train(config, resume=RUN_DIR)``
+continues from the newest checkpoint with the same step count, optimizer state and data
+position.
+
+Crash consistency: a step's ``metrics.jsonl`` line (and its samples and evaluation) is
+written and fsynced before that step's checkpoint, and a resume drops every record past
+the checkpoint it loads, so after a crash at any moment the file and the checkpoint agree.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -45,6 +49,8 @@ from ludic.run.demos import demonstrations_path
 from ludic.run.plot import plot_reward_curve
 from ludic.run.progress import ProgressLogger, print_summary
 from ludic.run.run_dir import PhaseMetricsWriter, RunDirectory, open_run
+from ludic.run.signals import terminate_as_interrupt
+from ludic.run.steps import checkpoint_on_failure, run_steps
 from ludic.training import (
     CheckpointConfig,
     CheckpointManager,
@@ -68,10 +74,15 @@ RESUMABLE_CHANGES = {"trainer.steps", "logging", "eval.every"}
 def train(config: RunConfig, *, resume: str | Path | None = None) -> Path:
     """Run (or resume) a training job; returns the run directory. ``task: reward_model``
     runs :func:`ludic.run.reward_job.train_reward_model` instead."""
-    if config.task == "reward_model":
-        from ludic.run.reward_job import train_reward_model
+    with terminate_as_interrupt():
+        if config.task == "reward_model":
+            from ludic.run.reward_job import train_reward_model
 
-        return train_reward_model(config, resume=resume)
+            return train_reward_model(config, resume=resume)
+        return _train(config, resume=resume)
+
+
+def _train(config: RunConfig, *, resume: str | Path | None) -> Path:
     console = Console()
     run, config = open_run(config, resume=resume, resumable=RESUMABLE_CHANGES)
     console.print(f"run directory: [bold]{run.path}[/bold]")
@@ -121,25 +132,29 @@ def _warm_start(
     steps = config.warm_start.steps
     demos = demonstrations_path(config, tokenizer, run.path / "demos.jsonl")
     algorithm = make_sft()
-    source = OfflineBatchSource(
+    source = OfflineBatchSource(  # one batch per step, so step N starts at batch N
         demos,
         credit_assigner=algorithm.credit_assigner,
         batch_size=config.warm_start.batch_size,
         seed=config.seed,
     )
+    loggers = _loggers(config, run, "warm_start", "warm start (SFT)", steps, console)
     trainer = Trainer(
         policy,
         algorithm,
         source,
         warm_start_trainer_config(config, _pad_id(tokenizer)),
         checkpoint=_checkpoint_config(config, run, "warm_start"),
-        loggers=_loggers(config, run, "warm_start", "warm start (SFT)", steps, console),
+        loggers=loggers,
     )
-    with _checkpoint_on_interrupt(trainer):
-        if resuming and run.has_checkpoint("warm_start"):
-            trainer.resume()
+    with checkpoint_on_failure(trainer, loggers[0], console):
+        if resuming:
+            if run.has_checkpoint("warm_start"):
+                trainer.resume()
             run.truncate_metrics("warm_start", trainer.step)
-        _run_steps(trainer, steps - trainer.step)
+            source.skip(trainer.step)
+            loggers[0].last_step = trainer.step
+        run_steps(trainer, steps - trainer.step, every=config.trainer.checkpoint_every)
 
 
 def _reinforce(
@@ -196,6 +211,7 @@ def _reinforce_with(
         request_strategy=GRPORequestStrategy(group_size=config.algorithm.group_size),
         rollout_hooks=algorithm.rollout_hooks,
     )
+    loggers = _loggers(config, run, "rl", f"RL ({algorithm.name})", config.trainer.steps, console)
     trainer = Trainer(
         policy,
         algorithm,
@@ -203,66 +219,67 @@ def _reinforce_with(
         rl_trainer_config(config, _pad_id(tokenizer)),
         publisher=ClientPolicyPublisher(client),
         checkpoint=_checkpoint_config(config, run, "rl"),
-        loggers=_loggers(
-            config, run, "rl", f"RL ({algorithm.name})", config.trainer.steps, console
-        ),
+        loggers=loggers,
     )
-    with _checkpoint_on_interrupt(trainer):
-        _run_rl(config, run, trainer, source, eval_engine, resuming=resuming, console=console)
+    with checkpoint_on_failure(trainer, loggers[0], console):
+        _run_rl(
+            config,
+            run,
+            trainer,
+            source,
+            eval_engine,
+            loggers[0],
+            resuming=resuming,
+            console=console,
+        )
 
 
-def _run_rl(config, run, trainer, source, eval_engine, *, resuming: bool, console: Console) -> None:
-    if resuming and run.has_checkpoint("rl"):
-        trainer.resume()
+def _run_rl(
+    config, run, trainer, source, eval_engine, metrics_writer, *, resuming: bool, console: Console
+) -> None:
+    if resuming:
+        if run.has_checkpoint("rl"):
+            trainer.resume()
+        run.truncate_samples(trainer.step)
     run.truncate_metrics("rl", trainer.step)
+    metrics_writer.last_step = trainer.step
     trainer.publish_policy()  # the backend samples from the current weights, version = step
+    evaluated = {r["step"] for r in run.read_metrics() if r.get("phase") == "eval"}
 
     async def record_eval() -> None:
         metrics = await _evaluate(config, eval_engine)
         run.append_metrics({"phase": "eval", "step": trainer.step, **metrics})
+        evaluated.add(trainer.step)
         console.print(
             f"eval at RL step {trainer.step}: success_rate {metrics['success_rate']:.3f}, "
             f"reward_mean {metrics['reward_mean']:.3f}"
         )
 
+    def eval_due(step: int) -> bool:  # before RL, every eval.every steps, after RL
+        every, last = config.eval.every, config.trainer.steps
+        return step in (0, last) or bool(every and step % every == 0)
+
     async def after_step(step: int) -> None:
         if config.logging.num_sample_rollouts and step % config.logging.console_every == 0:
             run.append_samples(step, source.last_rollouts[: config.logging.num_sample_rollouts])
-        if config.eval.every and step % config.eval.every == 0 and step < config.trainer.steps:
+        if eval_due(step) and step < config.trainer.steps:
             await record_eval()
 
-    if trainer.step == 0:
+    # A resume redoes an evaluation only if its record is missing (interrupted mid-eval).
+    if (
+        eval_due(trainer.step)
+        and trainer.step not in evaluated
+        and trainer.step < config.trainer.steps
+    ):
         asyncio.run(record_eval())
-    _run_steps(trainer, config.trainer.steps - trainer.step, after_step)
-    asyncio.run(record_eval())
-
-
-@contextlib.contextmanager
-def _checkpoint_on_interrupt(trainer: Trainer) -> Iterator[None]:
-    """Ctrl-C anywhere in a phase (a step, an evaluation, a weight sync) saves a checkpoint
-    of the last completed step, then re-raises. Inside the step loop Ctrl-C cancels at the
-    next await, which is a step boundary (the only await in a step fetches its batch)."""
-    try:
-        yield
-    except KeyboardInterrupt:
-        trainer.save_checkpoint()
-        raise
-    finally:
-        trainer.close()
-
-
-def _run_steps(
-    trainer: Trainer, num_steps: int, after_step: Callable[[int], Awaitable[None]] | None = None
-) -> None:
-    """``num_steps`` optimizer steps (and ``after_step`` hooks) in one event loop."""
-
-    async def loop() -> None:
-        for _ in range(num_steps):
-            await trainer.train_step()
-            if after_step is not None:
-                await after_step(trainer.step)
-
-    asyncio.run(loop())
+    run_steps(
+        trainer,
+        config.trainer.steps - trainer.step,
+        after_step,
+        every=config.trainer.checkpoint_every,
+    )
+    if trainer.step not in evaluated:
+        asyncio.run(record_eval())
 
 
 async def _evaluate(config: RunConfig, engine: RolloutEngine) -> dict[str, float]:
@@ -295,10 +312,9 @@ def _loggers(
 
 
 def _checkpoint_config(config: RunConfig, run: RunDirectory, phase: str) -> CheckpointConfig:
+    # every_n_steps=0: the job saves (after the step's records), not the Trainer.
     return CheckpointConfig(
-        run.checkpoint_dir(phase),
-        every_n_steps=config.trainer.checkpoint_every,
-        keep_last=config.trainer.keep_last,
+        run.checkpoint_dir(phase), every_n_steps=0, keep_last=config.trainer.keep_last
     )
 
 

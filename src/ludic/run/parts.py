@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from ludic.envs.dataset_qa_env import DatasetQAEnv, exact_match, numeric_match
+from ludic.jsonl import read_jsonl
 from ludic.parsers import (
     ParseResult,
     boxed_parser,
@@ -28,14 +28,7 @@ def dataset_qa_env_from_file(
         raise FileNotFoundError(f"env.kwargs.path: dataset file {str(file)!r} does not exist")
     if verifier not in VERIFIERS:
         raise ValueError(f"env.kwargs.verifier: {verifier!r}; choose one of {sorted(VERIFIERS)}")
-    samples = []
-    with file.open() as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    samples.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{file}:{lineno}: not valid JSON ({e.msg})") from None
+    samples = read_jsonl(file)  # a line that is not JSON: JSONLError naming file:line
     return DatasetQAEnv(samples, verifier=VERIFIERS[verifier], **kwargs)
 
 

@@ -13,7 +13,6 @@ changes a user's pyplot backend or open figures.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -22,11 +21,13 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ludic.jsonl import read_jsonl
+
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl`` (blank lines skipped)."""
-    with Path(path).open(encoding="utf-8") as file:
-        return [json.loads(line) for line in file if line.strip()]
+    """The records of a ``metrics.jsonl`` (blank lines skipped; a torn last line, left by a
+    crash, dropped with a warning)."""
+    return read_jsonl(path, tolerate_torn_tail=True)
 
 
 def plot_reward_curve(

@@ -42,8 +42,10 @@ from ludic.run.config import RewardModelSection, RunConfig
 from ludic.run.demos import synthetic_arithmetic_preferences
 from ludic.run.progress import ProgressLogger, print_summary
 from ludic.run.run_dir import RunDirectory, open_run
+from ludic.run.signals import interrupts_deferred
 from ludic.training.checkpoint import CheckpointConfig
 from ludic.training.loggers import RichConsoleLogger
+from ludic.training.optim import parameter_problem
 from ludic.training.reward_model.preferences import (
     PreferencePair,
     read_preferences_jsonl,
@@ -138,8 +140,12 @@ def train_reward_model(
                 trainer.publish()  # the server ends on the final weights
             if not trainer.checkpoints.is_due(trainer.step):  # a resume can extend the run
                 trainer.save_checkpoint()
-        except KeyboardInterrupt:
-            trainer.save_checkpoint()
+        except BaseException:  # Ctrl-C, SIGTERM or a failure: keep the last completed step
+            problem = parameter_problem(trainer.model)
+            if problem is None and trainer.step > 0:
+                trainer.save_checkpoint()
+            elif problem is not None:
+                console.print(f"[yellow]not checkpointing step {trainer.step}: {problem}[/yellow]")
             raise
         finally:
             trainer.close()
@@ -384,7 +390,8 @@ def _train_loop(
     if trainer.step == 0 and 0 not in evaluated:
         record_eval()
     while trainer.step < rm.steps:
-        trainer.train_step()
+        with interrupts_deferred():  # a signal stops the loop between steps, not inside one
+            trainer.train_step()
         if rm.eval_every and trainer.step % rm.eval_every == 0 and trainer.step < rm.steps:
             record_eval()
     if trainer.step not in evaluated:

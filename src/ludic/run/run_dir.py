@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ludic.jsonl import append_jsonl, read_jsonl, rewrite_jsonl
 from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
 from ludic.run.loading import ConfigError, dump_config, read_config_file, validate_config
@@ -101,31 +103,48 @@ class RunDirectory:
 
     # ---- records -----------------------------------------------------------------------
     def append_metrics(self, record: Mapping[str, Any]) -> None:
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(_jsonable(record)) + "\n")
+        """Append one line and fsync it, so a checkpoint saved afterwards never gets ahead
+        of ``metrics.jsonl``."""
+        append_jsonl(self.metrics_path, _jsonable(record))
 
     def read_metrics(self) -> list[dict[str, Any]]:
+        """Every record; a torn last line (a crash mid-append) is dropped with a warning
+        naming the file, a damaged line elsewhere is an error naming file and line."""
         if not self.metrics_path.is_file():
             return []
-        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line]
+        return read_jsonl(self.metrics_path, tolerate_torn_tail=True)
 
     def truncate_metrics(self, phase: str, after_step: int) -> None:
-        """Drop ``phase`` records past ``after_step`` (steps a resume will redo), and
-        every later phase's records."""
+        """Drop ``phase`` records past ``after_step`` (steps a resume will redo), the
+        evaluations past it, and every later phase's records (so after ``warm_start`` all
+        ``rl`` and ``eval`` records). The file is rewritten atomically."""
+        if not self.metrics_path.is_file():
+            return
         later = PHASES[PHASES.index(phase) + 1 :] if phase in PHASES else ()
-        kept = [
-            r
-            for r in self.read_metrics()
-            if not (r.get("phase") == phase and r.get("step", 0) > after_step)
-            and r.get("phase") not in later
-            and not (phase == "rl" and r.get("phase") == "eval" and r.get("step", 0) > after_step)
-        ]
-        self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        evals_from = after_step if phase == "rl" else -1  # warm start: no eval survives
+
+        def redone(r: Mapping[str, Any]) -> bool:
+            kind, step = r.get("phase"), r.get("step", 0)
+            return (
+                (kind == phase and step > after_step)
+                or kind in later
+                or (kind == "eval" and phase in PHASES and step > evals_from)
+            )
+
+        rewrite_jsonl(self.metrics_path, [r for r in self.read_metrics() if not redone(r)])
 
     def append_samples(self, step: int, rollouts: Iterable[Rollout]) -> None:
         with self.samples_path.open("a") as f:
             for rollout in rollouts:
                 f.write(json.dumps({"step": step, **rollout_to_dict(rollout)}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def truncate_samples(self, after_step: int) -> None:
+        """Drop the samples of steps past ``after_step`` (a resume redoes them)."""
+        if self.samples_path.is_file():
+            kept = read_jsonl(self.samples_path, tolerate_torn_tail=True)
+            rewrite_jsonl(self.samples_path, [r for r in kept if r.get("step", 0) <= after_step])
 
     def write_summary(self, summary: Mapping[str, Any]) -> None:
         self.summary_path.write_text(json.dumps(_jsonable(summary), indent=2) + "\n")
@@ -182,6 +201,8 @@ class PhaseMetricsWriter:
 
     def __init__(self, run: RunDirectory, phase: str) -> None:
         self.run, self.phase = run, phase
+        self.last_step = 0
+        """The step of the newest line written (or of the checkpoint a resume loaded)."""
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         record: dict[str, Any] = {
@@ -194,6 +215,7 @@ class PhaseMetricsWriter:
         }
         record.update({k: v for k, v in metrics.items() if k not in record})
         self.run.append_metrics(record)
+        self.last_step = step
 
     def close(self) -> None:
         return None

@@ -3,13 +3,15 @@
 Layout: ``<dir>/step_00000012/`` holding ``model.pt`` (the full ``model.state_dict()``,
 so plain and peft models alike), ``optimizer.pt``, ``scheduler.pt``, ``rng.pt`` and
 ``trainer_state.json`` (``{"step": ..., "extra": {...}}``). A checkpoint is written to a
-temporary folder and renamed into place, so a crash never leaves a half-written
-``step_*`` folder; only the last ``keep_last`` are kept.
+temporary folder, fsynced and renamed into place, so a crash never leaves a half-written
+``step_*`` folder; only the last ``keep_last`` are kept. Non-finite or exploded weights
+are refused (:func:`ludic.training.optim.parameter_problem`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import random
 import shutil
@@ -19,6 +21,9 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from ludic.jsonl import fsync_dir
+from ludic.training.optim import parameter_problem
 
 STEP_PREFIX = "step_"
 STATE_FILE = "trainer_state.json"
@@ -79,7 +84,7 @@ class CheckpointManager:
         found = [
             p for p in self.dir.glob(f"{STEP_PREFIX}*") if p.is_dir() and (p / STATE_FILE).exists()
         ]
-        return sorted(found, key=_step_of)
+        return sorted(found, key=step_of)
 
     def latest(self) -> Path | None:
         found = self.checkpoints()
@@ -93,7 +98,14 @@ class CheckpointManager:
         scheduler: Any | None = None,
         extra: dict[str, Any] | None = None,
     ) -> Path:
-        """Write checkpoint ``step`` atomically, prune old ones, return its folder."""
+        """Write checkpoint ``step`` atomically, prune old ones, return its folder. Raises
+        :class:`CheckpointError` (saving nothing) when the weights are non-finite or exploded."""
+        problem = parameter_problem(model)
+        if problem is not None:
+            raise CheckpointError(
+                f"not saving checkpoint step {step} in {str(self.dir)!r}: {problem}; lower the "
+                "learning rate or set max_grad_norm and resume from an earlier checkpoint"
+            )
         final = self.dir / f"{STEP_PREFIX}{step:08d}"
         tmp = self.dir / f".tmp-{final.name}"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -104,9 +116,17 @@ class CheckpointManager:
         torch.save(_rng_state(), tmp / "rng.pt")
         state = {"step": step, "extra": extra or {}}
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=2, default=str))
-        if final.exists():
-            shutil.rmtree(final)
+        for name in FILES:
+            with open(tmp / name, "rb") as f:
+                os.fsync(f.fileno())
+        fsync_dir(tmp)
+        old = self.dir / f".old-{final.name}"
+        if final.exists():  # moved aside (atomic), so a crash leaves a whole old or new one
+            shutil.rmtree(old, ignore_errors=True)
+            final.rename(old)
         tmp.rename(final)
+        fsync_dir(self.dir)
+        shutil.rmtree(old, ignore_errors=True)
         self._prune()
         return final
 
@@ -168,7 +188,8 @@ def load_checkpoint(
         ) from err
 
 
-def _step_of(path: Path) -> int:
+def step_of(path: Path) -> int:
+    """The step of a ``step_*`` checkpoint folder (-1 for another name)."""
     try:
         return int(path.name[len(STEP_PREFIX) :])
     except ValueError:

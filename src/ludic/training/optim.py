@@ -11,6 +11,28 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from ludic.training.config import TrainerConfig
 
+MAX_PARAMETER_ABS = 1e6
+"""A weight whose magnitude passes this has exploded: trained transformer weights sit many
+orders of magnitude below it, and the next forward overflows to inf/NaN logits."""
+
+
+class DivergedError(FloatingPointError):
+    """An optimizer step left non-finite or exploded weights."""
+
+
+def parameter_problem(model: torch.nn.Module) -> str | None:
+    """Why ``model``'s weights must not be trained on or saved (any NaN/inf, or a magnitude
+    above :data:`MAX_PARAMETER_ABS`), or ``None`` when they are fine. One pass, one sync."""
+    params = [p.detach() for p in model.parameters()]
+    if not params:
+        return None
+    largest = float(torch.nn.utils.get_total_norm(params, norm_type=math.inf))
+    if not math.isfinite(largest):
+        return "the weights contain NaN/inf"
+    if largest > MAX_PARAMETER_ABS:
+        return f"the weights exploded (largest magnitude {largest:.3g} > {MAX_PARAMETER_ABS:g})"
+    return None
+
 
 def build_optimizer(model: torch.nn.Module, config: TrainerConfig) -> torch.optim.AdamW:
     """AdamW over the parameters that require grad (frozen base weights of a LoRA model
@@ -68,7 +90,8 @@ def clipped_optimizer_step(
 ) -> float:
     """Check the gradient is finite (else ``abort(reason)``, which must raise), clip it to
     ``max_grad_norm``, step optimizer and schedule, zero the grads; returns the norm before
-    clipping."""
+    clipping. Raises :class:`DivergedError` naming the step when the step left non-finite
+    or exploded weights (see :func:`parameter_problem`)."""
     params = [p for p in model.parameters() if p.requires_grad]
     grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
     if not bool(torch.isfinite(grad_norm)):
@@ -78,4 +101,13 @@ def clipped_optimizer_step(
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
+    problem = parameter_problem(model)
+    if problem is not None:
+        lr = optimizer.param_groups[0]["lr"]
+        raise DivergedError(
+            f"optimizer step {scheduler.last_epoch} (lr={lr:g}, gradient norm "
+            f"{float(grad_norm):.3g} before clipping): {problem}. The run stops here and these "
+            "weights are not checkpointed; lower the learning rate (trainer.lr / "
+            "TrainerConfig.lr) or set trainer.max_grad_norm, then resume from the last checkpoint"
+        )
     return float(grad_norm)

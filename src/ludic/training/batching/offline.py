@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ludic.inference.chat_template import ChatTemplate
+from ludic.jsonl import iter_jsonl
 from ludic.training.batching.saw import SampleFilter, build_saw_batch, check_retokenize_args
 from ludic.training.types import CreditAssigner, DataExhausted, SAWBatch, SAWItem
 from ludic.types import Rollout, rollout_from_dict, rollout_to_dict
@@ -43,17 +44,14 @@ def read_rollouts_jsonl(path: str | Path) -> list[Rollout]:
     if not path.is_file():
         raise FileNotFoundError(f"rollout file {str(path)!r} does not exist")
     rollouts: list[Rollout] = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rollouts.append(rollout_from_dict(json.loads(line)))
-            except (ValueError, TypeError, AttributeError) as e:
-                raise ValueError(
-                    f"{path}:{lineno}: not a rollout ({type(e).__name__}: {e}); each line must "
-                    "be one rollout_to_dict object (see write_rollouts_jsonl)"
-                ) from e
+    for lineno, data in iter_jsonl(path):  # a line that is not JSON: JSONLError, file:line
+        try:
+            rollouts.append(rollout_from_dict(data))
+        except (ValueError, TypeError, AttributeError) as e:
+            raise ValueError(
+                f"{path}:{lineno}: not a rollout ({type(e).__name__}: {e}); each line must "
+                "be one rollout_to_dict object (see write_rollouts_jsonl)"
+            ) from e
     return rollouts
 
 
@@ -155,7 +153,18 @@ class OfflineBatchSource:
         left = len(self._order) - self._pos
         return left == 0 or (self.drop_last and left < self.batch_size)
 
-    async def next_batch(self) -> SAWBatch:
+    def skip(self, num_batches: int) -> None:
+        """Advance past ``num_batches`` batches without building them, exactly as that many
+        :meth:`next_batch` calls would (the order is a function of seed and epoch), so a
+        resumed run continues with the batch an uninterrupted one would see next."""
+        if num_batches < 0:
+            raise ValueError(
+                f"OfflineBatchSource.skip: num_batches must be >= 0, got {num_batches}"
+            )
+        for _ in range(num_batches):
+            self._advance()
+
+    def _advance(self) -> list[int]:
         if self._epoch_done():
             if self.epochs is not None and self.epoch + 1 >= self.epochs:
                 raise DataExhausted(
@@ -167,7 +176,10 @@ class OfflineBatchSource:
         idx = self._order[self._pos : self._pos + self.batch_size]
         self._pos += len(idx)
         self._batch_index += 1
-        items = [self.items[i] for i in idx]
+        return idx
+
+    async def next_batch(self) -> SAWBatch:
+        items = [self.items[i] for i in self._advance()]
         meta: dict[str, Any] = {
             "source": "offline",
             "epoch": self.epoch,

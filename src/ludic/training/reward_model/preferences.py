@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ludic.jsonl import iter_jsonl
+
 FIELDS = ("prompt", "chosen", "rejected", "meta", "margin")
 """Keys of a JSONL line (``meta`` and ``margin`` may be left out)."""
 
@@ -158,17 +160,13 @@ def read_preferences_jsonl(path: str | Path) -> list[PreferencePair]:
     if not path.is_file():
         raise FileNotFoundError(f"preference file {str(path)!r} does not exist")
     pairs: list[PreferencePair] = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                data = json.loads(line)
-                if not isinstance(data, dict):
-                    raise ValueError(f"expected a JSON object, got {type(data).__name__}")
-                pairs.append(PreferencePair.from_dict(data))
-            except (ValueError, TypeError) as e:
-                raise ValueError(f"{path}:{lineno}: {e}") from None
+    for lineno, data in iter_jsonl(path):  # a line that is not JSON: JSONLError, file:line
+        try:
+            if not isinstance(data, dict):
+                raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+            pairs.append(PreferencePair.from_dict(data))
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{path}:{lineno}: {e}") from None
     if not pairs:
         raise ValueError(f"preference file {str(path)!r} holds no pairs")
     return pairs

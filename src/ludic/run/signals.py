@@ -1,0 +1,81 @@
+"""SIGTERM handled like Ctrl-C.
+
+``kill PID`` (what a scheduler, ``timeout`` or a container stop sends) must leave a run as
+resumable as Ctrl-C does: stop at a step boundary, save a checkpoint and stop the servers
+the run started. :func:`terminate_as_interrupt` routes SIGTERM to whatever handles SIGINT
+at that moment (inside ``asyncio.run`` that cancels the main task at its next await, a
+step boundary; elsewhere Python raises ``KeyboardInterrupt`` at once), so every
+``except KeyboardInterrupt`` and context manager unwinds exactly as for Ctrl-C; it then
+re-raises the interrupt as :class:`Terminated` so the CLI can exit with 143.
+Synchronous loops (no event loop to cancel) wrap each step in :func:`interrupts_deferred`
+so a signal lands between steps, never between an optimizer step and its bookkeeping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
+__all__ = ["EXIT_TERMINATED", "Terminated", "interrupts_deferred", "terminate_as_interrupt"]
+
+EXIT_TERMINATED = 128 + signal.SIGTERM  # 143, as shells report a SIGTERM death
+
+
+class Terminated(KeyboardInterrupt):
+    """The run received SIGTERM; it stopped as it does on Ctrl-C."""
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """While active (main thread only; elsewhere a no-op), SIGTERM behaves like SIGINT and
+    the resulting ``KeyboardInterrupt`` leaves as :class:`Terminated`."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+        on_sigint = signal.getsignal(signal.SIGINT)
+        if callable(on_sigint):
+            on_sigint(signal.SIGINT, frame)  # asyncio's handler: cancel at the next await
+        else:  # SIGINT ignored (a background job): interrupt here
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    except KeyboardInterrupt as interrupt:
+        if received and not isinstance(interrupt, Terminated):
+            raise Terminated("SIGTERM") from interrupt
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM that arrive inside the block are held until it ends, then raised
+    as ``KeyboardInterrupt`` (:class:`Terminated` for SIGTERM). Main thread only; elsewhere
+    a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+
+    previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if signal.SIGTERM in received:
+        raise Terminated("SIGTERM")
+    if received:
+        raise KeyboardInterrupt
