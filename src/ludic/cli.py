@@ -111,8 +111,12 @@ def _train(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
+    if args.run_dir is not None:
+        _check_run_dir(args.run_dir)
     from ludic.run import job
+    from ludic.run.preflight import check_config
 
+    check_config(config)
     metrics = job.evaluate(config, run_dir=args.run_dir)
     _print_metrics(metrics, source=args.run_dir or "initial model")
     return EXIT_OK
@@ -139,6 +143,8 @@ def _serve(args: argparse.Namespace) -> int:
     import importlib
     import importlib.util
 
+    if not {"-h", "--help"} & set(args.server_args):
+        _check_model_folder(args.kind, args.server_args)  # before vLLM takes it for a hub id
     if importlib.util.find_spec("vllm") is None:
         raise FileNotFoundError(
             f"ludic serve {args.kind} needs vLLM, which is not installed; "
@@ -153,6 +159,41 @@ def _serve(args: argparse.Namespace) -> int:
         ) from None
     server.main(args.server_args)
     return EXIT_OK
+
+
+def _check_run_dir(run_dir: str) -> None:
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise RunError(f"--run-dir {run_dir!r}: no such directory; pass a run directory")
+    if not (path / "config.yaml").is_file():
+        raise RunError(
+            f"--run-dir {run_dir!r}: not a run directory (no config.yaml); pass the "
+            "directory `ludic train` printed"
+        )
+
+
+def _check_model_folder(kind: str, server_args: Sequence[str]) -> None:
+    """``--model DIR`` of ``ludic serve`` must be a model folder (config.json) before vLLM
+    starts; vLLM would take a missing folder for a hub repo id."""
+    model = None
+    for i, arg in enumerate(server_args):
+        if arg == "--model" and i + 1 < len(server_args):
+            model = server_args[i + 1]
+        elif arg.startswith("--model="):
+            model = arg.partition("=")[2]
+    if model is None:
+        raise RunError(f"ludic serve {kind}: give --model DIR (a Hugging Face model folder)")
+    local = Path(model).expanduser()
+    looks_local = local.exists() or model.startswith((".", "/", "~")) or model.count("/") > 1
+    if not looks_local:
+        return  # a hub id such as Qwen/Qwen2.5-0.5B-Instruct
+    if not local.is_dir():
+        raise RunError(f"--model {model!r}: no such folder; give a Hugging Face model folder")
+    if not (local / "config.json").is_file():
+        raise RunError(
+            f"--model {model!r}: not a model folder (no config.json); give the folder "
+            "save_pretrained wrote, e.g. RUN_DIR/model"
+        )
 
 
 def demo_config_path() -> Traversable:

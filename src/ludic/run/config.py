@@ -26,7 +26,8 @@ AlgorithmName = Annotated[str, _registered("algorithm", ALGORITHMS)]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: lr=inf (or nan) is refused here, not after the warm start.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class TinyModelConfig(_Section):
@@ -107,6 +108,10 @@ class EnvConfig(_Section):
     """Constructor arguments of that env."""
     eval_kwargs: dict[str, Any] = {}
     """Overrides of ``kwargs`` for evaluation (e.g. a held-out problem_seed)."""
+    episode_timeout_s: float | None = Field(600.0, gt=0)
+    """An episode (env reset and steps, model calls) running longer fails the run with a
+    TimeoutError naming the env kind and seed; null: no limit. Env code runs in a thread,
+    so a blocking env cannot outlast it."""
 
 
 class AgentConfig(_Section):
@@ -160,6 +165,22 @@ class TrainerSection(_Section):
     checkpoint_every: int = Field(25, ge=1)
     keep_last: int = Field(2, ge=1)
     """Checkpoints kept per phase."""
+
+    @model_validator(mode="after")
+    def _schedule_and_lag(self) -> TrainerSection:
+        if self.lr_schedule != "constant" and self.warmup_steps >= self.steps:
+            raise ValueError(
+                f"warmup_steps={self.warmup_steps} must be < steps={self.steps} "
+                f"(lr_schedule={self.lr_schedule!r} decays to 0 at steps); lower warmup_steps "
+                "or use lr_schedule: constant"
+            )
+        if self.max_lag is not None and self.max_lag < self.publish_every - 1:
+            raise ValueError(
+                f"max_lag={self.max_lag} < publish_every - 1 = {self.publish_every - 1}: "
+                "weights are published every publish_every steps, so every item would be too "
+                "stale; raise max_lag or lower publish_every"
+            )
+        return self
 
 
 class EvalConfig(_Section):

@@ -43,6 +43,7 @@ from ludic.run.builders import (
 from ludic.run.config import RunConfig
 from ludic.run.demos import demonstrations_path
 from ludic.run.plot import plot_reward_curve
+from ludic.run.preflight import check_config
 from ludic.run.progress import ProgressLogger, print_summary
 from ludic.run.run_dir import PhaseMetricsWriter, RunDirectory, open_run
 from ludic.training import (
@@ -68,6 +69,7 @@ RESUMABLE_CHANGES = {"trainer.steps", "logging", "eval.every"}
 def train(config: RunConfig, *, resume: str | Path | None = None) -> Path:
     """Run (or resume) a training job; returns the run directory. ``task: reward_model``
     runs :func:`ludic.run.reward_job.train_reward_model` instead."""
+    check_config(config)  # every part buildable before the run directory or a step
     if config.task == "reward_model":
         from ludic.run.reward_job import train_reward_model
 
