@@ -3,7 +3,8 @@
 
 Each command loads a config (YAML or TOML, schema in ``ludic/run/config.py``), applies
 ``dotted.key=value`` overrides and calls :mod:`ludic.run.job`. Failures the user can fix
-(a bad config, a missing file, a :class:`~ludic.run.job.RunError`) print one
+(a bad config, a missing file, a :class:`~ludic.run.job.RunError`, an env or parser
+breaking its contract: :class:`~ludic.types.ContractError`) print one
 ``error: ...`` line and exit 2; ``--debug`` shows the traceback instead.
 """
 
@@ -21,6 +22,7 @@ from pathlib import Path
 from ludic import __version__
 from ludic.run.errors import RunError
 from ludic.run.loading import ConfigError, load_config
+from ludic.types import ContractError
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # an unexpected exception (a bug, or an environment problem)
@@ -349,7 +351,7 @@ def _take_late_overrides(
 
 def _user_error_types() -> tuple[type[BaseException], ...]:
     """Errors reported as one line with exit 2."""
-    return (ConfigError, FileNotFoundError, RunError)
+    return (ConfigError, FileNotFoundError, RunError, ContractError)
 
 
 def _interrupted_message(args: argparse.Namespace) -> str:

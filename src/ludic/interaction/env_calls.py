@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ludic._async import in_daemon_thread
+from ludic.types import AgentId, ContractError, Info, Observation, StepOutcome
 
 T = TypeVar("T")
 
@@ -47,6 +48,48 @@ async def call_env(env: object, method: Callable[..., T], /, *args: Any, **kwarg
             return method(*args, **kwargs)
 
     return await in_daemon_thread(locked)
+
+
+async def reset_env(env: Any, seed: int | None) -> dict[AgentId, tuple[Observation, Info]]:
+    """``env.reset(seed=seed)`` through :func:`call_env`, checked: a mapping of agent id ->
+    ``(observation, info)``; anything else raises :class:`ContractError` naming the env."""
+    resets = await _contract(env, "reset", call_env(env, env.reset, seed=seed))
+    if not isinstance(resets, dict) or not all(
+        isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str) for v in resets.values()
+    ):
+        raise ContractError(
+            f"{type(env).__name__}.reset(seed={seed}) returned {_short(resets)}; it must return "
+            "{agent_id: (observation str, info dict)}"
+        )
+    return resets
+
+
+async def step_env(env: Any, actions: dict[AgentId, str]) -> dict[AgentId, StepOutcome]:
+    """``env.step(actions)`` through :func:`call_env`, checked: a mapping of agent id ->
+    ``StepOutcome``; anything else raises :class:`ContractError` naming the env."""
+    outcomes = await _contract(env, "step", call_env(env, env.step, actions))
+    if not isinstance(outcomes, dict) or not all(
+        isinstance(o, StepOutcome) for o in outcomes.values()
+    ):
+        raise ContractError(
+            f"{type(env).__name__}.step({_short(actions)}) returned {_short(outcomes)}; it "
+            "must return {agent_id: StepOutcome(obs, reward, ...)}"
+        )
+    return outcomes
+
+
+async def _contract(env: Any, method: str, call: Any) -> Any:
+    """Await ``call``; a :class:`ContractError` raised inside the env (e.g. building a
+    ``StepOutcome`` with a ``None`` reward) gets the env's name in front."""
+    try:
+        return await call
+    except ContractError as e:
+        raise ContractError(f"{type(env).__name__}.{method}(): {e}") from e
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def close_env(env: object) -> None:

@@ -29,7 +29,7 @@ from ludic.envs.env import LudicEnv
 from ludic.interaction.base import InteractionProtocol
 from ludic.interaction.env_calls import close_env
 from ludic.rollouts.requests import RolloutRequest
-from ludic.types import Rollout, rollout_to_dict
+from ludic.types import ContractError, Rollout, rollout_to_dict
 
 EnvFactory = Callable[..., LudicEnv]
 ProtocolFactory = Callable[..., InteractionProtocol]
@@ -127,6 +127,11 @@ class RolloutEngine:
                         inference=req.inference.with_seed(sampling_seed),
                         meta=dict(meta),
                     )
+            except ContractError as e:  # an env or parser broke its contract: say where
+                raise ContractError(
+                    f"{e} (episode {episode} of request {request_index}, env={req.env.kind!r}, "
+                    f"env_seed={req.env_seed})"
+                ) from e
             except TimeoutError:
                 if not deadline.expired():
                     raise
