@@ -8,6 +8,7 @@ against the registries in :mod:`ludic.run.registries`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -20,6 +21,15 @@ def _registered(kind: str, registry: Mapping[str, str]) -> AfterValidator:
     return AfterValidator(lambda name: check_name(kind, name, registry))
 
 
+def _device(name: str) -> str:
+    if not re.fullmatch(r"(cpu|cuda|mps|xpu)(:\d+)?", name):
+        raise ValueError("not a device; use cpu, cuda, cuda:N, mps or xpu")
+    return name
+
+
+Device = Annotated[str, AfterValidator(_device)]
+"""A torch device string, checked without importing torch (availability is checked by
+``ludic.run.preflight`` before the run starts)."""
 EnvKind = Annotated[str, _registered("env", ENVS)]
 ParserName = Annotated[str, _registered("parser", PARSERS)]
 AlgorithmName = Annotated[str, _registered("algorithm", ALGORITHMS)]
@@ -64,7 +74,7 @@ class ModelConfig(_Section):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Training compute dtype (autocast); weights stay in float32."""
     lora: LoraConfig | None = None
-    device: str = "cpu"
+    device: Device = "cpu"
     """Trainer device, e.g. "cpu" or "cuda"."""
 
 
@@ -261,7 +271,7 @@ class RewardModelSection(_Section):
     """Used when ``path`` is null."""
     lora: LoraConfig | None = None
     """LoRA adapters for training_mode lora (null there: the defaults)."""
-    device: str = "cpu"
+    device: Device = "cpu"
     steps: int = Field(300, ge=1)
     """Optimizer steps."""
     lr: float = Field(1e-3, gt=0)
