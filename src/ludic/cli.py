@@ -3,7 +3,8 @@
 
 Each command loads a config (YAML or TOML, schema in ``ludic/run/config.py``), applies
 ``dotted.key=value`` overrides and calls :mod:`ludic.run.job`. Failures the user can fix
-(a bad config, a missing file, a :class:`~ludic.run.job.RunError`) print one
+(a bad config, a missing file, a :class:`~ludic.run.job.RunError`, an env or parser
+breaking its contract: :class:`~ludic.types.ContractError`) print one
 ``error: ...`` line and exit 2; ``--debug`` shows the traceback instead.
 """
 
@@ -19,9 +20,11 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from ludic import __version__
+from ludic.jsonl import JSONLError
 from ludic.run.errors import RunError
 from ludic.run.loading import ConfigError, load_config
 from ludic.run.signals import EXIT_TERMINATED, Terminated
+from ludic.types import ContractError
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # an unexpected exception (a bug, or an environment problem)
@@ -113,8 +116,12 @@ def _train(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
+    if args.run_dir is not None:
+        _check_run_dir(args.run_dir)
     from ludic.run import job
+    from ludic.run.preflight import check_config
 
+    check_config(config)
     metrics = job.evaluate(config, run_dir=args.run_dir)
     _print_metrics(metrics, source=args.run_dir or "initial model")
     return EXIT_OK
@@ -141,6 +148,8 @@ def _serve(args: argparse.Namespace) -> int:
     import importlib
     import importlib.util
 
+    if not {"-h", "--help"} & set(args.server_args):
+        _check_model_folder(args.kind, args.server_args)  # before vLLM takes it for a hub id
     if importlib.util.find_spec("vllm") is None:
         raise FileNotFoundError(
             f"ludic serve {args.kind} needs vLLM, which is not installed; "
@@ -155,6 +164,41 @@ def _serve(args: argparse.Namespace) -> int:
         ) from None
     server.main(args.server_args)
     return EXIT_OK
+
+
+def _check_run_dir(run_dir: str) -> None:
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise RunError(f"--run-dir {run_dir!r}: no such directory; pass a run directory")
+    if not (path / "config.yaml").is_file():
+        raise RunError(
+            f"--run-dir {run_dir!r}: not a run directory (no config.yaml); pass the "
+            "directory `ludic train` printed"
+        )
+
+
+def _check_model_folder(kind: str, server_args: Sequence[str]) -> None:
+    """``--model DIR`` of ``ludic serve`` must be a model folder (config.json) before vLLM
+    starts; vLLM would take a missing folder for a hub repo id."""
+    model = None
+    for i, arg in enumerate(server_args):
+        if arg == "--model" and i + 1 < len(server_args):
+            model = server_args[i + 1]
+        elif arg.startswith("--model="):
+            model = arg.partition("=")[2]
+    if model is None:
+        raise RunError(f"ludic serve {kind}: give --model DIR (a Hugging Face model folder)")
+    local = Path(model).expanduser()
+    looks_local = local.exists() or model.startswith((".", "/", "~")) or model.count("/") > 1
+    if not looks_local:
+        return  # a hub id such as Qwen/Qwen2.5-0.5B-Instruct
+    if not local.is_dir():
+        raise RunError(f"--model {model!r}: no such folder; give a Hugging Face model folder")
+    if not (local / "config.json").is_file():
+        raise RunError(
+            f"--model {model!r}: not a model folder (no config.json); give the folder "
+            "save_pretrained wrote, e.g. RUN_DIR/model"
+        )
 
 
 def demo_config_path() -> Traversable:
@@ -310,7 +354,7 @@ def _take_late_overrides(
 
 def _user_error_types() -> tuple[type[BaseException], ...]:
     """Errors reported as one line with exit 2."""
-    return (ConfigError, FileNotFoundError, RunError)
+    return (ConfigError, FileNotFoundError, RunError, ContractError, JSONLError)
 
 
 def _interrupted_message(args: argparse.Namespace) -> str:

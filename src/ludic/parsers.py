@@ -18,11 +18,12 @@ xml_tag_parser("move"))`` enforces "think first, then answer in a ``<move>`` tag
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeAlias
+
+from ludic.types import ContractError, check_reward
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,12 @@ class ParseResult:
     obs: str | None = None
 
     def __post_init__(self) -> None:
-        if not math.isfinite(self.reward):
-            raise ValueError(f"ParseResult: reward must be finite, got {self.reward!r}")
+        check_reward("ParseResult.reward", self.reward)
+        if self.action is not None and not isinstance(self.action, str):
+            raise ContractError(
+                f"ParseResult.action={self.action!r} ({type(self.action).__name__}) is not a "
+                "str; return the parsed action as text, or None for a parse failure"
+            )
 
     @property
     def ok(self) -> bool:

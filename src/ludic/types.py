@@ -15,10 +15,30 @@ Three notions of "the episode stopped" are kept apart on purpose:
 from __future__ import annotations
 
 import math
+import numbers
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
+
+
+class ContractError(TypeError, ValueError):
+    """A user-supplied part (an env, a parser) returned something its contract forbids,
+    e.g. a ``None`` reward; the message names the part, the value and what is expected.
+    A ``TypeError`` and a ``ValueError``, so existing handlers of either still catch it."""
+
+
+def check_reward(owner: str, reward: object) -> None:
+    """``reward`` must be a finite real number; raise :class:`ContractError` naming
+    ``owner`` (e.g. ``"StepOutcome.reward"``) otherwise."""
+    if not isinstance(reward, numbers.Real):
+        raise ContractError(
+            f"{owner}={reward!r} ({type(reward).__name__}) is not a number; return a finite "
+            "float reward"
+        )
+    if not math.isfinite(reward):
+        raise ContractError(f"{owner}={reward!r}: a reward must be finite")
+
 
 Message: TypeAlias = dict[str, Any]
 """An OpenAI-style chat message: ``{"role": ..., "content": ...}`` plus optional
@@ -142,8 +162,12 @@ class StepOutcome:
     info: Info = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not math.isfinite(self.reward):
-            raise ValueError(f"StepOutcome: reward must be finite, got {self.reward!r}")
+        check_reward("StepOutcome.reward", self.reward)
+        if not isinstance(self.obs, str):
+            raise ContractError(
+                f"StepOutcome.obs={self.obs!r} ({type(self.obs).__name__}) is not a str; "
+                "return the next observation as text"
+            )
 
 
 @dataclass(frozen=True)

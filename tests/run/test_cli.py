@@ -137,7 +137,7 @@ def test_run_error_and_file_not_found_from_the_job_exit_2(config_file, monkeypat
         raise FileNotFoundError(2, "No such file or directory", "runs/x/config.yaml")
 
     monkeypatch.setattr(job, "evaluate", missing)
-    assert main(["eval", str(config_file), "--run-dir", "runs/x"]) == 2
+    assert main(["eval", str(config_file)]) == 2
     line = _single_error_line(capsys.readouterr().err)
     assert line == "error: No such file or directory: runs/x/config.yaml"
 
@@ -184,16 +184,20 @@ def test_train_passes_resume_and_overrides_through(tmp_path, config_file, monkey
     assert "cli-test-1" in capsys.readouterr().out
 
 
-def test_eval_passes_run_dir_and_prints_a_metrics_table(config_file, monkeypatch, capsys):
+def test_eval_passes_run_dir_and_prints_a_metrics_table(tmp_path, config_file, monkeypatch, capsys):
     seen = {}
+    run_dir = tmp_path / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("name: cli-test\n")
 
     def fake_evaluate(config, *, run_dir=None):
         seen.update(config=config, run_dir=run_dir)
         return {"success_rate": 0.75, "reward_mean": 0.5}
 
     monkeypatch.setattr(job, "evaluate", fake_evaluate)
-    assert main(["eval", str(config_file), "eval.num_problems=7", "--run-dir", "runs/r1"]) == 0
-    assert seen["run_dir"] == "runs/r1" and seen["config"].eval.num_problems == 7
+    argv = ["eval", str(config_file), "eval.num_problems=7", "--run-dir", str(run_dir)]
+    assert main(argv) == 0
+    assert seen["run_dir"] == str(run_dir) and seen["config"].eval.num_problems == 7
     out = capsys.readouterr().out
     assert "success_rate" in out and "0.75" in out and "reward_mean" in out
 

@@ -22,7 +22,16 @@ from ludic.inference.chat_template import ChatTemplate
 from ludic.inference.client import ChatClient
 from ludic.inference.request import CompletionRequest, InferenceSpec
 from ludic.parsers import Parser, ParseResult
-from ludic.types import AgentAct, AgentStep, ChatResponse, Info, Message, Observation, TokenTrace
+from ludic.types import (
+    AgentAct,
+    AgentStep,
+    ChatResponse,
+    ContractError,
+    Info,
+    Message,
+    Observation,
+    TokenTrace,
+)
 
 DEFAULT_PARSE_FEEDBACK = "Your output could not be parsed. Answer in the required format."
 
@@ -175,7 +184,15 @@ class Agent:
         if penalty is not None and step.info.get("finish_reason") == "length":
             step.info["incomplete_completion"] = True
             return ParseResult(action=None, reward=penalty, obs=INCOMPLETE_FEEDBACK)
-        return self.parser(step.completion)
+        result = self.parser(step.completion)
+        if not isinstance(result, ParseResult):
+            name = getattr(self.parser, "__qualname__", type(self.parser).__name__)
+            raise ContractError(
+                f"parser {name} returned {result!r} ({type(result).__name__}) for "
+                f"{step.completion[:40]!r}; a parser must return a ParseResult "
+                "(action=None for a parse failure)"
+            )
+        return result
 
     def _next_prompt(
         self, turn_id: str, tools: list[dict[str, Any]] | None

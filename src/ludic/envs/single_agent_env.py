@@ -11,7 +11,7 @@ from abc import abstractmethod
 from dataclasses import replace
 
 from ludic.envs.env import LudicEnv
-from ludic.types import AgentId, Info, Observation, StepOutcome
+from ludic.types import AgentId, ContractError, Info, Observation, StepOutcome
 
 DEFAULT_AGENT_ID: AgentId = "agent_0"
 
@@ -77,7 +77,13 @@ class SingleAgentEnv(LudicEnv):
         return self._done
 
     def reset(self, seed: int | None = None) -> dict[AgentId, tuple[Observation, Info]]:
-        obs, info = self.env_reset(seed)
+        reset = self.env_reset(seed)
+        if not (isinstance(reset, tuple) and len(reset) == 2 and isinstance(reset[0], str)):
+            raise ContractError(
+                f"{type(self).__name__}.env_reset(seed={seed}) returned {reset!r}; return "
+                "(observation str, info dict)"
+            )
+        obs, info = reset
         self._started = True
         self._done = False
         self._num_steps = 0
@@ -97,6 +103,11 @@ class SingleAgentEnv(LudicEnv):
                 f"{self._num_steps}); call reset() to start a new episode"
             )
         outcome = self.env_step(actions[self.agent_id])
+        if not isinstance(outcome, StepOutcome):
+            raise ContractError(
+                f"{type(self).__name__}.env_step returned {outcome!r}; return a "
+                "StepOutcome(obs, reward, terminated=..., truncated=...)"
+            )
         self._num_steps += 1
         if (
             self.max_episode_steps is not None

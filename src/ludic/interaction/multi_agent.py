@@ -9,6 +9,7 @@ from ludic._async import gather_or_cancel
 from ludic.envs.env import LudicEnv
 from ludic.inference.request import InferenceSpec
 from ludic.interaction.base import ActingAgent, ExternalToolHandler
+from ludic.interaction.env_calls import reset_env, step_env
 from ludic.interaction.info import PROTOCOL_META_KEYS, merge_step_info
 from ludic.interaction.step_collector import (
     DEFAULT_MAX_TOOL_ROUNDS,
@@ -117,7 +118,7 @@ class MultiAgentProtocol:
         meta: dict[str, Any] | None,
     ) -> list[Rollout]:
         env_name = type(env).__name__
-        resets = env.reset(seed=env_seed)
+        resets = await reset_env(env, env_seed)
         if missing := [a for a in env_ids if a not in resets]:
             raise ValueError(f"{env_name}.reset() returned no observation for agents {missing}")
         collector = TraceCollector(
@@ -171,7 +172,7 @@ class MultiAgentProtocol:
                     actions[aid] = turn.act.action
 
             if actions:
-                outcomes = env.step(actions)
+                outcomes = await step_env(env, actions)
                 self._check_outcomes(env_name, env_ids, actions, outcomes, done)
                 for aid in env_ids:
                     if aid not in outcomes:

@@ -7,6 +7,7 @@ from typing import Any
 from ludic.envs.env import LudicEnv
 from ludic.inference.request import InferenceSpec
 from ludic.interaction.base import ActingAgent, ExternalToolHandler
+from ludic.interaction.env_calls import reset_env, step_env
 from ludic.interaction.info import PROTOCOL_META_KEYS, merge_step_info
 from ludic.interaction.step_collector import (
     DEFAULT_MAX_TOOL_ROUNDS,
@@ -114,7 +115,7 @@ class SingleAgentProtocol:
         inference: InferenceSpec,
         meta: dict[str, Any] | None,
     ) -> list[Rollout]:
-        resets = env.reset(seed=env_seed)
+        resets = await reset_env(env, env_seed)
         if agent_id not in resets:
             raise ValueError(
                 f"{type(env).__name__}.reset() returned observations for {sorted(resets)} "
@@ -162,7 +163,7 @@ class SingleAgentProtocol:
                 )
             else:
                 assert act.action is not None  # checked by run_agent_turn
-                outcomes = env.step({agent_id: act.action})
+                outcomes = await step_env(env, {agent_id: act.action})
                 if agent_id not in outcomes:
                     raise ValueError(
                         f"{type(env).__name__}.step() returned outcomes for {sorted(outcomes)} "

@@ -27,8 +27,9 @@ from typing import Any
 from ludic._async import gather_or_cancel
 from ludic.envs.env import LudicEnv
 from ludic.interaction.base import InteractionProtocol
+from ludic.interaction.env_calls import close_env
 from ludic.rollouts.requests import RolloutRequest
-from ludic.types import Rollout, rollout_to_dict
+from ludic.types import ContractError, Rollout, rollout_to_dict
 
 EnvFactory = Callable[..., LudicEnv]
 ProtocolFactory = Callable[..., InteractionProtocol]
@@ -50,7 +51,10 @@ class RolloutEngine:
         max_concurrency: episodes in flight at once.
         jsonl_path: if set, every rollout is appended there as one JSON line
             (``rollout_to_dict``), the format ``OfflineBatchSource`` reads.
-        timeout_s: if set, an episode running longer raises ``TimeoutError``.
+        timeout_s: if set, an episode running longer raises ``TimeoutError`` (naming the
+            env kind, seed and limit) and is dropped. The protocols run env ``reset``/``step``
+            in a thread (``ludic.interaction.env_calls``), so a blocking env cannot outlast
+            it; the abandoned call finishes in the background and ``close()`` follows it.
     """
 
     def __init__(
@@ -123,6 +127,11 @@ class RolloutEngine:
                         inference=req.inference.with_seed(sampling_seed),
                         meta=dict(meta),
                     )
+            except ContractError as e:  # an env or parser broke its contract: say where
+                raise ContractError(
+                    f"{e} (episode {episode} of request {request_index}, env={req.env.kind!r}, "
+                    f"env_seed={req.env_seed})"
+                ) from e
             except TimeoutError:
                 if not deadline.expired():
                     raise
@@ -133,9 +142,7 @@ class RolloutEngine:
                     "lower max_steps / sampling.max_tokens"
                 ) from None
             finally:
-                close = getattr(env, "close", None)
-                if callable(close):
-                    close()
+                close_env(env)  # waits for an abandoned (timed-out) env call, off the loop
         for r in rollouts:
             for key, value in meta.items():
                 r.meta.setdefault(key, value)

@@ -27,7 +27,8 @@ from ludic.interaction import SingleAgentProtocol
 from ludic.models.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 from ludic.run.config import RunConfig, VLLMConfig
 from ludic.run.errors import RunError
-from ludic.run.registries import ALGORITHMS, ENVS, PARSERS, resolve
+from ludic.run.preflight import build_env
+from ludic.run.registries import ALGORITHMS, PARSERS, resolve
 from ludic.training import (
     EnvSpec,
     ProtocolSpec,
@@ -87,9 +88,13 @@ def _from_pretrained(path: str) -> tuple[torch.nn.Module, Any]:
         model = AutoModelForCausalLM.from_pretrained(
             str(local) if looks_local else path, dtype=torch.float32
         )
-    except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise RunError(f"model.path: cannot load {path!r}: {first}") from None
+    except Exception as e:  # noqa: BLE001 (OSError, ValueError, SafetensorError, ...)
+        # A corrupt weights file raises safetensors' SafetensorError, which names no file.
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise RunError(
+            f"model.path: cannot load {path!r} ({type(e).__name__}: {first}); check the "
+            "folder holds a complete save_pretrained checkpoint"
+        ) from None
     if tokenizer.chat_template is None:
         raise RunError(f"model.path: the tokenizer of {path!r} has no chat template")
     return model, tokenizer
@@ -258,8 +263,14 @@ def reward_backend(config: RunConfig, *, log_dir: Path) -> Iterator[Any]:
             f"reward.path: {reward.path!r} is not a model folder (no config.json); train one "
             "with a task: reward_model run and point at its RUN_DIR/reward_model"
         )
-    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 (OSError, SafetensorError, ...)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise RunError(
+            f"reward.path: cannot load {reward.path!r} ({type(e).__name__}: {first})"
+        ) from None
     yield TransformersRewardClient(model, tokenizer, device=config.model.device)
 
 
@@ -271,15 +282,11 @@ def make_engine(
     env_overrides: Mapping[str, Any] | None = None,
 ) -> RolloutEngine:
     """One env kind and one single-agent protocol, built fresh for every episode."""
-    env_factory = resolve("env", config.env.kind, ENVS)
     parser = resolve("parser", config.agent.parser, PARSERS)
-    env_kwargs = {**config.env.kwargs, **(env_overrides or {})}
+    field = "env.kwargs" if env_overrides is None else "env.eval_kwargs"
 
     def make_env():
-        try:
-            return env_factory(**env_kwargs)
-        except TypeError as e:
-            raise RunError(f"env.kwargs: {e}") from None
+        return build_env(config, env_overrides, field=field)
 
     def make_protocol() -> SingleAgentProtocol:
         agent = Agent(
@@ -292,7 +299,11 @@ def make_engine(
         return SingleAgentProtocol(agent)
 
     make_env()  # fail now, with the field named, rather than inside the first episode
-    return RolloutEngine({ENV_NAME: make_env}, {PROTOCOL_NAME: make_protocol})
+    return RolloutEngine(
+        {ENV_NAME: make_env},
+        {PROTOCOL_NAME: make_protocol},
+        timeout_s=config.env.episode_timeout_s,
+    )
 
 
 def sampling_spec(config: RunConfig, *, greedy: bool = False) -> InferenceSpec:

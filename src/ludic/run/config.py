@@ -8,6 +8,7 @@ against the registries in :mod:`ludic.run.registries`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -20,13 +21,23 @@ def _registered(kind: str, registry: Mapping[str, str]) -> AfterValidator:
     return AfterValidator(lambda name: check_name(kind, name, registry))
 
 
+def _device(name: str) -> str:
+    if not re.fullmatch(r"(cpu|cuda|mps|xpu)(:\d+)?", name):
+        raise ValueError("not a device; use cpu, cuda, cuda:N, mps or xpu")
+    return name
+
+
+Device = Annotated[str, AfterValidator(_device)]
+"""A torch device string, checked without importing torch (availability is checked by
+``ludic.run.preflight`` before the run starts)."""
 EnvKind = Annotated[str, _registered("env", ENVS)]
 ParserName = Annotated[str, _registered("parser", PARSERS)]
 AlgorithmName = Annotated[str, _registered("algorithm", ALGORITHMS)]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: lr=inf (or nan) is refused here, not after the warm start.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class TinyModelConfig(_Section):
@@ -63,7 +74,7 @@ class ModelConfig(_Section):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Training compute dtype (autocast); weights stay in float32."""
     lora: LoraConfig | None = None
-    device: str = "cpu"
+    device: Device = "cpu"
     """Trainer device, e.g. "cpu" or "cuda"."""
 
 
@@ -107,6 +118,10 @@ class EnvConfig(_Section):
     """Constructor arguments of that env."""
     eval_kwargs: dict[str, Any] = {}
     """Overrides of ``kwargs`` for evaluation (e.g. a held-out problem_seed)."""
+    episode_timeout_s: float | None = Field(600.0, gt=0)
+    """An episode (env reset and steps, model calls) running longer fails the run with a
+    TimeoutError naming the env kind and seed; null: no limit. Env code runs in a thread,
+    so a blocking env cannot outlast it."""
 
 
 class AgentConfig(_Section):
@@ -160,6 +175,22 @@ class TrainerSection(_Section):
     checkpoint_every: int = Field(25, ge=1)
     keep_last: int = Field(2, ge=1)
     """Checkpoints kept per phase."""
+
+    @model_validator(mode="after")
+    def _schedule_and_lag(self) -> TrainerSection:
+        if self.lr_schedule != "constant" and self.warmup_steps >= self.steps:
+            raise ValueError(
+                f"warmup_steps={self.warmup_steps} must be < steps={self.steps} "
+                f"(lr_schedule={self.lr_schedule!r} decays to 0 at steps); lower warmup_steps "
+                "or use lr_schedule: constant"
+            )
+        if self.max_lag is not None and self.max_lag < self.publish_every - 1:
+            raise ValueError(
+                f"max_lag={self.max_lag} < publish_every - 1 = {self.publish_every - 1}: "
+                "weights are published every publish_every steps, so every item would be too "
+                "stale; raise max_lag or lower publish_every"
+            )
+        return self
 
 
 class EvalConfig(_Section):
@@ -240,7 +271,7 @@ class RewardModelSection(_Section):
     """Used when ``path`` is null."""
     lora: LoraConfig | None = None
     """LoRA adapters for training_mode lora (null there: the defaults)."""
-    device: str = "cpu"
+    device: Device = "cpu"
     steps: int = Field(300, ge=1)
     """Optimizer steps."""
     lr: float = Field(1e-3, gt=0)

@@ -47,6 +47,7 @@ from ludic.run.builders import (
 from ludic.run.config import RunConfig
 from ludic.run.demos import demonstrations_path
 from ludic.run.plot import plot_reward_curve
+from ludic.run.preflight import check_config
 from ludic.run.progress import ProgressLogger, print_summary
 from ludic.run.run_dir import PhaseMetricsWriter, RunDirectory, open_run
 from ludic.run.signals import terminate_as_interrupt
@@ -78,7 +79,8 @@ def train(config: RunConfig, *, resume: str | Path | None = None) -> Path:
         if config.task == "reward_model":
             from ludic.run.reward_job import train_reward_model
 
-            return train_reward_model(config, resume=resume)
+            return train_reward_model(config, resume=resume)  # runs check_config itself
+        check_config(config)  # every part buildable before the run directory or a step
         return _train(config, resume=resume)
 
 

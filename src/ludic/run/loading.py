@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +33,25 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunCo
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
     file = Path(path)
+    if file.is_dir():
+        raise ConfigError(
+            f"config file {str(file)!r} is a directory; give the path of a .yaml, .yml or "
+            ".toml file"
+        )
     if not file.is_file():
         raise ConfigError(f"config file {str(file)!r} does not exist")
-    text = file.read_text()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file {file.name!r} is not UTF-8 text (byte {e.object[e.start]:#04x} at "
+            f"offset {e.start}); save it as UTF-8"
+        ) from None
     try:
         if file.suffix == ".toml":
             data = tomllib.loads(text)
         elif file.suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
         else:
             raise ConfigError(f"config file {file.name!r}: use a .yaml, .yml or .toml file")
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as e:
@@ -51,6 +62,29 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {file.name!r}: expected a mapping at the top level")
     return data
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping with the same key twice (plain YAML
+    keeps the last value silently, so a typo'd duplicate would hide a setting)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, Hashable):
+                continue  # SafeLoader reports unhashable keys itself
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} on line {line} (first on line {seen[key]}); "
+                    "keep one of them",
+                    key_node.start_mark,
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def parse_value(text: str) -> Any:

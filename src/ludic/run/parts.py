@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
-from ludic.envs.dataset_qa_env import DatasetQAEnv, exact_match, numeric_match
-from ludic.jsonl import read_jsonl
+from ludic.envs.dataset_qa_env import DatasetQAEnv, exact_match, numeric_match, parse_number
+from ludic.jsonl import iter_jsonl
 from ludic.parsers import (
     ParseResult,
     boxed_parser,
@@ -19,17 +20,64 @@ VERIFIERS = {"numeric": numeric_match, "exact": exact_match}
 
 
 def dataset_qa_env_from_file(
-    *, path: str, verifier: str = "numeric", **kwargs: Any
+    *,
+    path: str,
+    verifier: str = "numeric",
+    question_key: str = "question",
+    answer_key: str = "answer",
+    **kwargs: Any,
 ) -> DatasetQAEnv:
     """A :class:`DatasetQAEnv` over a JSONL file of ``{"question": ..., "answer": ...}``
-    lines (keys configurable via ``question_key`` / ``answer_key``)."""
+    lines (keys configurable via ``question_key`` / ``answer_key``). The whole file is
+    checked when the env is built (every line JSON with both keys, every answer a number
+    for the numeric verifier), so a bad line is reported with its line number before the
+    run rather than by the episode that draws it."""
     file = Path(path).expanduser()
     if not file.is_file():
         raise FileNotFoundError(f"env.kwargs.path: dataset file {str(file)!r} does not exist")
     if verifier not in VERIFIERS:
         raise ValueError(f"env.kwargs.verifier: {verifier!r}; choose one of {sorted(VERIFIERS)}")
-    samples = read_jsonl(file)  # a line that is not JSON: JSONLError naming file:line
-    return DatasetQAEnv(samples, verifier=VERIFIERS[verifier], **kwargs)
+    stat = file.stat()
+    samples = _read_dataset(
+        str(file.resolve()), stat.st_mtime_ns, stat.st_size, verifier, question_key, answer_key
+    )
+    return DatasetQAEnv(
+        samples,
+        verifier=VERIFIERS[verifier],
+        question_key=question_key,
+        answer_key=answer_key,
+        **kwargs,
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _read_dataset(
+    path: str, mtime_ns: int, size: int, verifier: str, question_key: str, answer_key: str
+) -> tuple[dict[str, Any], ...]:
+    """The checked samples of ``path`` (cached per file version: every episode builds an
+    env)."""
+    samples = []
+    for lineno, sample in iter_jsonl(path):  # a line that is not JSON: JSONLError, file:line
+        if not isinstance(sample, dict):
+            raise ValueError(f"{path}:{lineno}: expected a JSON object, got {sample!r}")
+        for key, arg in ((question_key, "question_key"), (answer_key, "answer_key")):
+            if key not in sample:
+                raise ValueError(
+                    f"{path}:{lineno}: no key {key!r} (keys: {sorted(sample)}); fix the "
+                    f"line or set env.kwargs.{arg}"
+                )
+        answer = sample[answer_key]
+        if verifier == "numeric" and (
+            not isinstance(answer, str | int | float)
+            or isinstance(answer, bool)
+            or parse_number(str(answer)) is None
+        ):
+            raise ValueError(
+                f"{path}:{lineno}: {answer_key}={answer!r} is not a number, which "
+                "verifier numeric needs; fix the answer or set env.kwargs.verifier=exact"
+            )
+        samples.append(sample)
+    return tuple(samples)
 
 
 def plain_answer_parser(text: str) -> ParseResult:

@@ -40,6 +40,7 @@ from ludic.inference.reward_client import format_reward_input
 from ludic.run.builders import RunError, vllm_server_client
 from ludic.run.config import RewardModelSection, RunConfig
 from ludic.run.demos import synthetic_arithmetic_preferences
+from ludic.run.preflight import check_config
 from ludic.run.progress import ProgressLogger, print_summary
 from ludic.run.run_dir import RunDirectory, open_run
 from ludic.run.signals import interrupts_deferred
@@ -87,6 +88,7 @@ def train_reward_model(
     ``reward_model_state_dict(model, mode)``. Without one, ``reward_model.server`` (a vLLM
     reward server this job starts or connects to) gets them, as ``ludic train`` does.
     """
+    check_config(config)
     console = Console()
     rm = config.reward_model
     if rm.publish_every > 0 and publisher is None and rm.server is None:
@@ -111,7 +113,7 @@ def train_reward_model(
             model,
             tokenizer,
             train_pairs,
-            _trainer_config(config),
+            reward_trainer_config(config),
             training_mode=rm.training_mode,
             publisher=publisher,
             checkpoint=CheckpointConfig(
@@ -268,9 +270,12 @@ def _from_pretrained(path: str) -> tuple[torch.nn.Module, Any]:
         model = AutoModelForSequenceClassification.from_pretrained(
             source, num_labels=1, dtype=torch.float32
         )
-    except (OSError, ValueError, RuntimeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise RunError(f"reward_model.path: cannot load {path!r}: {first}") from None
+    except Exception as e:  # noqa: BLE001 (OSError, ValueError, SafetensorError, ...)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise RunError(
+            f"reward_model.path: cannot load {path!r} ({type(e).__name__}: {first}); check "
+            "the folder holds a complete save_pretrained checkpoint"
+        ) from None
     if tokenizer.pad_token_id is None:
         raise RunError(
             f"reward_model.path: the tokenizer of {path!r} has no pad token; the reward model "
@@ -348,7 +353,7 @@ def _run_preferences(
     return train, evals
 
 
-def _trainer_config(config: RunConfig) -> PreferenceTrainerConfig:
+def reward_trainer_config(config: RunConfig) -> PreferenceTrainerConfig:
     rm = config.reward_model
     return PreferenceTrainerConfig(
         lr=rm.lr,

@@ -1,0 +1,114 @@
+"""Env code off the event loop, so that an episode's timeout can fire while it runs.
+
+``LudicEnv.reset``/``step`` are synchronous and may block (a sandbox, a simulator, a
+remote call). Called on the event loop, a blocking step freezes every episode and
+``asyncio.timeout`` cannot fire until it returns. The protocols call them through
+:func:`call_env`, which runs the call in a daemon thread (``ludic._async.in_daemon_thread``)
+and awaits it; a timed-out call is abandoned there.
+
+Calls on one env are serialised by a per-env lock, and :func:`close_env` takes the same
+lock: an abandoned call still running is never overlapped by another call or by
+``close()``, which then runs in the background once the call returns. Episodes stay
+deterministic: one episode awaits each of its env calls before the next, as before.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ludic._async import in_daemon_thread
+from ludic.types import AgentId, ContractError, Info, Observation, StepOutcome
+
+T = TypeVar("T")
+
+_locks: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
+_locks_guard = threading.Lock()
+
+
+def _env_lock(env: object) -> threading.Lock:
+    with _locks_guard:
+        try:
+            lock = _locks.get(env)
+            if lock is None:
+                lock = _locks[env] = threading.Lock()
+        except TypeError:  # an env that cannot be weakly referenced: its own lock
+            lock = env.__dict__.setdefault("_ludic_env_lock", threading.Lock())
+        return lock
+
+
+async def call_env(env: object, method: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """``method(*args, **kwargs)`` (a method of ``env``) in a thread, holding ``env``'s lock."""
+    lock = _env_lock(env)
+
+    def locked() -> T:
+        with lock:
+            return method(*args, **kwargs)
+
+    return await in_daemon_thread(locked)
+
+
+async def reset_env(env: Any, seed: int | None) -> dict[AgentId, tuple[Observation, Info]]:
+    """``env.reset(seed=seed)`` through :func:`call_env`, checked: a mapping of agent id ->
+    ``(observation, info)``; anything else raises :class:`ContractError` naming the env."""
+    resets = await _contract(env, "reset", call_env(env, env.reset, seed=seed))
+    if not isinstance(resets, dict) or not all(
+        isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str) for v in resets.values()
+    ):
+        raise ContractError(
+            f"{type(env).__name__}.reset(seed={seed}) returned {_short(resets)}; it must return "
+            "{agent_id: (observation str, info dict)}"
+        )
+    return resets
+
+
+async def step_env(env: Any, actions: dict[AgentId, str]) -> dict[AgentId, StepOutcome]:
+    """``env.step(actions)`` through :func:`call_env`, checked: a mapping of agent id ->
+    ``StepOutcome``; anything else raises :class:`ContractError` naming the env."""
+    outcomes = await _contract(env, "step", call_env(env, env.step, actions))
+    if not isinstance(outcomes, dict) or not all(
+        isinstance(o, StepOutcome) for o in outcomes.values()
+    ):
+        raise ContractError(
+            f"{type(env).__name__}.step({_short(actions)}) returned {_short(outcomes)}; it "
+            "must return {agent_id: StepOutcome(obs, reward, ...)}"
+        )
+    return outcomes
+
+
+async def _contract(env: Any, method: str, call: Any) -> Any:
+    """Await ``call``; a :class:`ContractError` raised inside the env (e.g. building a
+    ``StepOutcome`` with a ``None`` reward) gets the env's name in front."""
+    try:
+        return await call
+    except ContractError as e:
+        raise ContractError(f"{type(env).__name__}.{method}(): {e}") from e
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def close_env(env: object) -> None:
+    """``env.close()`` if it has one: now when no call on ``env`` is running, else in a
+    background thread as soon as the (timed-out, abandoned) call returns."""
+    close = getattr(env, "close", None)
+    if not callable(close):
+        return
+    lock = _env_lock(env)
+    if lock.acquire(blocking=False):
+        try:
+            close()
+        finally:
+            lock.release()
+        return
+
+    def close_when_free() -> None:
+        with lock:
+            close()
+
+    name = f"ludic-close-{type(env).__name__}"
+    threading.Thread(target=close_when_free, name=name, daemon=True).start()

@@ -1,0 +1,163 @@
+"""Check that every part a run config names can be built, before anything trains.
+
+The schema (:mod:`ludic.run.config`) checks what needs no imports: types, ranges, finite
+numbers, consistent fields. :func:`check_config` goes further and builds (then drops) each
+part the run will build later -- the device, the env with ``env.kwargs`` and with
+``env.eval_kwargs``, the parser, the algorithm preset with ``algorithm.kwargs``, both
+phases' optimizer settings -- so a config that cannot run fails in seconds with a
+:class:`RunError` naming the field, instead of after a warm start whose run directory a
+fixed config could then no longer resume.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ludic.run.config import RunConfig
+from ludic.run.errors import RunError
+from ludic.run.registries import ENVS, PARSERS, resolve
+
+
+def check_config(config: RunConfig) -> None:
+    """Raise :class:`RunError` naming the field if any part of ``config`` cannot be built."""
+    if config.task == "reward_model":
+        _check_reward_model(config)
+        return
+    check_device("model.device", config.model.device)
+    check_model_path("model.path", config.model.path)
+    if config.reward is not None and not (Path(config.reward.path) / "config.json").is_file():
+        raise RunError(
+            f"reward.path: {config.reward.path!r} is not a model folder (no config.json); "
+            "train one with a task: reward_model run and point at its RUN_DIR/reward_model"
+        )
+    resolve("parser", config.agent.parser, PARSERS)
+    build_env(config)
+    build_env(config, config.env.eval_kwargs, field="env.eval_kwargs")
+    _check_algorithm(config)
+    _check_trainer_configs(config)
+
+
+def check_device(field: str, device: str) -> None:
+    """``device`` must be a torch device this machine has."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise RunError(
+            f"{field}: {device!r} is not a torch device; use cpu, cuda or cuda:N"
+        ) from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise RunError(
+                f"{field}={device!r} but no CUDA GPU is available here (torch "
+                f"{torch.__version__}); use {field}=cpu"
+            )
+        if parsed.index is not None and parsed.index >= count:
+            raise RunError(
+                f"{field}={device!r} but this machine has {count} CUDA GPU(s): use "
+                f"cuda:0..cuda:{count - 1}"
+            )
+    elif parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise RunError(f"{field}={device!r} but MPS is not available here; use {field}=cpu")
+
+
+def check_model_path(field: str, path: str | None) -> None:
+    """A ``path`` that names a local folder must exist (hub ids pass through)."""
+    if path is None:
+        return
+    local = Path(path).expanduser()
+    looks_local = local.exists() or path.startswith((".", "/", "~")) or path.count("/") > 1
+    if looks_local and not local.is_dir():
+        raise RunError(f"{field}: folder {path!r} does not exist")
+
+
+def build_env(
+    config: RunConfig, overrides: Mapping[str, Any] | None = None, *, field: str = "env.kwargs"
+) -> Any:
+    """The configured env built with ``env.kwargs`` updated by ``overrides``; a constructor
+    that refuses its arguments raises :class:`RunError` naming ``field``, the env kind and
+    the parameters the constructor takes."""
+    kind = config.env.kind
+    factory = resolve("env", kind, ENVS)
+    try:
+        return factory(**{**config.env.kwargs, **(overrides or {})})
+    except TypeError as e:
+        if not _is_signature_error(e, factory):
+            raise RunError(f"{field}: env {kind!r}: {e}") from None
+        raise RunError(
+            f"{field}: env {kind!r} ({_name(factory)}) {_short(e)}; it takes {_parameters(factory)}"
+        ) from None
+    except (ValueError, FileNotFoundError) as e:
+        raise RunError(f"{field}: env {kind!r}: {e}") from None
+
+
+def _check_algorithm(config: RunConfig) -> None:
+    from ludic.run.builders import make_algorithm
+
+    # reward_rl needs a reward client; the real one starts with the run, so a stand-in
+    # object checks the preset's other arguments now.
+    make_algorithm(config, reward_client=_RewardClientStandIn())
+
+
+def _check_trainer_configs(config: RunConfig) -> None:
+    from ludic.run.builders import rl_trainer_config, warm_start_trainer_config
+
+    _trainer_config("trainer", lambda: rl_trainer_config(config, 0))
+    if config.warm_start.steps > 0:
+        _trainer_config("warm_start", lambda: warm_start_trainer_config(config, 0))
+
+
+def _check_reward_model(config: RunConfig) -> None:
+    rm = config.reward_model
+    check_device("reward_model.device", rm.device)
+    check_model_path("reward_model.path", rm.path)
+    from ludic.run.reward_job import reward_trainer_config
+
+    _trainer_config("reward_model", lambda: reward_trainer_config(config))
+
+
+def _trainer_config(section: str, build: Callable[[], Any]) -> None:
+    """Build a trainer config; its ``TrainerConfig.x=...`` errors become ``section.x``."""
+    try:
+        build()
+    except ValueError as e:
+        text = re.sub(r"\b\w*TrainerConfig\.", f"{section}.", str(e))
+        raise RunError(text if text.startswith(section) else f"{section}: {text}") from None
+
+
+class _RewardClientStandIn:
+    """Takes the place of the reward client while the preset's arguments are checked."""
+
+    async def score_batch(self, inputs: Any, *, normalize: bool = True) -> list[float]:
+        raise RuntimeError("the preflight stand-in reward client scores nothing")
+
+
+def _is_signature_error(error: TypeError, factory: Callable[..., Any]) -> bool:
+    text = str(error)
+    return "argument" in text and (_name(factory) in text or "__init__" in text)
+
+
+def _short(error: TypeError) -> str:
+    """``X.__init__() got an unexpected keyword argument 'foo'`` -> ``got an unexpected
+    keyword argument 'foo'``."""
+    return re.sub(r"^[\w.<>]+\(\)\s*", "", str(error))
+
+
+def _name(factory: Callable[..., Any]) -> str:
+    return getattr(factory, "__qualname__", type(factory).__name__)
+
+
+def _parameters(factory: Callable[..., Any]) -> str:
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return "arguments its documentation lists"
+    named = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    extra = " (and more keyword arguments)" if any(p.kind == p.VAR_KEYWORD for p in params) else ""
+    return f"{named}{extra}"
