@@ -10,7 +10,7 @@ An algorithm is ``RLAlgorithm`` = credit assigner (already applied by the batch 
         loss     = algorithm.loss(LossInputs(normalizers over the whole step))
         loss.backward()                     (micro-batch losses sum to the full-batch loss)
     check grads finite -> clip -> optimizer.step -> scheduler.step -> step += 1
-    publish weights every publish_every steps (version = step) -> checkpoint -> log
+    publish weights every publish_every steps (version = step) -> log -> checkpoint
 
 ``trainer.step`` counts optimizer steps and is the policy version.
 """
@@ -143,15 +143,16 @@ class Trainer(HasTrainingCore):
         self.step += 1
         if self.publisher is not None and self.core.is_due(self.config.publish_every):
             self.publish_policy()
-        self.core.maybe_checkpoint(self._checkpoint_extra)
         timing = {
             "time/batch_wait_s": t_batch - t_start,
             "time/compute_s": t_compute - t_batch,
-            "time/publish_and_save_s": time.perf_counter() - t_compute,
+            "time/publish_s": time.perf_counter() - t_compute,
         }
         metrics = self._metrics(batch, loss, loss_stats, grad_norm, lr, dropped, timing)
         metrics["num_microbatches"] = len(microbatches)
         self.logger.log(self.step, metrics)
+        # After the log: a checkpoint never gets ahead of its step's metrics line.
+        self.core.maybe_checkpoint(self._checkpoint_extra)
         return metrics
 
     async def train(self, num_steps: int) -> list[dict[str, float]]:
