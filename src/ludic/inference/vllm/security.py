@@ -147,7 +147,7 @@ def capped_timeout(timeout_s: float, cap_s: float) -> float:
 
 # ------------------------------------------------------------------------------ watchdog
 def start_parent_watchdog(
-    parent_pid: int | None = None, *, poll_s: float = 0.5, grace_s: float = 10.0
+    parent_pid: int | None = None, *, poll_s: float = 0.5, grace_s: float = 5.0
 ) -> threading.Thread | None:
     """End this server when ``parent_pid`` (default: ``$LUDIC_PARENT_PID``) dies.
 
