@@ -196,3 +196,26 @@ def test_the_api_key_opens_the_control_routes(served_reward):
     response = httpx.post(f"{served_reward.url}/get_num_background_tasks", headers=AUTH)
     assert response.status_code == 200
     assert response.json()["num_background_tasks"] == 0
+
+
+def test_every_route_but_health_needs_the_key(served_reward):
+    """Issue 9, part 2: vLLM's /classify, /pooling, /tokenize, /metrics, /docs ... were
+    open on a keyed reward server. Swept from the running app's own route list."""
+    schema = httpx.get(f"{served_reward.url}/openapi.json", headers=AUTH, timeout=30).json()
+    routes = [(m.upper(), p) for p, ops in schema["paths"].items() for m in ops]
+    routes += [("GET", p) for p in ("/docs", "/redoc", "/openapi.json", "/metrics")]
+    paths = {p for _, p in routes}
+    assert {"/classify", "/pooling", "/score", "/tokenize"} <= paths
+    with httpx.Client(base_url=served_reward.url, timeout=30) as http:
+        open_routes = [
+            (m, p) for m, p in routes if p != "/health" and http.request(m, p).status_code != 401
+        ]
+        refused = [
+            (m, p)
+            for m, p in routes
+            if http.request(m, p, headers=AUTH, content=b"{").status_code == 401
+        ]
+        http.post("/resume", headers=AUTH)  # the sweep's keyed /pause, undone
+        assert http.get("/health").status_code == 200
+    assert not open_routes, f"answered without the key: {open_routes}"
+    assert not refused, f"refused with the key: {refused}"
