@@ -11,18 +11,20 @@ the reward server (``ludic.inference.vllm.reward_server``: ``make_control_router
 
 ==============================  ==========================================================
 ``GET  /health``                200 ``{"status": "ok", "type": "policy", "version": N}``
-                                (``"reward_model"`` on the reward server)
+                                (``"reward_model"`` on the reward server); 503
+                                ``control_plane_stuck`` when an operation runs past its cap
 ``GET  /runtime_version``       ``{"version": N}``
 ``GET  /get_world_size``        ``{"world_size": W}``: inference workers (the trainer adds 1)
 ``POST /init_communicator``     ``TorchDistributedWeightSyncInfo`` JSON; the workers join the
                                 group as ranks 1..W in the background (the trainer joins as
-                                rank 0 after the reply)
+                                rank 0 after the reply); loopback ``master_addr`` only,
+                                ``timeout_s`` capped (the reply holds the one used)
 ``POST /update_param_batch``    a ``WeightUpdateRequest`` JSON (``to_dict``); every worker
                                 receives and loads the chunk in the background
                                 (``?first=true`` marks a sync's first chunk). The version
                                 becomes ``request.version`` (or +1) once a ``last`` chunk is
                                 loaded and no chunk of that sync failed
-``POST /close_communicator``    leave the group
+``POST /close_communicator``    leave the group (abandons a join still waiting)
 ``POST /get_num_background_tasks``  ``{"num_background_tasks", "error_count", "last_error",
                                 "version"}``: poll until 0, then compare ``error_count``
 ``POST /reset_prefix_cache``    drop cached KV blocks
