@@ -156,7 +156,7 @@ def start_parent_watchdog(
     what is left after ``grace_s`` and finally SIGKILLs the group, this process included.
     Returns the thread, or ``None`` when no parent is named."""
     if parent_pid is None:
-        raw = os.environ.get(PARENT_PID_ENV)
+        raw = os.environ.pop(PARENT_PID_ENV, None)  # not inherited by what we spawn
         if not raw:
             return None
         parent_pid = int(raw)
