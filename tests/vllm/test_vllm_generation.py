@@ -183,7 +183,7 @@ def test_control_routes_need_the_api_key(served, path):
 
 def test_api_key_guards_completions_but_not_health(served):
     assert httpx.get(f"{served.server.url}/health").status_code == 200
-    assert httpx.get(f"{served.server.url}/runtime_version").status_code == 200
+    assert httpx.get(f"{served.server.url}/runtime_version").status_code == 401
     keyed = httpx.post(
         f"{served.server.url}/get_num_background_tasks",
         headers={"Authorization": f"Bearer {API_KEY}"},

@@ -26,13 +26,15 @@ TEXTS = [
 
 def test_health_reports_a_reward_model_and_its_version(served_reward):
     health = httpx.get(f"{served_reward.url}/health").json()
-    version = httpx.get(f"{served_reward.url}/runtime_version").json()["version"]
+    version = httpx.get(f"{served_reward.url}/runtime_version", headers=AUTH).json()["version"]
     assert health == {"status": "ok", "type": "reward_model", "version": version}
 
 
-def test_world_size_and_runtime_version_answer_without_the_key(served_reward):
-    assert httpx.get(f"{served_reward.url}/get_world_size").json() == {"world_size": 1}
-    version = httpx.get(f"{served_reward.url}/runtime_version").json()["version"]
+def test_world_size_and_runtime_version_need_the_key(served_reward):
+    assert httpx.get(f"{served_reward.url}/get_world_size").status_code == 401
+    world = httpx.get(f"{served_reward.url}/get_world_size", headers=AUTH).json()
+    assert world == {"world_size": 1}
+    version = httpx.get(f"{served_reward.url}/runtime_version", headers=AUTH).json()["version"]
     assert isinstance(version, int) and version >= 0
 
 
@@ -109,6 +111,7 @@ def test_score_agrees_with_vllm_classify(served_reward):
         classify = httpx.post(
             f"{served_reward.url}/classify",
             json={"input": TEXTS, "use_activation": activation},
+            headers=AUTH,
             timeout=60,
         )
         assert classify.status_code == 200, classify.text
@@ -122,7 +125,7 @@ def test_response_names_the_model_counts_tokens_and_carries_the_version(served_r
     body = response.json()
     assert body["model"] == str(served_reward.model_dir)
     assert body["usage"] == {"prompt_tokens": sum(len(t.encode()) for t in TEXTS[:2])}
-    version = httpx.get(f"{served_reward.url}/runtime_version").json()["version"]
+    version = httpx.get(f"{served_reward.url}/runtime_version", headers=AUTH).json()["version"]
     assert response.headers["x-ludic-policy-version"] == str(version)
     named = served_reward.post_score({"input": ["x"], "model": str(served_reward.model_dir)})
     assert named.status_code == 200 and named.json()["model"] == str(served_reward.model_dir)
@@ -193,3 +196,26 @@ def test_the_api_key_opens_the_control_routes(served_reward):
     response = httpx.post(f"{served_reward.url}/get_num_background_tasks", headers=AUTH)
     assert response.status_code == 200
     assert response.json()["num_background_tasks"] == 0
+
+
+def test_every_route_but_health_needs_the_key(served_reward):
+    """Issue 9, part 2: vLLM's /classify, /pooling, /tokenize, /metrics, /docs ... were
+    open on a keyed reward server. Swept from the running app's own route list."""
+    schema = httpx.get(f"{served_reward.url}/openapi.json", headers=AUTH, timeout=30).json()
+    routes = [(m.upper(), p) for p, ops in schema["paths"].items() for m in ops]
+    routes += [("GET", p) for p in ("/docs", "/redoc", "/openapi.json", "/metrics")]
+    paths = {p for _, p in routes}
+    assert {"/classify", "/pooling", "/score", "/tokenize"} <= paths
+    with httpx.Client(base_url=served_reward.url, timeout=30) as http:
+        open_routes = [
+            (m, p) for m, p in routes if p != "/health" and http.request(m, p).status_code != 401
+        ]
+        refused = [
+            (m, p)
+            for m, p in routes
+            if http.request(m, p, headers=AUTH, content=b"{").status_code == 401
+        ]
+        http.post("/resume", headers=AUTH)  # the sweep's keyed /pause, undone
+        assert http.get("/health").status_code == 200
+    assert not open_routes, f"answered without the key: {open_routes}"
+    assert not refused, f"refused with the key: {refused}"

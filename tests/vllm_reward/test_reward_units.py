@@ -95,7 +95,7 @@ def test_unknown_server_kinds_and_types_are_refused():
     with pytest.raises(ValueError, match="kind='critic'"):
         start_vllm_server("no-model", kind="critic")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="server_type='critic'"):
-        make_control_router(None, ControlState(), None, server_type="critic")
+        make_control_router(None, ControlState(), server_type="critic")
 
 
 def test_ludic_serve_reward_refuses_the_generate_runner(tmp_path):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import os
+import secrets
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -165,7 +167,7 @@ def _vllm_backend(config: RunConfig, *, model_dir: Path, log_dir: Path) -> Itera
         model=config.model.path or model_dir,
         cuda=config.model.device.startswith("cuda"),
         log_dir=log_dir,
-        connect=lambda url, timeout_s: VLLMChatClient(url, timeout_s=timeout_s),
+        connect=lambda url, timeout_s, key: VLLMChatClient(url, timeout_s=timeout_s, api_key=key),
     ) as client:
         yield client
 
@@ -184,18 +186,20 @@ def vllm_server_client(
     model: str | Path,
     cuda: bool,
     log_dir: Path,
-    connect: Callable[[str, float], Any],
+    connect: Callable[[str, float, str | None], Any],
     weight_sync: bool = True,
 ) -> Iterator[Any]:
-    """A client (``connect(base_url, timeout_s)``) of a ludic vLLM server of ``kind``
-    (``"policy"`` / ``"reward"``), with its weight-sync group formed unless ``weight_sync``
-    is false. The server is started on ``model`` as a subprocess unless
+    """A client (``connect(base_url, timeout_s, api_key)``) of a ludic vLLM server of
+    ``kind`` (``"policy"`` / ``"reward"``), with its weight-sync group formed unless
+    ``weight_sync`` is false. The server is started on ``model`` as a subprocess unless
     ``v.start_server`` is false; everything started is stopped on exit. ``field`` names
-    the config section in errors."""
+    the config section in errors. The API key: ``v.api_key``, else ``$LUDIC_API_KEY``,
+    else a fresh random one for a server started here."""
     try:
         from ludic.inference.vllm.process import start_vllm_server
     except ImportError as e:
         raise RunError(_NEEDS_VLLM.format(field=field, error=e)) from None
+    api_key = server_api_key(v)
     with contextlib.ExitStack() as stack:
         if v.start_server:
             extra = [*v.extra_args]
@@ -206,6 +210,7 @@ def vllm_server_client(
                 kind=kind,
                 host=v.host,
                 port=v.port,
+                api_key=api_key,
                 extra_args=extra,
                 cpu=not cuda,
                 log_path=log_dir
@@ -218,13 +223,24 @@ def vllm_server_client(
             if v.port is None:
                 raise RunError(f"{field}.port: set the port of the running server")
             base_url = f"http://{v.host}:{v.port}"
-        client = connect(base_url, v.timeout_s)
+        client = connect(base_url, v.timeout_s, api_key)
         stack.callback(client.close)
         if weight_sync:
             client.init_weight_sync(
                 backend=v.sync_backend, master_addr=v.host, master_port=v.group_port
             )
         yield client
+
+
+def server_api_key(v: VLLMConfig) -> str | None:
+    """``v.api_key``, else ``$LUDIC_API_KEY``, else (for a server ludic starts) a fresh
+    random key, so that no server ludic starts is open to other local users."""
+    from ludic.inference.vllm.security import API_KEY_ENV
+
+    key = v.api_key or os.environ.get(API_KEY_ENV) or None
+    if key is None and v.start_server:
+        key = secrets.token_urlsafe(32)
+    return key
 
 
 @contextlib.contextmanager
@@ -248,7 +264,9 @@ def reward_backend(config: RunConfig, *, log_dir: Path) -> Iterator[Any]:
             model=reward.path,
             cuda=config.model.device.startswith("cuda"),
             log_dir=log_dir,
-            connect=lambda url, timeout_s: VLLMRewardClient(url, timeout_s=timeout_s),
+            connect=lambda url, timeout_s, key: VLLMRewardClient(
+                url, timeout_s=timeout_s, api_key=key
+            ),
             weight_sync=False,
         ) as client:
             yield client

@@ -94,6 +94,10 @@ class VLLMConfig(_Section):
     gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
     extra_args: list[str] = []
     timeout_s: float = Field(120.0, gt=0)
+    api_key: str | None = Field(None, exclude=True, repr=False)
+    """The server's API key (every route but /health needs it). null: $LUDIC_API_KEY if
+    set, else a fresh random key for a server ludic starts (none for a running one).
+    Never saved to the run directory nor shown in logs."""
 
 
 class InferenceConfig(_Section):

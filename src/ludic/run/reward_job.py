@@ -211,7 +211,7 @@ def _reward_server(config: RunConfig, run: RunDirectory) -> Iterator[Any]:
         model=rm.path or run.model_dir,
         cuda=rm.device.startswith("cuda"),
         log_dir=run.path,
-        connect=lambda url, timeout_s: VLLMRewardClient(url, timeout_s=timeout_s),
+        connect=lambda url, timeout_s, key: VLLMRewardClient(url, timeout_s=timeout_s, api_key=key),
     ) as client:
         yield client
 

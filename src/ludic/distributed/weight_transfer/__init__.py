@@ -51,6 +51,8 @@ _EXPORTS: dict[str, str] = {
     "ModelWeightExtractor": "ludic.distributed.weight_transfer.extractor",
     "gather_full_tensors": "ludic.distributed.weight_transfer.extractor",
     "is_dtensor": "ludic.distributed.weight_transfer.extractor",
+    "GroupPortBusyError": "ludic.distributed.weight_transfer.groups",
+    "check_port_free": "ludic.distributed.weight_transfer.groups",
     "free_port": "ludic.distributed.weight_transfer.groups",
     "init_process_group": "ludic.distributed.weight_transfer.groups",
     "ModuleWeightLoader": "ludic.distributed.weight_transfer.loaders",

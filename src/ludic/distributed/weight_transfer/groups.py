@@ -45,7 +45,8 @@ def init_process_group(
 
     ``backend="gloo"`` moves CPU tensors; ``backend="nccl"`` moves CUDA tensors of the
     current device (call ``torch.cuda.set_device`` first). Raises ``RuntimeError`` if the
-    group cannot form within ``timeout_s`` (e.g. a rank never joined).
+    group cannot form within ``timeout_s`` (e.g. a rank never joined), and
+    :class:`GroupPortBusyError` at once when rank 0 finds ``master_port`` taken.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}; expected one of {BACKENDS} (gloo: CPU, nccl: GPU)")
@@ -58,6 +59,8 @@ def init_process_group(
         raise RuntimeError(
             "backend='nccl' needs a CUDA build of torch with NCCL; use backend='gloo' on CPU"
         )
+    if rank == 0:
+        check_port_free(master_addr, master_port)
     timeout = timedelta(seconds=timeout_s)
     store = TCPStore(
         master_addr,
@@ -127,6 +130,27 @@ def wait(work: torch.distributed.Work, timeout_s: float | None = None) -> None:
         work.wait()
     else:
         work.wait(timedelta(seconds=timeout_s))
+
+
+class GroupPortBusyError(RuntimeError):
+    """The weight-sync rendezvous port is already taken on the trainer's machine."""
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise :class:`GroupPortBusyError` naming ``host:port`` when a listener cannot bind
+    it now. Rank 0 checks before hosting the store: a busy port otherwise surfaces only
+    when every rank's join times out (minutes)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore binds
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise GroupPortBusyError(
+                f"weight-sync group port {port} on {host} is busy ({e.strerror}): another "
+                "process listens there. Choose a free port (inference.vllm.group_port, or "
+                "null for a free one) or stop that process"
+            ) from None
 
 
 def free_port(host: str = "127.0.0.1") -> int:

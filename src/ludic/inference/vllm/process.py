@@ -4,6 +4,10 @@
 
 The server runs in its own session (process group), so :meth:`VLLMServerProcess.stop`
 ends it together with every process vLLM spawned (engine core, CPU workers): no orphans.
+It also ends itself when the starting process dies, even by ``kill -9``: the kernel sends
+it SIGTERM (``PR_SET_PDEATHSIG``, Linux, when started from the main thread) and its
+watchdog (``LUDIC_PARENT_PID``) ends its whole process group. The API key travels in the
+environment (``LUDIC_API_KEY``), never on the command line or in the log.
 
     with start_vllm_server("path/to/model") as server:   # waits until /health is 200
         client = VLLMChatClient(server.url)
@@ -15,18 +19,22 @@ ends it together with every process vLLM spawned (engine core, CPU workers): no 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
+
+from ludic.inference.vllm.security import API_KEY_ENV, PARENT_PID_ENV
 
 ServerKind = Literal["policy", "reward"]
 
@@ -155,7 +163,8 @@ def start_vllm_server(
             (``ludic.inference.vllm.reward_server``, a one-label sequence classifier).
         port: HTTP port (default: a free one). ``group_port``: reserved for the weight-sync
             rendezvous (default: a free one).
-        api_key: guards the control routes and ``/v1`` (sent as ``--api-key``).
+        api_key: guards every route but ``/health`` (passed as ``LUDIC_API_KEY`` in the
+            server's environment, so it shows in neither ``ps`` nor the log).
         extra_args: more server / vLLM engine arguments.
         env: extra environment variables (on CPU, ``VLLM_CPU_KVCACHE_SPACE=1`` is the default).
         cpu: add :data:`CPU_DEFAULT_ARGS` / :data:`CPU_DEFAULT_ENV` (default: when CUDA is
@@ -172,16 +181,20 @@ def start_vllm_server(
     group_port = group_port or find_free_port(host)
     args = [sys.executable, "-m", "ludic", "serve", kind, "--model", str(model_dir)]
     args += ["--host", host, "--port", str(port)]
-    if api_key is not None:
-        args += ["--api-key", api_key]
     if cpu:
-        args += _missing_defaults(CPU_DEFAULT_ARGS, extra_args)
+        args += cpu_default_args(extra_args)
     args += list(extra_args)
 
     proc_env = dict(os.environ)
     if cpu:
         proc_env.update(CPU_DEFAULT_ENV)
     proc_env.update(env or {})
+    if api_key is not None:
+        proc_env[API_KEY_ENV] = api_key
+    api_key = proc_env.get(API_KEY_ENV) or None  # the server also reads an inherited key
+    parent = os.getpid()
+    proc_env[PARENT_PID_ENV] = str(parent)
+    on_main_thread = threading.current_thread() is threading.main_thread()
 
     if log_path is None:
         fd, name = tempfile.mkstemp(prefix="ludic_vllm_", suffix=".log")
@@ -196,6 +209,8 @@ def start_vllm_server(
             stdin=subprocess.DEVNULL,
             env=proc_env,
             start_new_session=True,
+            # PDEATHSIG fires when the starting *thread* ends: only from the main thread
+            preexec_fn=_die_with_parent(parent) if on_main_thread else None,
         )
     server = VLLMServerProcess(
         process,
@@ -269,6 +284,27 @@ def _check_server_type(url: str, response: httpx.Response, expected: str | None)
             f"the server at {url} reports type {found!r} on /health, expected {expected!r}: "
             "another server may be using that port, or the wrong `ludic serve KIND` started"
         )
+
+
+def cpu_default_args(given: Sequence[str]) -> list[str]:
+    """:data:`CPU_DEFAULT_ARGS` minus the flags already in ``given``."""
+    return _missing_defaults(CPU_DEFAULT_ARGS, given)
+
+
+def _die_with_parent(parent_pid: int) -> Any:
+    """A ``preexec_fn``: the child gets SIGTERM when its parent dies (Linux
+    ``prctl(PR_SET_PDEATHSIG)``; a no-op elsewhere), or at once if it already has."""
+
+    def preexec() -> None:
+        if sys.platform.startswith("linux"):
+            with contextlib.suppress(OSError, AttributeError):
+                ctypes.CDLL("libc.so.6", use_errno=True).prctl(
+                    1, signal.SIGTERM
+                )  # PR_SET_PDEATHSIG
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
 
 
 def _missing_defaults(defaults: Sequence[str], extra_args: Sequence[str]) -> list[str]:

@@ -34,8 +34,8 @@ The response header ``x-ludic-policy-version`` is the reward model's runtime ver
 the request arrived; ``GET /health`` answers ``{"status": "ok", "type": "reward_model",
 "version": N}``. Every other control route is the policy server's (see
 ``ludic.inference.vllm.server``), including weight sync through
-``ludic.inference.vllm.worker.WeightSyncWorkerExtension``. vLLM's own ``/classify`` and
-``/pooling`` stay as they are (vLLM does not guard them with the API key).
+``ludic.inference.vllm.worker.WeightSyncWorkerExtension``. With an API key, every route
+but ``/health`` needs it, vLLM's own ``/classify`` and ``/pooling`` included.
 """
 
 from __future__ import annotations
@@ -47,13 +47,12 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Request
 
 from ludic._async import gather_or_cancel
 from ludic.inference.reward_client import POOLING_TYPES
 from ludic.inference.vllm.server import (
     ServerContext,
-    api_key_guard,
     json_body,
     parse_args,
     serve,
@@ -154,7 +153,7 @@ def make_score_router(context: ServerContext) -> APIRouter:
     served_models = list(context.args.served_model_name or [context.args.model])
     pooling_type = str(model_config.pooler_config.seq_pooling_type).lower()
     vocab_size = int(model_config.get_vocab_size())
-    router = APIRouter(dependencies=[Depends(api_key_guard(context.api_key))])
+    router = APIRouter()  # the app's ApiKeyMiddleware guards it
 
     @router.post("/score")
     async def score(request: Request) -> dict[str, Any]:

@@ -11,18 +11,20 @@ the reward server (``ludic.inference.vllm.reward_server``: ``make_control_router
 
 ==============================  ==========================================================
 ``GET  /health``                200 ``{"status": "ok", "type": "policy", "version": N}``
-                                (``"reward_model"`` on the reward server)
+                                (``"reward_model"`` on the reward server); 503
+                                ``control_plane_stuck`` when an operation runs past its cap
 ``GET  /runtime_version``       ``{"version": N}``
 ``GET  /get_world_size``        ``{"world_size": W}``: inference workers (the trainer adds 1)
 ``POST /init_communicator``     ``TorchDistributedWeightSyncInfo`` JSON; the workers join the
                                 group as ranks 1..W in the background (the trainer joins as
-                                rank 0 after the reply)
+                                rank 0 after the reply); loopback ``master_addr`` only,
+                                ``timeout_s`` capped (the reply holds the one used)
 ``POST /update_param_batch``    a ``WeightUpdateRequest`` JSON (``to_dict``); every worker
                                 receives and loads the chunk in the background
                                 (``?first=true`` marks a sync's first chunk). The version
                                 becomes ``request.version`` (or +1) once a ``last`` chunk is
                                 loaded and no chunk of that sync failed
-``POST /close_communicator``    leave the group
+``POST /close_communicator``    leave the group (abandons a join still waiting)
 ``POST /get_num_background_tasks``  ``{"num_background_tasks", "error_count", "last_error",
                                 "version"}``: poll until 0, then compare ``error_count``
 ``POST /reset_prefix_cache``    drop cached KV blocks
@@ -35,249 +37,88 @@ Background tasks run one at a time, in arrival order; a failure is logged and re
 trainer sees it in ``/get_num_background_tasks``) and the server keeps serving. Requests are
 JSON only; nothing received is unpickled.
 
-Binds 127.0.0.1 unless ``--host`` says otherwise. ``--api-key`` (or ``LUDIC_API_KEY``)
-guards every ``POST`` route above and vLLM's ``/v1`` routes (``Authorization: Bearer KEY``);
-``/health``, ``/runtime_version`` and ``/get_world_size`` stay open. vLLM's own key check
-covers only ``/v1``-style prefixes: do not expose this server to untrusted networks.
+Security (``ludic.inference.vllm.security``): binds 127.0.0.1 unless ``--host`` says
+otherwise, and refuses a non-loopback host without a key unless ``--allow-insecure``.
+``--api-key`` (or ``LUDIC_API_KEY``, which keeps the key off the command line) guards
+every route but ``/health``: ludic's, vLLM's (``/v1/*``, ``/invocations``, ``/tokenize``,
+``/metrics``, ``/docs``, ...) and the dev routes alike (``Authorization: Bearer KEY`` or
+``x-api-key: KEY``). ``/init_communicator`` accepts a loopback ``master_addr`` only, or one
+listed in ``--weight-sync-hosts HOST[,HOST...]``, and caps ``timeout_s`` at
+``--weight-sync-timeout-cap`` seconds (default 60); see ``ludic.inference.vllm.control``
+for the bounds on the control plane and ``/health``'s ``control_plane_stuck``.
+
+Started by ``start_vllm_server``, the server ends itself (engine and workers included)
+when the process that started it dies (``LUDIC_PARENT_PID``). On a machine without CUDA,
+the CPU defaults of ``ludic.inference.vllm.process`` apply unless given explicitly.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hmac
 import json
 import logging
 import os
-import traceback
+import sys
 from argparse import Namespace
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from http import HTTPStatus
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, FastAPI
 from starlette.middleware import Middleware
 
-from ludic.distributed.weight_transfer.base import (
-    TorchDistributedWeightSyncInfo,
-    request_from_dict,
+from ludic.inference.vllm.control import (
+    SERVER_TYPES,
+    ControlPolicy,
+    ControlState,
+    json_body,
+    make_control_router,
 )
 from ludic.inference.vllm.logits_processors import MAX_THINK_FQCN, THINK_TOKENS_ENV, think_token_ids
+from ludic.inference.vllm.process import CPU_DEFAULT_ENV, cpu_default_args
+from ludic.inference.vllm.security import (
+    API_KEY_ENV,
+    DEFAULT_SYNC_TIMEOUT_CAP_S,
+    ApiKeyMiddleware,
+    check_bind,
+    start_parent_watchdog,
+)
+
+__all__ = [
+    "API_KEY_ENV",
+    "SERVER_TYPES",
+    "VERSION_HEADER",
+    "ControlPolicy",
+    "ControlState",
+    "ServerContext",
+    "install_routes",
+    "json_body",
+    "main",
+    "make_control_router",
+    "parse_args",
+    "prepare_args",
+    "serve",
+]
 
 logger = logging.getLogger("ludic.inference.vllm.server")
 
 WORKER_EXTENSION = "ludic.inference.vllm.worker.WeightSyncWorkerExtension"
-API_KEY_ENV = "LUDIC_API_KEY"
 VERSION_HEADER = "x-ludic-policy-version"
-SERVER_TYPES = ("policy", "reward_model")
-"""What ``GET /health`` reports as ``type``: which ludic server answers on a port."""
 
 
-# ------------------------------------------------------------------------------ state
-@dataclass
-class ControlState:
-    """The control plane's state (lives in the API-server process)."""
-
-    version: int = 0
-    communicator: bool = False  # init_communicator requested and not closed
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one background task at a time
-    error_count: int = 0
-    last_error: str | None = None
-    sync_failed: bool = False  # a chunk of the current sync failed: no version bump
-
-    def record_error(self, what: str, err: BaseException) -> None:
-        self.error_count += 1
-        self.last_error = f"{what}: {type(err).__name__}: {err}"
-        logger.error("%s failed:\n%s", what, "".join(traceback.format_exception(err)))
-
-    def status(self) -> dict[str, Any]:
-        return {
-            "num_background_tasks": len(self.tasks),
-            "error_count": self.error_count,
-            "last_error": self.last_error,
-            "version": self.version,
-        }
-
-
-def start_background(state: ControlState, what: str, work: Callable[[], Awaitable[None]]) -> None:
-    """Run ``work`` after every earlier background task; record its failure."""
-
-    async def run() -> None:
-        async with state.lock:
-            try:
-                await work()
-            except Exception as e:
-                state.record_error(what, e)
-
-    task = asyncio.get_running_loop().create_task(run())
-    state.tasks.add(task)
-    task.add_done_callback(state.tasks.discard)
-
-
-# ------------------------------------------------------------------------------ routes
-def api_key_guard(api_key: str | None) -> Callable[[Request], None]:
-    """A FastAPI dependency that answers 401 unless the request carries
-    ``Authorization: Bearer api_key`` (a no-op when ``api_key`` is ``None``)."""
-
-    def check_key(request: Request) -> None:
-        if api_key is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token, api_key):
-            raise HTTPException(
-                HTTPStatus.UNAUTHORIZED, "missing or wrong API key (Authorization: Bearer KEY)"
-            )
-
-    return check_key
-
-
-def make_control_router(
-    engine: Any, state: ControlState, api_key: str | None, server_type: str = "policy"
-) -> APIRouter:
-    """ludic's control routes on ``engine`` (a vLLM ``EngineClient``); ``/health`` reports
-    ``server_type`` (one of :data:`SERVER_TYPES`)."""
-    if server_type not in SERVER_TYPES:
-        raise ValueError(f"server_type={server_type!r}; expected one of {SERVER_TYPES}")
-    guarded = APIRouter(dependencies=[Depends(api_key_guard(api_key))])
-    router = APIRouter()
-
-    @router.get("/health")
-    async def health() -> JSONResponse:
-        try:
-            await engine.check_health()
-        except Exception as e:
-            return JSONResponse(
-                {"status": "error", "error": str(e)}, HTTPStatus.SERVICE_UNAVAILABLE
-            )
-        return JSONResponse({"status": "ok", "type": server_type, "version": state.version})
-
-    @router.get("/runtime_version")
-    async def runtime_version() -> dict[str, int]:
-        return {"version": state.version}
-
-    @router.get("/get_world_size")
-    async def get_world_size() -> dict[str, int]:
-        return {"world_size": num_workers(engine)}
-
-    @guarded.post("/init_communicator")
-    async def init_communicator(request: Request) -> dict[str, Any]:
-        body = await json_body(request)
-        try:
-            info = TorchDistributedWeightSyncInfo(**body)
-        except (TypeError, ValueError) as e:
-            raise HTTPException(HTTPStatus.BAD_REQUEST, f"bad sync info: {e}") from None
-        workers = num_workers(engine)
-        if info.world_size != workers + 1:
-            raise HTTPException(
-                HTTPStatus.BAD_REQUEST,
-                f"world_size={info.world_size}, but this server has {workers} worker(s): "
-                f"use world_size={workers + 1} (GET /get_world_size, plus the trainer)",
-            )
-        state.communicator = True
-
-        async def work() -> None:
-            await engine.collective_rpc("init_communicator", args=(info.to_dict(), 1))
-
-        start_background(state, "init_communicator", work)
-        return {"status": "ok", "error_count": state.error_count}
-
-    @guarded.post("/update_param_batch")
-    async def update_param_batch(request: Request, first: bool = Query(False)) -> dict[str, Any]:
-        body = await json_body(request)
-        try:
-            update = request_from_dict(body)
-        except ValueError as e:
-            raise HTTPException(HTTPStatus.BAD_REQUEST, str(e)) from None
-        if not state.communicator:
-            raise HTTPException(
-                HTTPStatus.CONFLICT, "no weight-sync group: POST /init_communicator first"
-            )
-        payload = update.to_dict()
-
-        async def work() -> None:
-            if first:
-                state.sync_failed = False
-            try:
-                await engine.collective_rpc("update_param_batch", args=(payload, first))
-            except Exception:
-                state.sync_failed = True
-                raise
-            finally:
-                sync_ok = not state.sync_failed
-                if update.last:  # the sync is over, whatever happened
-                    state.sync_failed = False
-            if update.last and sync_ok:
-                await engine.reset_prefix_cache()
-                state.version = update.version if update.version is not None else state.version + 1
-                logger.info("weights updated: runtime version %d", state.version)
-
-        by_id = getattr(update, "is_reference", False)  # broadcast requests only
-        what = f"layout {update.layout}" if by_id else f"{len(update.names)} tensors"
-        start_background(state, f"update_param_batch({what})", work)
-        return {"status": "ok", "error_count": state.error_count}
-
-    @guarded.post("/close_communicator")
-    async def close_communicator() -> dict[str, str]:
-        async with state.lock:  # after every pending transfer
-            state.communicator = False
-            await engine.collective_rpc("close_communicator")
-        return {"status": "ok"}
-
-    @guarded.post("/get_num_background_tasks")
-    async def get_num_background_tasks() -> dict[str, Any]:
-        return state.status()
-
-    @guarded.post("/reset_prefix_cache")
-    async def reset_prefix_cache() -> dict[str, bool]:
-        return {"success": bool(await engine.reset_prefix_cache())}
-
-    @guarded.post("/pause")
-    async def pause(mode: str = Query("abort")) -> JSONResponse:
-        if mode not in ("abort", "wait", "keep"):
-            raise HTTPException(
-                HTTPStatus.BAD_REQUEST, f"mode={mode!r}; expected abort, wait or keep"
-            )
-        await engine.pause_generation(mode=mode)
-        return JSONResponse({"status": "paused", "mode": mode})
-
-    @guarded.post("/resume")
-    async def resume() -> dict[str, str]:
-        await engine.resume_generation()
-        return {"status": "resumed"}
-
-    @router.get("/is_paused")
-    async def is_paused() -> dict[str, bool]:
-        return {"is_paused": bool(await engine.is_paused())}
-
-    router.include_router(guarded)
-    return router
-
-
-async def json_body(request: Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except json.JSONDecodeError:
-        raise HTTPException(HTTPStatus.BAD_REQUEST, "body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise HTTPException(HTTPStatus.BAD_REQUEST, "body must be a JSON object")
-    return body
-
-
-def num_workers(engine: Any) -> int:
-    return int(engine.vllm_config.parallel_config.world_size)
-
-
-def install_routes(app: FastAPI, router: APIRouter, state: ControlState) -> None:
-    """Add ``router``, replacing vLLM routes with the same path (e.g. ``/health``), and
-    tag every response with the runtime version."""
+def install_routes(
+    app: FastAPI, router: APIRouter, state: ControlState, api_key: str | None = None
+) -> None:
+    """Add ``router``, replacing vLLM routes with the same path (e.g. ``/health``), tag
+    every response with the runtime version and, with ``api_key``, require it on every
+    route but ``/health`` (:class:`~ludic.inference.vllm.security.ApiKeyMiddleware`)."""
     ours = {getattr(r, "path", None) for r in router.routes}
     app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in ours]
     app.include_router(router)
     # vLLM's app has already built its middleware stack (as vLLM's own bootstrap does,
     # add ours as the outermost layer and rebuild).
     app.user_middleware.insert(0, Middleware(VersionHeaderMiddleware, state=state))
+    if api_key:  # outermost: nothing runs before the key is checked
+        app.user_middleware.insert(0, Middleware(ApiKeyMiddleware, api_key=api_key))
     app.middleware_stack = app.build_middleware_stack()
 
 
@@ -321,14 +162,22 @@ routes with the same path. May raise to refuse a model the server cannot serve."
 
 def prepare_args(args: Namespace) -> Namespace:
     """ludic's defaults on vLLM's parsed arguments (both servers): the model, a local
-    host, the API key (``--api-key`` or ``LUDIC_API_KEY``), one data-parallel engine and
-    ludic's weight-sync worker extension."""
+    host, the API key (``--api-key`` or ``LUDIC_API_KEY``; kept in ``args.ludic_api_key``
+    and checked by ludic's middleware, not handed to vLLM), the host/key check, the
+    weight-sync limits, one data-parallel engine and ludic's weight-sync worker
+    extension."""
     if args.model_tag is not None:
         args.model = args.model_tag
     if not args.host:
         args.host = "127.0.0.1"
-    key = (args.api_key or [None])[0] or os.environ.get(API_KEY_ENV) or None
-    args.api_key = [key] if key else None
+    args.ludic_api_key = (args.api_key or [None])[0] or os.environ.get(API_KEY_ENV) or None
+    args.api_key = None  # vLLM's own check covers /v1 only; ours covers every route
+    check_bind(args.host, args.ludic_api_key, getattr(args, "allow_insecure", False))
+    hosts = getattr(args, "weight_sync_hosts", None) or ""
+    args.control_policy = ControlPolicy(
+        sync_hosts=tuple(h.strip() for h in hosts.split(",") if h.strip()),
+        timeout_cap_s=getattr(args, "weight_sync_timeout_cap", DEFAULT_SYNC_TIMEOUT_CAP_S),
+    )
     if getattr(args, "data_parallel_size", 1) != 1:
         raise SystemExit(
             "ludic's vLLM servers need data_parallel_size=1 (weight sync addresses one "
@@ -368,7 +217,47 @@ def parse_args(argv: list[str] | None, description: str) -> Namespace:
 
     cli_env_setup()
     parser = make_arg_parser(FlexibleArgumentParser(description=description))
-    return prepare_args(parser.parse_args(argv))
+    add_ludic_args(parser)
+    if argv is None:
+        argv = sys.argv[1:]
+    return prepare_args(parser.parse_args(with_cpu_defaults(list(argv))))
+
+
+def add_ludic_args(parser: Any) -> None:
+    """ludic's own server options (security and weight-sync limits)."""
+    group = parser.add_argument_group("ludic")
+    group.add_argument(
+        "--allow-insecure",
+        action="store_true",
+        help="serve on a non-loopback --host without an API key (a loud warning instead of "
+        "a refusal)",
+    )
+    group.add_argument(
+        "--weight-sync-hosts",
+        default="",
+        metavar="HOST[,HOST...]",
+        help="master_addr values /init_communicator accepts besides loopback (a trainer on "
+        "another machine)",
+    )
+    group.add_argument(
+        "--weight-sync-timeout-cap",
+        type=float,
+        default=DEFAULT_SYNC_TIMEOUT_CAP_S,
+        metavar="SECONDS",
+        help="largest timeout_s a weight-sync group may ask for (default %(default)s)",
+    )
+
+
+def with_cpu_defaults(argv: list[str]) -> list[str]:
+    """On a machine without CUDA, ``ludic train``'s CPU defaults (eager mode, no
+    compilation, float32, a 1 GiB KV cache) for whatever ``argv`` does not set."""
+    from ludic.inference.vllm.process import _cuda_available
+
+    if _cuda_available():
+        return argv
+    for name, value in CPU_DEFAULT_ENV.items():
+        os.environ.setdefault(name, value)
+    return [*cpu_default_args(argv), *argv]
 
 
 def serve(
@@ -379,6 +268,7 @@ def serve(
     from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
 
     validate_parsed_serve_args(args)
+    start_parent_watchdog()  # no-op unless LUDIC_PARENT_PID names the starting process
     uvloop.run(run_server(args, server_type=server_type, extra_routers=extra_routers))
 
 
@@ -396,18 +286,19 @@ async def run_server(
     from vllm.entrypoints.launchers.app import build_app
     from vllm.entrypoints.launchers.launcher import serve_http, setup_server
 
-    api_key = args.api_key[0] if args.api_key else None
+    api_key = getattr(args, "ludic_api_key", None)
+    policy = getattr(args, "control_policy", ControlPolicy())
     listen_address, sock = setup_server(args, reuse_port=False)
     async with build_async_engine_client(args) as engine:
         supported_tasks = await engine.get_supported_tasks()
         app = build_app(args, supported_tasks, engine.model_config)
         await init_app_state(engine, app.state, args, supported_tasks)
         state = ControlState()
-        router = make_control_router(engine, state, api_key, server_type)
+        router = make_control_router(engine, state, server_type, policy)
         context = ServerContext(engine, state, args, tuple(supported_tasks), api_key)
         for make_router in extra_routers:
             router.include_router(make_router(context))
-        install_routes(app, router, state)
+        install_routes(app, router, state, api_key)
         logger.info("ludic %s server on %s", server_type, listen_address)
         shutdown_task = await serve_http(
             app,

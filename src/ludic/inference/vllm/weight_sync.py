@@ -48,7 +48,8 @@ class WeightSyncSession:
     ) -> None:
         """Form the group: ask the server for its worker count, let its workers join
         (ranks 1..W, in the background) and join as rank 0 (hosting the rendezvous at
-        ``master_addr:master_port``, default a free port).
+        ``master_addr:master_port``, default a free port). A busy ``master_port`` raises
+        ``GroupPortBusyError`` naming it before the server is asked to do anything.
 
         ``backend``: ``"gloo"`` (CPU tensors) or ``"nccl"`` (default: nccl when CUDA is
         available). ``strategy`` / ``extractor`` default to ``BroadcastTransferStrategy``
@@ -58,18 +59,23 @@ class WeightSyncSession:
         from ludic.distributed.weight_transfer import (
             BroadcastTransferStrategy,
             ModelWeightExtractor,
+            check_port_free,
             free_port,
         )
 
         if self.sender is not None:
             raise RuntimeError("init_weight_sync was already called; call close() first")
+        if master_port is None:
+            master_port = free_port(master_addr)
+        else:  # fail now, naming the port, not when every rank's join times out
+            check_port_free(master_addr, master_port)
         if strategy is None:
             if backend is None:
                 backend = "nccl" if torch.cuda.is_available() else "gloo"
             strategy = BroadcastTransferStrategy(backend=backend, timeout_s=self.timeout_s)
         info = strategy.create_sync_info(
             master_addr=master_addr,
-            master_port=master_port or free_port(master_addr),
+            master_port=master_port,
             world_size=self.control.world_size() + 1,
         )
         self.control.init_communicator(info)  # the workers join in the background

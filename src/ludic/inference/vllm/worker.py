@@ -29,7 +29,8 @@ import json
 import logging
 import os
 import struct
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +46,17 @@ class WeightSyncWorkerExtension:
     """
 
     ludic_receiver: Any = None
+    ludic_join: GroupJoin | None = None  # a join of the trainer's group in progress
     ludic_loader: Any = None
     ludic_pending: dict[str, torch.Tensor] | None = None  # CPU: chunks of the current sync
     ludic_sync_failed: bool = False  # a chunk of the current sync failed: load nothing
     ludic_checkpoint: dict[str, list[int]] | None = None  # served checkpoint: name -> shape
 
     def init_communicator(self, sync_info: dict[str, Any], rank_offset: int) -> None:
-        """Join the trainer's group as rank ``rank_offset + self.rank`` (the trainer is
-        rank 0, so the server passes ``rank_offset=1``)."""
+        """Start joining the trainer's group as rank ``rank_offset + self.rank`` (the
+        trainer is rank 0, so the server passes ``rank_offset=1``). The join runs in a
+        thread and this returns at once, so the engine keeps generating while the worker
+        waits for the trainer; poll :meth:`communicator_status`."""
         from ludic.distributed.weight_transfer import (
             BroadcastTransferStrategy,
             TorchDistributedWeightSyncInfo,
@@ -65,12 +69,23 @@ class WeightSyncWorkerExtension:
             raise ValueError(f"init_communicator needs a process-group sync info, got {sync_info}")
         rank = rank_offset + int(self.rank)  # type: ignore[attr-defined]
         strategy = BroadcastTransferStrategy(backend=info.backend, timeout_s=info.timeout_s)
-        self.ludic_receiver = strategy.create_receiver(info, rank=rank)
         if self.ludic_checkpoint is None:
             self.ludic_checkpoint = checkpoint_shapes(self.model_runner.vllm_config.model_config)  # type: ignore[attr-defined]
-        logger.info(
-            "joined weight-sync group %s as rank %d/%d", info.group_name, rank, info.world_size
+        where = f"{info.group_name} ({info.master_addr}:{info.master_port}) as rank {rank}"
+        self.ludic_join = GroupJoin(
+            lambda: strategy.create_receiver(info, rank=rank), where, info.timeout_s
         )
+
+    def communicator_status(self) -> dict[str, Any]:
+        """``{"state": "none" | "joining" | "joined" | "failed", "error": str | None}``."""
+        if self.ludic_receiver is not None:
+            return {"state": "joined", "error": None}
+        if self.ludic_join is None:
+            return {"state": "none", "error": None}
+        status = self.ludic_join.status()
+        if status["state"] == "joined":
+            self._joined_receiver()
+        return status
 
     def update_param_batch(self, request: dict[str, Any], first: bool = False) -> int:
         """Receive the announced chunk and load it (CPU: with the sync's ``last`` chunk).
@@ -78,13 +93,12 @@ class WeightSyncWorkerExtension:
         ``first`` marks the first chunk of a sync (drops what a failed sync left behind).
         Returns the number of tensors loaded by this call.
         """
-        if self.ludic_receiver is None:
-            raise RuntimeError("no weight-sync group on this worker: POST /init_communicator first")
+        receiver = self._joined_receiver()
         if first or self.ludic_pending is None:
             self.ludic_pending, self.ludic_sync_failed = {}, False
-        parsed = self.ludic_receiver.parse_request(request)
+        parsed = receiver.parse_request(request)
         try:
-            named = self.ludic_receiver.receive(parsed)
+            named = receiver.receive(parsed)
         except Exception:
             self.ludic_sync_failed = True
             raise
@@ -103,12 +117,27 @@ class WeightSyncWorkerExtension:
         return len(pending)
 
     def close_communicator(self) -> None:
+        """Leave the group, or abandon a join still in progress (its thread closes the
+        group if it forms later)."""
         self.ludic_pending, self.ludic_sync_failed = None, False
+        if self.ludic_join is not None:
+            join, self.ludic_join = self.ludic_join, None
+            join.abandon()
         if self.ludic_receiver is not None:
             receiver, self.ludic_receiver = self.ludic_receiver, None
             receiver.close()
 
     # ------------------------------------------------------------------ internals
+    def _joined_receiver(self) -> Any:
+        """The group's receiver, waiting (bounded) for a join still in progress."""
+        if self.ludic_receiver is None and self.ludic_join is not None:
+            join, self.ludic_join = self.ludic_join, None
+            self.ludic_receiver = join.result()
+            logger.info("joined weight-sync group %s", join.where)
+        if self.ludic_receiver is None:
+            raise RuntimeError("no weight-sync group on this worker: POST /init_communicator first")
+        return self.ludic_receiver
+
     def _is_cpu(self) -> bool:
         return torch.device(self.model_runner.device).type == "cpu"  # type: ignore[attr-defined]
 
@@ -135,6 +164,61 @@ class WeightSyncWorkerExtension:
                 "before the failure hold the new weights, the others their previous ones. "
                 "Publish the full model again."
             ) from e
+
+
+class GroupJoin:
+    """``make()`` (a blocking group join) running in a daemon thread.
+
+    :meth:`result` waits for it (at most ``timeout_s`` more); :meth:`abandon` drops it, and
+    a receiver that still forms afterwards is closed by the thread."""
+
+    def __init__(self, make: Callable[[], Any], where: str, timeout_s: float) -> None:
+        self.where = where
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._receiver: Any = None
+        self._error: BaseException | None = None
+        self._abandoned = False
+        self._thread = threading.Thread(
+            target=self._run, args=(make,), name="ludic-group-join", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, make: Callable[[], Any]) -> None:
+        try:
+            receiver = make()
+        except BaseException as e:  # reported through status() / result()
+            self._error = e
+            self._done.set()
+            return
+        with self._lock:
+            if self._abandoned:
+                receiver.close()
+            else:
+                self._receiver = receiver
+        self._done.set()
+
+    def status(self) -> dict[str, Any]:
+        if not self._done.is_set():
+            return {"state": "joining", "error": None}
+        if self._error is not None:
+            return {"state": "failed", "error": f"{type(self._error).__name__}: {self._error}"}
+        return {"state": "joined", "error": None}
+
+    def result(self) -> Any:
+        if not self._done.wait(self.timeout_s):
+            raise TimeoutError(f"joining {self.where} did not finish within {self.timeout_s:.0f}s")
+        if self._error is not None:
+            raise RuntimeError(f"joining {self.where} failed: {self._error}") from self._error
+        return self._receiver
+
+    def abandon(self) -> None:
+        with self._lock:
+            self._abandoned = True
+            receiver, self._receiver = self._receiver, None
+        if receiver is not None:
+            receiver.close()
 
 
 # ------------------------------------------------------------------------------ checks

@@ -1,0 +1,326 @@
+"""ludic's control plane on a vLLM server (policy and reward): health, runtime version,
+weight sync (``/init_communicator``, ``/update_param_batch``, ``/close_communicator``),
+prefix cache and pause/resume. The route table is in ``ludic.inference.vllm.server``.
+
+No control operation can hold the plane forever:
+
+* ``/init_communicator`` names a loopback ``master_addr`` (or one of ``--weight-sync-hosts``)
+  and its ``timeout_s`` is capped (``--weight-sync-timeout-cap``). The workers join in a
+  thread of their own, so generation goes on while they wait for the trainer.
+* Every background operation (and every engine call it makes) is bounded by the cap; one
+  that runs past it is reported by ``GET /health`` as 503 ``{"status":
+  "control_plane_stuck", "operation": ..., "busy_for_s": ...}``.
+* ``/close_communicator`` abandons a pending join and waits at most
+  :data:`LOCK_TIMEOUT_S` for the running operation; then it answers 503 naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import JSONResponse
+
+from ludic.distributed.weight_transfer.base import (
+    TorchDistributedWeightSyncInfo,
+    request_from_dict,
+)
+from ludic.inference.vllm.security import (
+    DEFAULT_SYNC_TIMEOUT_CAP_S,
+    capped_timeout,
+    check_sync_address,
+)
+
+logger = logging.getLogger("ludic.inference.vllm.server")
+
+SERVER_TYPES = ("policy", "reward_model")
+"""What ``GET /health`` reports as ``type``: which ludic server answers on a port."""
+LOCK_TIMEOUT_S = 10.0
+"""How long ``/close_communicator`` waits for the operation holding the control plane."""
+JOIN_POLL_S = 0.2
+GRACE_S = 5.0  # on top of the cap: the engine round trips around a worker's own timeout
+
+
+@dataclass(frozen=True)
+class ControlPolicy:
+    """Server-side limits of the control plane (from ``--weight-sync-hosts`` and
+    ``--weight-sync-timeout-cap``)."""
+
+    sync_hosts: tuple[str, ...] = ()
+    timeout_cap_s: float = DEFAULT_SYNC_TIMEOUT_CAP_S
+
+    def __post_init__(self) -> None:
+        if not self.timeout_cap_s > 0:
+            raise ValueError(
+                f"--weight-sync-timeout-cap={self.timeout_cap_s}; need a positive number of seconds"
+            )
+
+
+# ------------------------------------------------------------------------------ state
+@dataclass
+class ControlState:
+    """The control plane's state (lives in the API-server process)."""
+
+    version: int = 0
+    communicator: bool = False  # init_communicator requested and not closed
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one background task at a time
+    error_count: int = 0
+    last_error: str | None = None
+    sync_failed: bool = False  # a chunk of the current sync failed: no version bump
+    join_task: asyncio.Task[None] | None = None  # a pending /init_communicator
+    busy: dict[object, tuple[str, float, float]] = field(default_factory=dict)
+    """Operations in flight: token -> (what, started (monotonic), cap_s)."""
+
+    def record_error(self, what: str, err: BaseException) -> None:
+        self.error_count += 1
+        self.last_error = f"{what}: {type(err).__name__}: {err}"
+        logger.error("%s failed:\n%s", what, "".join(traceback.format_exception(err)))
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "num_background_tasks": len(self.tasks),
+            "error_count": self.error_count,
+            "last_error": self.last_error,
+            "version": self.version,
+        }
+
+    def stuck(self) -> tuple[str, float] | None:
+        """The longest-running operation past its cap, as (what, seconds), if any."""
+        now = time.monotonic()
+        late = [(what, now - t0) for what, t0, cap in self.busy.values() if now - t0 > cap]
+        return max(late, key=lambda x: x[1]) if late else None
+
+    def holder(self) -> str:
+        now = time.monotonic()
+        ops = [f"{what} for {now - t0:.0f}s" for what, t0, _ in self.busy.values()]
+        return ", ".join(ops) or "an operation"
+
+
+async def bounded(state: ControlState, what: str, work: Awaitable[Any], cap_s: float) -> Any:
+    """Await ``work`` for at most ``cap_s`` (+ grace); it is listed in ``state.busy``
+    until it really ends (an engine call that outlives the wait stays listed, so
+    ``/health`` reports it)."""
+    task = asyncio.ensure_future(work)
+    token = object()
+    state.busy[token] = (what, time.monotonic(), cap_s)
+
+    def done(t: asyncio.Future[Any]) -> None:
+        state.busy.pop(token, None)
+        if not t.cancelled():
+            t.exception()  # retrieved: a late failure is not logged as unhandled
+
+    task.add_done_callback(done)
+    try:
+        return await asyncio.wait_for(asyncio.shield(task), cap_s + GRACE_S)
+    except TimeoutError:
+        raise TimeoutError(f"{what} did not finish within {cap_s + GRACE_S:.0f}s") from None
+    except asyncio.CancelledError:
+        task.cancel()  # cancelled on purpose (e.g. /close_communicator): stop the work too
+        raise
+
+
+def start_background(
+    state: ControlState, what: str, work: Callable[[], Awaitable[None]], cap_s: float
+) -> asyncio.Task[None]:
+    """Run ``work`` after every earlier background task, for at most ``cap_s``; record
+    its failure."""
+
+    async def run() -> None:
+        async with state.lock:
+            try:
+                await bounded(state, what, work(), cap_s)
+            except Exception as e:
+                state.record_error(what, e)
+
+    task = asyncio.get_running_loop().create_task(run())
+    state.tasks.add(task)
+    task.add_done_callback(state.tasks.discard)
+    return task
+
+
+# ------------------------------------------------------------------------------ routes
+def make_control_router(
+    engine: Any,
+    state: ControlState,
+    server_type: str = "policy",
+    policy: ControlPolicy = ControlPolicy(),
+) -> APIRouter:
+    """ludic's control routes on ``engine`` (a vLLM ``EngineClient``); ``/health`` reports
+    ``server_type`` (one of :data:`SERVER_TYPES`). The API key is checked by the app's
+    middleware (``ludic.inference.vllm.security.ApiKeyMiddleware``), not here."""
+    if server_type not in SERVER_TYPES:
+        raise ValueError(f"server_type={server_type!r}; expected one of {SERVER_TYPES}")
+    router = APIRouter()
+    cap = policy.timeout_cap_s
+
+    @router.get("/health")
+    async def health() -> JSONResponse:
+        try:
+            await engine.check_health()
+        except Exception as e:
+            return JSONResponse(
+                {"status": "error", "error": str(e)}, HTTPStatus.SERVICE_UNAVAILABLE
+            )
+        stuck = state.stuck()
+        if stuck is not None:
+            what, busy_for = stuck
+            return JSONResponse(
+                {"status": "control_plane_stuck", "operation": what, "busy_for_s": busy_for},
+                HTTPStatus.SERVICE_UNAVAILABLE,
+            )
+        return JSONResponse({"status": "ok", "type": server_type, "version": state.version})
+
+    @router.get("/runtime_version")
+    async def runtime_version() -> dict[str, int]:
+        return {"version": state.version}
+
+    @router.get("/get_world_size")
+    async def get_world_size() -> dict[str, int]:
+        return {"world_size": num_workers(engine)}
+
+    @router.post("/init_communicator")
+    async def init_communicator(request: Request) -> dict[str, Any]:
+        body = await json_body(request)
+        try:
+            info = TorchDistributedWeightSyncInfo(**body)
+            check_sync_address(info.master_addr, policy.sync_hosts)
+        except (TypeError, ValueError) as e:
+            raise HTTPException(HTTPStatus.BAD_REQUEST, f"bad sync info: {e}") from None
+        workers = num_workers(engine)
+        if info.world_size != workers + 1:
+            raise HTTPException(
+                HTTPStatus.BAD_REQUEST,
+                f"world_size={info.world_size}, but this server has {workers} worker(s): "
+                f"use world_size={workers + 1} (GET /get_world_size, plus the trainer)",
+            )
+        info = replace(info, timeout_s=capped_timeout(info.timeout_s, cap))
+        state.communicator = True
+
+        async def work() -> None:
+            await engine.collective_rpc("init_communicator", args=(info.to_dict(), 1))
+            deadline = time.monotonic() + info.timeout_s + GRACE_S
+            while True:  # the workers join in a thread; the engine keeps generating
+                states = await engine.collective_rpc("communicator_status")
+                failed = [s["error"] for s in states if s["state"] == "failed"]
+                if failed:
+                    raise RuntimeError(f"a worker could not join the group: {failed[0]}")
+                if any(s["state"] == "none" for s in states):
+                    raise RuntimeError("the join was abandoned (/close_communicator)")
+                if all(s["state"] == "joined" for s in states):
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"the workers did not join {info.master_addr}:{info.master_port} "
+                        f"within {info.timeout_s:.0f}s"
+                    )
+                await asyncio.sleep(JOIN_POLL_S)
+
+        state.join_task = start_background(state, "init_communicator", work, info.timeout_s)
+        return {"status": "ok", "error_count": state.error_count, "timeout_s": info.timeout_s}
+
+    @router.post("/update_param_batch")
+    async def update_param_batch(request: Request, first: bool = Query(False)) -> dict[str, Any]:
+        body = await json_body(request)
+        try:
+            update = request_from_dict(body)
+        except ValueError as e:
+            raise HTTPException(HTTPStatus.BAD_REQUEST, str(e)) from None
+        if not state.communicator:
+            raise HTTPException(
+                HTTPStatus.CONFLICT, "no weight-sync group: POST /init_communicator first"
+            )
+        payload = update.to_dict()
+
+        async def work() -> None:
+            if first:
+                state.sync_failed = False
+            try:
+                await engine.collective_rpc("update_param_batch", args=(payload, first))
+            except Exception:
+                state.sync_failed = True
+                raise
+            finally:
+                sync_ok = not state.sync_failed
+                if update.last:  # the sync is over, whatever happened
+                    state.sync_failed = False
+            if update.last and sync_ok:
+                await engine.reset_prefix_cache()
+                state.version = update.version if update.version is not None else state.version + 1
+                logger.info("weights updated: runtime version %d", state.version)
+
+        by_id = getattr(update, "is_reference", False)  # broadcast requests only
+        what = f"layout {update.layout}" if by_id else f"{len(update.names)} tensors"
+        start_background(state, f"update_param_batch({what})", work, cap)
+        return {"status": "ok", "error_count": state.error_count}
+
+    @router.post("/close_communicator")
+    async def close_communicator() -> dict[str, str]:
+        if state.join_task is not None and not state.join_task.done():
+            state.join_task.cancel()  # a join still waiting for its trainer: abandon it
+        try:
+            await asyncio.wait_for(state.lock.acquire(), LOCK_TIMEOUT_S)
+        except TimeoutError:
+            raise HTTPException(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                f"the control plane is busy ({state.holder()}); retry /close_communicator "
+                f"later (operations end within --weight-sync-timeout-cap={cap:.0f}s)",
+            ) from None
+        try:  # after every pending transfer
+            state.communicator = False
+            await bounded(
+                state, "close_communicator", engine.collective_rpc("close_communicator"), cap
+            )
+        finally:
+            state.lock.release()
+        return {"status": "ok"}
+
+    @router.post("/get_num_background_tasks")
+    async def get_num_background_tasks() -> dict[str, Any]:
+        return state.status()
+
+    @router.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict[str, bool]:
+        return {"success": bool(await engine.reset_prefix_cache())}
+
+    @router.post("/pause")
+    async def pause(mode: str = Query("abort")) -> JSONResponse:
+        if mode not in ("abort", "wait", "keep"):
+            raise HTTPException(
+                HTTPStatus.BAD_REQUEST, f"mode={mode!r}; expected abort, wait or keep"
+            )
+        await engine.pause_generation(mode=mode)
+        return JSONResponse({"status": "paused", "mode": mode})
+
+    @router.post("/resume")
+    async def resume() -> dict[str, str]:
+        await engine.resume_generation()
+        return {"status": "resumed"}
+
+    @router.get("/is_paused")
+    async def is_paused() -> dict[str, bool]:
+        return {"is_paused": bool(await engine.is_paused())}
+
+    return router
+
+
+async def json_body(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except json.JSONDecodeError:
+        raise HTTPException(HTTPStatus.BAD_REQUEST, "body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise HTTPException(HTTPStatus.BAD_REQUEST, "body must be a JSON object")
+    return body
+
+
+def num_workers(engine: Any) -> int:
+    return int(engine.vllm_config.parallel_config.world_size)
