@@ -34,10 +34,10 @@ def test_client_weight_sync_on_a_busy_port_fails_before_contacting_the_server(bu
     """The server URL is dead on purpose: the port check comes before any HTTP call, so
     the error names the port rather than an unreachable server."""
     pytest.importorskip("httpx")
+    from ludic.distributed.weight_transfer.groups import free_port
     from ludic.inference.vllm.client import VLLMChatClient
-    from ludic.inference.vllm.process import find_free_port
 
-    client = VLLMChatClient(port=find_free_port(), timeout_s=120, max_retries=0)
+    client = VLLMChatClient(port=free_port(), timeout_s=120, max_retries=0)
     started = time.monotonic()
     try:
         with pytest.raises(GroupPortBusyError, match=f"port {busy_port}"):

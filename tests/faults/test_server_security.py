@@ -32,8 +32,9 @@ import httpx  # noqa: E402
 import psutil  # noqa: E402
 from tests.vllm.helpers import assert_all_gone  # noqa: E402
 
+from ludic.distributed.weight_transfer.groups import free_port
 from ludic.inference.vllm.control import ControlState, bounded  # noqa: E402
-from ludic.inference.vllm.process import find_free_port, wait_for_vllm_health  # noqa: E402
+from ludic.inference.vllm.process import wait_for_vllm_health  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -56,7 +57,7 @@ def keyed_server(tmp_path_factory: pytest.TempPathFactory):
 
     root = tmp_path_factory.mktemp("faults_security")
     model_dir = save_tiny_model(root / "model")
-    port = find_free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
     env["LUDIC_API_KEY"] = KEY
     log_path = root / "server.log"
@@ -139,7 +140,7 @@ def test_generation_needs_the_key_and_works_with_it(keyed_server):
 
 
 def test_init_communicator_refuses_a_non_loopback_master_addr(keyed_server):
-    info = _sync_info(master_addr="10.1.2.3", master_port=find_free_port())
+    info = _sync_info(master_addr="10.1.2.3", master_port=free_port())
     r = httpx.post(f"{keyed_server.url}/init_communicator", json=info, headers=AUTH)
     assert r.status_code == 400
     assert "master_addr='10.1.2.3'" in r.text and "--weight-sync-hosts" in r.text
@@ -151,7 +152,7 @@ def test_a_pending_join_to_a_closed_port_neither_freezes_generation_nor_the_lock
     """The finding: a huge timeout and a closed port froze generation for minutes and
     ``/close_communicator`` hung on the control lock."""
     url = keyed_server.url
-    info = _sync_info(master_addr="127.0.0.1", master_port=find_free_port(), timeout_s=1e6)
+    info = _sync_info(master_addr="127.0.0.1", master_port=free_port(), timeout_s=1e6)
     r = httpx.post(f"{url}/init_communicator", json=info, headers=AUTH, timeout=10)
     assert r.status_code == 200, r.text
     assert r.json()["timeout_s"] == TIMEOUT_CAP_S  # capped

@@ -18,17 +18,17 @@ import psutil  # noqa: E402
 from tests.vllm.helpers import assert_all_gone  # noqa: E402
 
 from ludic.distributed.weight_transfer import ModelWeightExtractor  # noqa: E402
+from ludic.distributed.weight_transfer.groups import free_port
 from ludic.inference.request import CompletionRequest  # noqa: E402
 from ludic.inference.vllm.client import VLLMChatClient  # noqa: E402
 from ludic.inference.vllm.process import (  # noqa: E402
-    find_free_port,
     start_vllm_server,
     wait_for_vllm_health,
 )
 
 
 def test_nothing_listening_raises_connection_error_quickly():
-    client = VLLMChatClient(port=find_free_port(), timeout_s=5, max_retries=2)
+    client = VLLMChatClient(port=free_port(), timeout_s=5, max_retries=2)
     started = time.monotonic()
     with pytest.raises(ConnectionError, match="unreachable"):
         asyncio.run(client.complete(CompletionRequest((1, 2, 3))))
@@ -64,7 +64,7 @@ def test_health_wait_reports_the_log_tail_when_the_server_exits(tmp_path):
 
 def test_health_wait_times_out_with_a_clear_error():
     with pytest.raises(TimeoutError, match="not healthy after"):
-        wait_for_vllm_health(f"http://127.0.0.1:{find_free_port()}", timeout_s=1.0)
+        wait_for_vllm_health(f"http://127.0.0.1:{free_port()}", timeout_s=1.0)
 
 
 def test_server_killed_mid_sync_raises_within_the_timeout_and_leaves_no_orphans(served):

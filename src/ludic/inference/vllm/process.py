@@ -22,7 +22,6 @@ import contextlib
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from typing import Any, Literal
 
 import httpx
 
+from ludic.distributed.weight_transfer.groups import free_port
 from ludic.inference.vllm.security import API_KEY_ENV, PARENT_PID_ENV
 
 ServerKind = Literal["policy", "reward"]
@@ -54,13 +54,6 @@ transformers forward to ~1e-5."""
 
 CPU_DEFAULT_ENV: dict[str, str] = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 """KV-cache size in GiB on CPU; without it vLLM sizes the cache from RAM and may fail."""
-
-
-def find_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class VLLMServerProcess:
@@ -177,8 +170,8 @@ def start_vllm_server(
         raise ValueError(f"kind={kind!r}; expected one of {sorted(SERVER_TYPES)}")
     if cpu is None:
         cpu = not _cuda_available()
-    port = port or find_free_port(host)
-    group_port = group_port or find_free_port(host)
+    port = port or free_port(host)
+    group_port = group_port or free_port(host)
     args = [sys.executable, "-m", "ludic", "serve", kind, "--model", str(model_dir)]
     args += ["--host", host, "--port", str(port)]
     if cpu:

@@ -73,6 +73,7 @@ from ludic.inference.vllm.control import (
     json_body,
     make_control_router,
 )
+from ludic.inference.vllm.http import VERSION_HEADER
 from ludic.inference.vllm.logits_processors import MAX_THINK_FQCN, THINK_TOKENS_ENV, think_token_ids
 from ludic.inference.vllm.process import CPU_DEFAULT_ENV, cpu_default_args
 from ludic.inference.vllm.security import (
@@ -102,7 +103,6 @@ __all__ = [
 logger = logging.getLogger("ludic.inference.vllm.server")
 
 WORKER_EXTENSION = "ludic.inference.vllm.worker.WeightSyncWorkerExtension"
-VERSION_HEADER = "x-ludic-policy-version"
 
 
 def install_routes(
