@@ -99,6 +99,7 @@ def test_unknown_server_kinds_and_types_are_refused():
 
 
 def test_ludic_serve_reward_refuses_the_generate_runner(tmp_path):
+    (tmp_path / "config.json").write_text("{}")  # passes the model-folder check; never loaded
     result = subprocess.run(
         [sys.executable, "-m", "ludic", "serve", "reward", "--model", str(tmp_path)]
         + ["--runner", "generate"],
