@@ -1,8 +1,10 @@
 """Issue 9, finding 3 ("No orphans, no hangs"): ``RolloutEngine(timeout_s=1)`` with an env
 whose step blocks for 5 s ran 40 s with no ``TimeoutError``, because env code ran on the
-event loop where the timeout could not fire. Env ``reset``/``step`` now run in a thread:
-the timeout fires on time, names the env kind, seed and limit, the abandoned call is not
-overlapped by ``close()``, and ``ludic train`` sets a default episode timeout."""
+event loop where the timeout could not fire. With ``env_calls="thread"`` (config
+``env.run_in_thread``) env ``reset``/``step`` run in a thread: the timeout fires on time,
+names the env kind, seed and limit, and the abandoned call is not overlapped by
+``close()``. Inline (the default, deterministic batching), a blocking call still ends in
+``TimeoutError`` as soon as it returns. ``ludic train`` sets a default episode timeout."""
 
 from __future__ import annotations
 
@@ -65,13 +67,17 @@ def _agent(tok) -> Agent:
     )
 
 
-def _engine(tok, env: BlockingEnv, *, multi: bool = False) -> RolloutEngine:
+def _engine(
+    tok, env: BlockingEnv, *, multi: bool = False, env_calls: str = "thread"
+) -> RolloutEngine:
     def protocol():
         if multi:
             return MultiAgentProtocol({a: _agent(tok) for a in env.agents})
         return SingleAgentProtocol(_agent(tok))
 
-    return RolloutEngine({"blocking": lambda: env}, {"p": protocol}, timeout_s=1.0)
+    return RolloutEngine(
+        {"blocking": lambda: env}, {"p": protocol}, timeout_s=1.0, env_calls=env_calls
+    )
 
 
 def _request(seed: int = 7) -> RolloutRequest:
@@ -98,9 +104,27 @@ def test_blocking_env_step_times_out_on_time_naming_env_seed_and_limit(
     assert env.closed_after_step is True and not env.overlapped
 
 
-def test_fast_env_under_the_timeout_still_completes(tiny_tokenizer) -> None:
+def test_inline_env_calls_still_time_out_once_the_blocking_call_returns(tiny_tokenizer) -> None:
+    env = BlockingEnv(block_s=2.0)
+    engine = _engine(tiny_tokenizer, env, env_calls="inline")
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"env='blocking'.*env_seed=7.*timeout_s=1\.0"):
+        asyncio.run(engine.generate_rollouts([_request()]))
+    elapsed = time.monotonic() - started
+    assert 2.0 <= elapsed < 3.5, f"the timeout fired after {elapsed:.2f}s"
+    assert env.closed_after_step is True and not env.overlapped
+
+
+def test_an_unknown_env_calls_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="env_calls='process'"):
+        RolloutEngine({}, {}, env_calls="process")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("env_calls", ["inline", "thread"])
+def test_fast_env_under_the_timeout_still_completes(tiny_tokenizer, env_calls) -> None:
     env = BlockingEnv(block_s=0.05)
-    (rollout,) = asyncio.run(_engine(tiny_tokenizer, env).generate_rollouts([_request(3)]))
+    engine = _engine(tiny_tokenizer, env, env_calls=env_calls)
+    (rollout,) = asyncio.run(engine.generate_rollouts([_request(3)]))
     assert rollout.steps[-1].reward == 1.0 and rollout.meta["env_seed"] == 3
     assert env.closed_after_step is True
 
@@ -112,5 +136,7 @@ def test_the_cli_config_sets_a_default_episode_timeout_used_by_the_engine() -> N
     assert config.env.episode_timeout_s == 600.0
     engine = make_engine(config, client=None, template=None)  # type: ignore[arg-type]
     assert engine.timeout_s == 600.0
-    off = load_config(None, ["env.episode_timeout_s=null"])
-    assert make_engine(off, client=None, template=None).timeout_s is None  # type: ignore[arg-type]
+    assert engine.env_calls == "inline"
+    off = load_config(None, ["env.episode_timeout_s=null", "env.run_in_thread=true"])
+    engine = make_engine(off, client=None, template=None)  # type: ignore[arg-type]
+    assert engine.timeout_s is None and engine.env_calls == "thread"

@@ -1,10 +1,18 @@
-"""Env code off the event loop, so that an episode's timeout can fire while it runs.
+"""How the protocols call env code: on the event loop (the default), or off it, so that
+an episode's timeout can fire while a blocking env runs.
 
 ``LudicEnv.reset``/``step`` are synchronous and may block (a sandbox, a simulator, a
 remote call). Called on the event loop, a blocking step freezes every episode and
-``asyncio.timeout`` cannot fire until it returns. The protocols call them through
-:func:`call_env`, which runs the call in a daemon thread (``ludic._async.in_daemon_thread``)
-and awaits it; a timed-out call is abandoned there.
+``asyncio.timeout`` cannot fire until it returns (the episode then fails with
+``TimeoutError`` at its next await: late, but never silently). With
+:func:`env_calls_in_threads` (``RolloutEngine(env_calls="thread")``, config
+``env.run_in_thread``), :func:`call_env` runs each call in a daemon thread
+(``ludic._async.in_daemon_thread``) and awaits it; a timed-out call is abandoned there.
+
+Inline is the default because it is deterministic: every episode's reset returns in the
+same loop tick, so an in-process backend batches their first requests together exactly as
+before (threads let requests arrive in a timing-dependent order, and batch composition
+changes greedy outputs in float32). Use threads for envs that block.
 
 Calls on one env are serialised by a per-env lock, and :func:`close_env` takes the same
 lock: an abandoned call still running is never overlapped by another call or by
@@ -14,15 +22,33 @@ deterministic: one episode awaits each of its env calls before the next, as befo
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from ludic._async import in_daemon_thread
 from ludic.types import AgentId, ContractError, Info, Observation, StepOutcome
 
 T = TypeVar("T")
+
+_IN_THREADS: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "ludic_env_calls_in_threads", default=False
+)
+
+
+@contextlib.contextmanager
+def env_calls_in_threads(enabled: bool = True) -> Iterator[None]:
+    """Within this context (of the current task), :func:`call_env` runs env calls in a
+    daemon thread (``enabled``) or on the event loop."""
+    token = _IN_THREADS.set(enabled)
+    try:
+        yield
+    finally:
+        _IN_THREADS.reset(token)
+
 
 _locks: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
 _locks_guard = threading.Lock()
@@ -40,14 +66,17 @@ def _env_lock(env: object) -> threading.Lock:
 
 
 async def call_env(env: object, method: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-    """``method(*args, **kwargs)`` (a method of ``env``) in a thread, holding ``env``'s lock."""
+    """``method(*args, **kwargs)`` (a method of ``env``) holding ``env``'s lock: in a
+    daemon thread inside :func:`env_calls_in_threads`, else on the event loop."""
     lock = _env_lock(env)
 
     def locked() -> T:
         with lock:
             return method(*args, **kwargs)
 
-    return await in_daemon_thread(locked)
+    if _IN_THREADS.get():
+        return await in_daemon_thread(locked)
+    return locked()
 
 
 async def reset_env(env: Any, seed: int | None) -> dict[AgentId, tuple[Observation, Info]]:

@@ -22,14 +22,17 @@ import asyncio
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ludic._async import gather_or_cancel
 from ludic.envs.env import LudicEnv
 from ludic.interaction.base import InteractionProtocol
-from ludic.interaction.env_calls import close_env
+from ludic.interaction.env_calls import close_env, env_calls_in_threads
 from ludic.rollouts.requests import RolloutRequest
 from ludic.types import ContractError, Rollout, rollout_to_dict
+
+EnvCalls = Literal["inline", "thread"]
+ENV_CALLS: tuple[str, ...] = ("inline", "thread")
 
 EnvFactory = Callable[..., LudicEnv]
 ProtocolFactory = Callable[..., InteractionProtocol]
@@ -52,9 +55,13 @@ class RolloutEngine:
         jsonl_path: if set, every rollout is appended there as one JSON line
             (``rollout_to_dict``), the format ``OfflineBatchSource`` reads.
         timeout_s: if set, an episode running longer raises ``TimeoutError`` (naming the
-            env kind, seed and limit) and is dropped. The protocols run env ``reset``/``step``
-            in a thread (``ludic.interaction.env_calls``), so a blocking env cannot outlast
-            it; the abandoned call finishes in the background and ``close()`` follows it.
+            env kind, seed and limit) and is dropped.
+        env_calls: ``"inline"`` runs env ``reset``/``step`` on the event loop
+            (deterministic batching; a blocking env delays the timeout until its call
+            returns). ``"thread"`` runs them in a daemon thread
+            (``ludic.interaction.env_calls``), so a blocking env cannot outlast
+            ``timeout_s``; the abandoned call finishes in the background and ``close()``
+            follows it. Use it for envs that block (sandboxes, simulators, remote calls).
     """
 
     def __init__(
@@ -65,7 +72,12 @@ class RolloutEngine:
         max_concurrency: int = 32,
         jsonl_path: str | Path | None = None,
         timeout_s: float | None = None,
+        env_calls: EnvCalls = "inline",
     ) -> None:
+        if env_calls not in ENV_CALLS:
+            raise ValueError(
+                f"RolloutEngine: env_calls={env_calls!r}; expected one of {list(ENV_CALLS)}"
+            )
         if max_concurrency < 1:
             raise ValueError(f"RolloutEngine: max_concurrency must be >= 1, got {max_concurrency}")
         if timeout_s is not None and not timeout_s > 0:
@@ -74,6 +86,7 @@ class RolloutEngine:
         self.protocol_registry = dict(protocol_registry)
         self.max_concurrency = max_concurrency
         self.timeout_s = timeout_s
+        self.env_calls = env_calls
         self.jsonl_path = None if jsonl_path is None else Path(jsonl_path)
         if self.jsonl_path is not None:
             self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
@@ -98,6 +111,12 @@ class RolloutEngine:
     # ---- running -------------------------------------------------------------------
 
     async def _run_episode(
+        self, req: RolloutRequest, request_index: int, episode: int, sem: asyncio.Semaphore
+    ) -> list[Rollout]:
+        with env_calls_in_threads(self.env_calls == "thread"):  # this episode's task only
+            return await self._episode(req, request_index, episode, sem)
+
+    async def _episode(
         self, req: RolloutRequest, request_index: int, episode: int, sem: asyncio.Semaphore
     ) -> list[Rollout]:
         sampling_seed = req.inference.sampling.seed
@@ -127,13 +146,15 @@ class RolloutEngine:
                         inference=req.inference.with_seed(sampling_seed),
                         meta=dict(meta),
                     )
+                    if _overdue(deadline):  # a blocking inline env call outlasted the limit
+                        raise TimeoutError
             except ContractError as e:  # an env or parser broke its contract: say where
                 raise ContractError(
                     f"{e} (episode {episode} of request {request_index}, env={req.env.kind!r}, "
                     f"env_seed={req.env_seed})"
                 ) from e
             except TimeoutError:
-                if not deadline.expired():
+                if not (deadline.expired() or _overdue(deadline)):
                     raise
                 raise TimeoutError(
                     f"episode {episode} of request {request_index} (env={req.env.kind!r}, "
@@ -170,3 +191,9 @@ class RolloutEngine:
             )
         )
         return [r for episode in results for r in episode]
+
+
+def _overdue(deadline: asyncio.Timeout) -> bool:
+    """Whether ``deadline`` has passed, even if it could not fire (no await since then)."""
+    when = deadline.when()
+    return when is not None and asyncio.get_running_loop().time() >= when

@@ -321,6 +321,7 @@ def make_engine(
         {ENV_NAME: make_env},
         {PROTOCOL_NAME: make_protocol},
         timeout_s=config.env.episode_timeout_s,
+        env_calls="thread" if config.env.run_in_thread else "inline",
     )
 
 

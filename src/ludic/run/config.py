@@ -124,8 +124,12 @@ class EnvConfig(_Section):
     """Overrides of ``kwargs`` for evaluation (e.g. a held-out problem_seed)."""
     episode_timeout_s: float | None = Field(600.0, gt=0)
     """An episode (env reset and steps, model calls) running longer fails the run with a
-    TimeoutError naming the env kind and seed; null: no limit. Env code runs in a thread,
-    so a blocking env cannot outlast it."""
+    TimeoutError naming the env kind and seed; null: no limit. A blocking env call on the
+    event loop delays the error until it returns: set ``run_in_thread`` for such envs."""
+    run_in_thread: bool = False
+    """Run env ``reset``/``step`` in a thread, so ``episode_timeout_s`` cuts a blocking env
+    (sandbox, simulator, remote call) short. Off by default: the built-in envs are fast, and
+    calls on the event loop keep batching, hence results, deterministic."""
 
 
 class AgentConfig(_Section):
