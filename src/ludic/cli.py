@@ -188,9 +188,10 @@ def _check_model_folder(kind: str, server_args: Sequence[str]) -> None:
             model = arg.partition("=")[2]
     if model is None:
         raise RunError(f"ludic serve {kind}: give --model DIR (a Hugging Face model folder)")
-    local = Path(model).expanduser()
-    looks_local = local.exists() or model.startswith((".", "/", "~")) or model.count("/") > 1
-    if not looks_local:
+    from ludic.run.preflight import local_path
+
+    local = local_path(model)
+    if local is None:
         return  # a hub id such as Qwen/Qwen2.5-0.5B-Instruct
     if not local.is_dir():
         raise RunError(f"--model {model!r}: no such folder; give a Hugging Face model folder")

@@ -82,14 +82,15 @@ def read_jsonl(
     ]
 
 
-def append_jsonl(path: str | Path, record: Any, *, fsync: bool = True) -> None:
-    """Append ``record`` as one line and (``fsync``) flush it to disk before returning, so
-    anything saved after this call (a checkpoint) never gets ahead of the file."""
+def append_jsonl(path: str | Path, *records: Any, fsync: bool = True) -> None:
+    """Append ``records``, one line each, and (``fsync``) flush them to disk before
+    returning, so anything saved after this call (a checkpoint) never gets ahead of the
+    file."""
     path = Path(path)
     with path.open("a", encoding="utf-8") as f:
         if f.tell() > 0 and not _ends_with_newline(path):
             f.write("\n")  # never glue a record onto a torn line
-        f.write(json.dumps(record) + "\n")
+        f.writelines(json.dumps(record) + "\n" for record in records)
         if fsync:
             f.flush()
             os.fsync(f.fileno())

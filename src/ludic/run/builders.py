@@ -29,7 +29,13 @@ from ludic.interaction import SingleAgentProtocol
 from ludic.models.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 from ludic.run.config import RunConfig, VLLMConfig
 from ludic.run.errors import RunError
-from ludic.run.preflight import build_env
+from ludic.run.preflight import (
+    build_env,
+    check_model_path,
+    local_path,
+    naming_load_errors,
+    reward_model_folder,
+)
 from ludic.run.registries import ALGORITHMS, PARSERS, resolve
 from ludic.training import (
     EnvSpec,
@@ -81,22 +87,11 @@ def _from_pretrained(path: str) -> tuple[torch.nn.Module, Any]:
 
     hf_logging.disable_progress_bar()  # the run has its own progress display
 
-    local = Path(path).expanduser()
-    looks_local = local.exists() or path.startswith((".", "/", "~")) or path.count("/") > 1
-    if looks_local and not local.is_dir():
-        raise RunError(f"model.path: folder {path!r} does not exist")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(local) if looks_local else path)
-        model = AutoModelForCausalLM.from_pretrained(
-            str(local) if looks_local else path, dtype=torch.float32
-        )
-    except Exception as e:  # noqa: BLE001 (OSError, ValueError, SafetensorError, ...)
-        # A corrupt weights file raises safetensors' SafetensorError, which names no file.
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise RunError(
-            f"model.path: cannot load {path!r} ({type(e).__name__}: {first}); check the "
-            "folder holds a complete save_pretrained checkpoint"
-        ) from None
+    check_model_path("model.path", path)
+    source = str(local_path(path) or path)
+    with naming_load_errors("model.path", path):
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     if tokenizer.chat_template is None:
         raise RunError(f"model.path: the tokenizer of {path!r} has no chat template")
     return model, tokenizer
@@ -275,20 +270,10 @@ def reward_backend(config: RunConfig, *, log_dir: Path) -> Iterator[Any]:
 
     from ludic.inference import TransformersRewardClient
 
-    path = Path(reward.path).expanduser()
-    if not (path / "config.json").is_file():
-        raise RunError(
-            f"reward.path: {reward.path!r} is not a model folder (no config.json); train one "
-            "with a task: reward_model run and point at its RUN_DIR/reward_model"
-        )
-    try:
+    path = reward_model_folder(reward.path)
+    with naming_load_errors("reward.path", reward.path):
         model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(path)
-    except Exception as e:  # noqa: BLE001 (OSError, SafetensorError, ...)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise RunError(
-            f"reward.path: cannot load {reward.path!r} ({type(e).__name__}: {first})"
-        ) from None
     yield TransformersRewardClient(model, tokenizer, device=config.model.device)
 
 

@@ -11,9 +11,10 @@ fixed config could then no longer resume.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +30,8 @@ def check_config(config: RunConfig) -> None:
         return
     check_device("model.device", config.model.device)
     check_model_path("model.path", config.model.path)
-    if config.reward is not None and not (Path(config.reward.path) / "config.json").is_file():
-        raise RunError(
-            f"reward.path: {config.reward.path!r} is not a model folder (no config.json); "
-            "train one with a task: reward_model run and point at its RUN_DIR/reward_model"
-        )
+    if config.reward is not None:
+        reward_model_folder(config.reward.path)
     resolve("parser", config.agent.parser, PARSERS)
     build_env(config)
     build_env(config, config.env.eval_kwargs, field="env.eval_kwargs")
@@ -67,14 +65,48 @@ def check_device(field: str, device: str) -> None:
         raise RunError(f"{field}={device!r} but MPS is not available here; use {field}=cpu")
 
 
+def local_path(path: str) -> Path | None:
+    """The local path ``path`` names (``~`` expanded), or ``None`` for a hub id such as
+    ``Qwen/Qwen2.5-0.5B-Instruct``: a path that exists, starts with ``.``, ``/`` or ``~``,
+    or has more than one ``/`` is local."""
+    local = Path(path).expanduser()
+    looks_local = local.exists() or path.startswith((".", "/", "~")) or path.count("/") > 1
+    return local if looks_local else None
+
+
 def check_model_path(field: str, path: str | None) -> None:
     """A ``path`` that names a local folder must exist (hub ids pass through)."""
     if path is None:
         return
-    local = Path(path).expanduser()
-    looks_local = local.exists() or path.startswith((".", "/", "~")) or path.count("/") > 1
-    if looks_local and not local.is_dir():
+    local = local_path(path)
+    if local is not None and not local.is_dir():
         raise RunError(f"{field}: folder {path!r} does not exist")
+
+
+def reward_model_folder(path: str) -> Path:
+    """``reward.path`` as a folder holding a saved reward model (a ``config.json``)."""
+    folder = Path(path).expanduser()
+    if not (folder / "config.json").is_file():
+        raise RunError(
+            f"reward.path: {path!r} is not a model folder (no config.json); train one with a "
+            "task: reward_model run and point at its RUN_DIR/reward_model"
+        )
+    return folder
+
+
+@contextlib.contextmanager
+def naming_load_errors(field: str, path: str) -> Iterator[None]:
+    """Any failure loading a model from ``path`` becomes a :class:`RunError` naming
+    ``field``, the path and the error type (a corrupt weights file raises safetensors'
+    ``SafetensorError``, which names no file)."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 (OSError, ValueError, SafetensorError, ...)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise RunError(
+            f"{field}: cannot load {path!r} ({type(e).__name__}: {first}); check the folder "
+            "holds a complete save_pretrained checkpoint"
+        ) from None
 
 
 def build_env(

@@ -40,7 +40,7 @@ from ludic.inference.reward_client import format_reward_input
 from ludic.run.builders import RunError, vllm_server_client
 from ludic.run.config import RewardModelSection, RunConfig
 from ludic.run.demos import synthetic_arithmetic_preferences
-from ludic.run.preflight import check_config
+from ludic.run.preflight import check_config, check_model_path, local_path, naming_load_errors
 from ludic.run.progress import ProgressLogger, print_summary
 from ludic.run.run_dir import RunDirectory, open_run
 from ludic.run.signals import interrupts_deferred
@@ -260,22 +260,13 @@ def load_reward_model(rm: RewardModelSection, model_dir: Path) -> tuple[torch.nn
 def _from_pretrained(path: str) -> tuple[torch.nn.Module, Any]:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    local = Path(path).expanduser()
-    looks_local = local.exists() or path.startswith((".", "/", "~")) or path.count("/") > 1
-    if looks_local and not local.is_dir():
-        raise RunError(f"reward_model.path: folder {path!r} does not exist")
-    source = str(local) if looks_local else path
-    try:
+    check_model_path("reward_model.path", path)
+    source = str(local_path(path) or path)
+    with naming_load_errors("reward_model.path", path):
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForSequenceClassification.from_pretrained(
             source, num_labels=1, dtype=torch.float32
         )
-    except Exception as e:  # noqa: BLE001 (OSError, ValueError, SafetensorError, ...)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise RunError(
-            f"reward_model.path: cannot load {path!r} ({type(e).__name__}: {first}); check "
-            "the folder holds a complete save_pretrained checkpoint"
-        ) from None
     if tokenizer.pad_token_id is None:
         raise RunError(
             f"reward_model.path: the tokenizer of {path!r} has no pad token; the reward model "

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -134,11 +133,7 @@ class RunDirectory:
         rewrite_jsonl(self.metrics_path, [r for r in self.read_metrics() if not redone(r)])
 
     def append_samples(self, step: int, rollouts: Iterable[Rollout]) -> None:
-        with self.samples_path.open("a") as f:
-            for rollout in rollouts:
-                f.write(json.dumps({"step": step, **rollout_to_dict(rollout)}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_jsonl(self.samples_path, *({"step": step, **rollout_to_dict(r)} for r in rollouts))
 
     def truncate_samples(self, after_step: int) -> None:
         """Drop the samples of steps past ``after_step`` (a resume redoes them)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NoReturn
 
 import torch
@@ -21,20 +21,22 @@ class DivergedError(FloatingPointError):
     """An optimizer step left non-finite or exploded weights."""
 
 
-def parameter_problem(model: torch.nn.Module) -> str | None:
-    """Why ``model``'s weights must not be trained on or saved (a NaN/inf, or a tensor whose
-    L2 norm passes :data:`MAX_PARAMETER_NORM`), or ``None`` when they are fine. Per-tensor
-    L2 norms (NaN/inf propagate into them) cost about one pass over the weights and one
-    device sync; an infinity-norm pass is many times slower on CPU."""
+def parameter_problem(weights: torch.nn.Module | Iterable[torch.Tensor]) -> str | None:
+    """Why these weights (a model's parameters, or the given tensors) must not be trained on
+    or saved (a NaN/inf, or a tensor whose L2 norm passes :data:`MAX_PARAMETER_NORM`), or
+    ``None`` when they are fine. Per-tensor L2 norms (NaN/inf propagate into them) cost
+    about one pass over the weights and one device sync; an infinity-norm pass is many
+    times slower on CPU."""
+    tensors = list(weights.parameters() if isinstance(weights, torch.nn.Module) else weights)
     norms: dict[torch.device, list[torch.Tensor]] = {}
-    for p in model.parameters():
+    for p in tensors:
         norms.setdefault(p.device, []).append(torch.linalg.vector_norm(p.detach()))
     if not norms:
         return None
     largest = max(float(torch.stack(n).max()) for n in norms.values())
     if largest <= MAX_PARAMETER_NORM:  # False for NaN
         return None
-    if any(not bool(torch.isfinite(p).all()) for p in model.parameters()):
+    if any(not bool(torch.isfinite(p).all()) for p in tensors):
         return "the weights contain NaN/inf"
     return f"the weights exploded (a tensor's L2 norm is {largest:.3g} > {MAX_PARAMETER_NORM:g})"
 
@@ -106,7 +108,7 @@ def clipped_optimizer_step(
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    problem = parameter_problem(model)
+    problem = parameter_problem(params)  # a step changes only the trainable tensors
     if problem is not None:
         lr = optimizer.param_groups[0]["lr"]
         raise DivergedError(
