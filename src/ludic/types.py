@@ -66,8 +66,13 @@ class TokenTrace:
 
     ``completion_logprobs[i]`` is the behaviour policy's log-probability of
     ``completion_token_ids[i]`` (the chosen token), or ``None`` when the backend was not
-    asked for logprobs. ``policy_version`` is the weight version that produced the
-    completion, when the backend knows it.
+    asked for logprobs.
+
+    Policy versions (the weight version a token was sampled with), when the backend knows
+    them: ``completion_versions[i]`` is the version of ``completion_token_ids[i]``; a
+    completion continued after a weight update (partial rollouts) shows the switch, e.g.
+    ``(3, 3, 3, 4, 4)``. ``policy_version`` is the oldest of them (the first token's);
+    given alone, it stands for every token.
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -75,10 +80,33 @@ class TokenTrace:
     completion_logprobs: tuple[float, ...] | None = None
     finish_reason: str | None = None
     policy_version: int | None = None
+    completion_versions: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_token_ids", tuple(self.prompt_token_ids))
         object.__setattr__(self, "completion_token_ids", tuple(self.completion_token_ids))
+        if self.completion_versions is not None:
+            versions = tuple(int(v) for v in self.completion_versions)
+            object.__setattr__(self, "completion_versions", versions)
+            if len(versions) != len(self.completion_token_ids):
+                raise ValueError(
+                    f"TokenTrace: {len(versions)} completion_versions for "
+                    f"{len(self.completion_token_ids)} completion tokens; give one policy "
+                    "version per completion token"
+                )
+            if any(b < a for a, b in zip(versions, versions[1:])):
+                raise ValueError(
+                    f"TokenTrace: completion_versions {versions} go backwards; a later token "
+                    "cannot come from an older policy"
+                )
+            if versions:
+                if self.policy_version is None:
+                    object.__setattr__(self, "policy_version", versions[0])
+                elif self.policy_version != versions[0]:
+                    raise ValueError(
+                        f"TokenTrace: policy_version={self.policy_version} but the first "
+                        f"token's version is {versions[0]}; policy_version is the oldest"
+                    )
         if self.completion_logprobs is not None:
             object.__setattr__(self, "completion_logprobs", tuple(self.completion_logprobs))
             if len(self.completion_logprobs) != len(self.completion_token_ids):
@@ -97,6 +125,14 @@ class TokenTrace:
     def has_logprobs(self) -> bool:
         return self.completion_logprobs is not None
 
+    def token_versions(self) -> tuple[int, ...] | None:
+        """One policy version per completion token (``None`` when unknown)."""
+        if self.completion_versions is not None:
+            return self.completion_versions
+        if self.policy_version is None:
+            return None
+        return (self.policy_version,) * len(self.completion_token_ids)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "prompt_token_ids": list(self.prompt_token_ids),
@@ -106,6 +142,9 @@ class TokenTrace:
             ),
             "finish_reason": self.finish_reason,
             "policy_version": self.policy_version,
+            "completion_versions": (
+                None if self.completion_versions is None else list(self.completion_versions)
+            ),
         }
 
     @classmethod
@@ -118,6 +157,9 @@ class TokenTrace:
             ),
             finish_reason=d.get("finish_reason"),
             policy_version=d.get("policy_version"),
+            completion_versions=(
+                None if d.get("completion_versions") is None else tuple(d["completion_versions"])
+            ),
         )
 
 

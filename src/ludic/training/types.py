@@ -41,7 +41,10 @@ class SAWItem:
     * ``weight``: the scalar from credit assignment (advantage / return / 1.0 for SFT).
     * ``old_logprobs[t]``: behaviour-policy logprob of ``input_ids[t]`` where
       ``action_mask[t] == 1`` (0.0 elsewhere); ``None`` if the backend gave none.
-    * ``policy_version``: weight version that generated the actions (``max_lag`` uses it).
+    * ``action_versions[k]``: policy version that sampled the k-th action token (in
+      order; ``len == num_action_tokens``), or ``None`` when the backend gave none.
+    * ``policy_version``: the oldest version among the actions (what staleness and
+      ``max_staleness`` use); derived from ``action_versions`` when those are given.
     """
 
     input_ids: tuple[int, ...]
@@ -50,6 +53,7 @@ class SAWItem:
     old_logprobs: tuple[float, ...] | None = None
     policy_version: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    action_versions: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "input_ids", tuple(self.input_ids))
@@ -77,6 +81,22 @@ class SAWItem:
                 raise ValueError(
                     f"SAWItem: old_logprobs has {len(self.old_logprobs)} entries for {n} tokens"
                 )
+        if self.action_versions is not None:
+            versions = tuple(int(v) for v in self.action_versions)
+            object.__setattr__(self, "action_versions", versions)
+            if len(versions) != self.num_action_tokens:
+                raise ValueError(
+                    f"SAWItem: action_versions has {len(versions)} entries for "
+                    f"{self.num_action_tokens} action tokens"
+                )
+            oldest = min(versions)
+            if self.policy_version is None:
+                object.__setattr__(self, "policy_version", oldest)
+            elif self.policy_version != oldest:
+                raise ValueError(
+                    f"SAWItem: policy_version={self.policy_version} but the oldest action "
+                    f"version is {oldest}; policy_version is the oldest"
+                )
 
     @property
     def num_tokens(self) -> int:
@@ -85,6 +105,26 @@ class SAWItem:
     @property
     def num_action_tokens(self) -> int:
         return sum(self.action_mask)
+
+    @property
+    def first_version(self) -> int | None:
+        """Policy version of the first generated token (``None`` when unknown)."""
+        if self.action_versions is not None:
+            return self.action_versions[0]
+        return self.policy_version
+
+    @property
+    def last_version(self) -> int | None:
+        """Policy version of the last generated token (``None`` when unknown)."""
+        if self.action_versions is not None:
+            return self.action_versions[-1]
+        return self.policy_version
+
+    @property
+    def version_span(self) -> int:
+        """How many weight updates the item's tokens straddle (0: one version)."""
+        versions = self.action_versions
+        return 0 if not versions else max(versions) - min(versions)
 
 
 @dataclass

@@ -110,20 +110,23 @@ def rollouts_to_saw_items(
                     action_mask=seq.action_mask,
                     weight=float(weights[i][j]),
                     old_logprobs=seq.logprobs,
-                    policy_version=_policy_version(turn),
+                    policy_version=_policy_version(turn) if seq.versions is None else None,
                     meta=_item_meta(rollout, j, turn, seq),
+                    action_versions=seq.versions,
                 )
             )
     return items
 
 
 class _Sequence:
-    """A growing training sequence: ids, action mask and (optional) old logprobs."""
+    """A growing training sequence: ids, action mask and (optional) old logprobs and
+    per-action policy versions."""
 
     def __init__(self) -> None:
         self.input_ids: list[int] = []
         self.action_mask: list[int] = []
         self._logprobs: list[float] | None = []
+        self._versions: list[int] | None = []
         self.prompt_length = 0
 
     def add_context(self, ids: Sequence[int]) -> None:
@@ -132,17 +135,31 @@ class _Sequence:
         if self._logprobs is not None:
             self._logprobs.extend([0.0] * len(ids))
 
-    def add_action(self, ids: Sequence[int], logprobs: Sequence[float] | None) -> None:
+    def add_action(
+        self,
+        ids: Sequence[int],
+        logprobs: Sequence[float] | None,
+        versions: Sequence[int] | None = None,
+    ) -> None:
         self.input_ids.extend(ids)
         self.action_mask.extend([1] * len(ids))
         if logprobs is None:
             self._logprobs = None
         elif self._logprobs is not None:
             self._logprobs.extend(float(x) for x in logprobs)
+        if versions is None:
+            self._versions = None
+        elif self._versions is not None:
+            self._versions.extend(versions)
 
     @property
     def logprobs(self) -> list[float] | None:
         return self._logprobs
+
+    @property
+    def versions(self) -> list[int] | None:
+        """Per-action versions when every call of the turn reported them."""
+        return self._versions if self._versions else None
 
     @property
     def completion_length(self) -> int:
@@ -175,7 +192,9 @@ def _token_turn(rollout: Rollout, turn_index: int, turn: Turn) -> _Sequence:
                     "ChatTemplate.extend, or use retokenize=True"
                 )
             seq.add_context(prompt[n:])
-        seq.add_action(trace.completion_token_ids, trace.completion_logprobs)
+        seq.add_action(
+            trace.completion_token_ids, trace.completion_logprobs, trace.token_versions()
+        )
     return seq
 
 
@@ -216,7 +235,7 @@ def _retokenized_turn(
                     "prompt_messages must start with the earlier prompt plus the assistant reply"
                 )
             seq.add_context(prompt[n:])
-        seq.add_action(full[len(prompt) :], None)
+        seq.add_action(full[len(prompt) :], None, None)
     return seq
 
 
