@@ -46,6 +46,15 @@ class TrainerConfig:
     """Drop items whose ``policy_version < trainer.step - max_lag`` (stale experience in
     asynchronous pipelines); ``None`` keeps everything. Must be at least
     ``publish_every - 1``: the newest published version can be that many steps old."""
+    ppo_epochs: int = 1
+    """Passes over each batch (PPO epochs); each pass makes ``num_minibatches`` optimizer
+    updates. Ratio losses compare against the behaviour (or proximal) logprobs, so later
+    passes are corrected off-policy updates."""
+    num_minibatches: int = 1
+    """Optimizer updates per pass: the batch is shuffled (seeded by ``seed`` and the step)
+    and split into this many mini-batches of near-equal size, each normalized on its own.
+    One trainer step (one policy version) makes ``ppo_epochs * num_minibatches`` updates;
+    the LR schedule advances once per trainer step."""
     publish_every: int = 1
     """Publish weights to the inference side every this many optimizer steps (with
     ``version = step``); 0 never publishes."""
@@ -95,6 +104,8 @@ class TrainerConfig:
             self.max_lag,
             ">= 0, or None to keep stale items",
         )
+        _check(self.ppo_epochs >= 1, "ppo_epochs", self.ppo_epochs, ">= 1")
+        _check(self.num_minibatches >= 1, "num_minibatches", self.num_minibatches, ">= 1")
         _check(self.publish_every >= 0, "publish_every", self.publish_every, ">= 0 (0 = never)")
         _check(
             self.max_lag is None or self.max_lag >= self.publish_every - 1,

@@ -75,12 +75,18 @@ class TrainingCore:
         """The learning rate the next optimizer step uses."""
         return self.scheduler.get_last_lr()[0]
 
-    def optimizer_step(self) -> float:
-        """Check gradients finite, clip to ``max_grad_norm``, step the optimizer and the
-        schedule, zero the gradients; returns the pre-clip gradient norm. Does not advance
-        :attr:`step` (the trainer does, once the step's own work is done)."""
+    def optimizer_step(self, *, schedule: bool = True) -> float:
+        """Check gradients finite, clip to ``max_grad_norm``, step the optimizer and (unless
+        ``schedule=False``) the schedule, zero the gradients; returns the pre-clip gradient
+        norm. Does not advance :attr:`step` (the trainer does, once the step's own work is
+        done)."""
         return clipped_optimizer_step(
-            self.model, self.optimizer, self.scheduler, self.max_grad_norm, abort=self.abort_step
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.max_grad_norm,
+            abort=self.abort_step,
+            schedule=schedule,
         )
 
     def abort_step(self, reason: str) -> NoReturn:

@@ -94,10 +94,12 @@ def clipped_optimizer_step(
     max_grad_norm: float | None,
     *,
     abort: Callable[[str], NoReturn],
+    schedule: bool = True,
 ) -> float:
     """Check the gradient is finite (else ``abort(reason)``, which must raise), clip it to
-    ``max_grad_norm``, step optimizer and schedule, zero the grads; returns the norm before
-    clipping. Raises :class:`DivergedError` naming the step when the step left non-finite
+    ``max_grad_norm``, step the optimizer (and the schedule unless ``schedule=False``: a
+    trainer step with several updates advances the schedule once), zero the grads; returns
+    the norm before clipping. Raises :class:`DivergedError` naming the step when the step left non-finite
     or exploded weights (see :func:`parameter_problem`)."""
     params = [p for p in model.parameters() if p.requires_grad]
     grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
@@ -106,7 +108,8 @@ def clipped_optimizer_step(
     if max_grad_norm is not None:
         torch.nn.utils.clip_grads_with_norm_(params, max_grad_norm, grad_norm)
     optimizer.step()
-    scheduler.step()
+    if schedule:
+        scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     problem = parameter_problem(params)  # a step changes only the trainable tensors
     if problem is not None:

@@ -4,15 +4,24 @@ An algorithm is ``RLAlgorithm`` = credit assigner (already applied by the batch 
 + ``loss`` (+ optional ``preprocess``). Each :meth:`Trainer.train_step` runs, in order::
 
     batch   = await batch_source.next_batch()
-    items   = preprocess, sample_filter, max_lag            (dropped counts are logged)
-    for each micro-batch (<= max_tokens_per_microbatch padded tokens):
-        logprobs = log_softmax(model(input_ids).logits)[next tokens]     [B, T-1], float32
-        loss     = algorithm.loss(LossInputs(normalizers over the whole step))
-        loss.backward()                     (micro-batch losses sum to the full-batch loss)
-    check grads finite -> clip -> optimizer.step -> scheduler.step -> step += 1
+    items   = preprocess, sample_filter, staleness            (dropped counts are logged)
+    prox    = logprobs of the weights at the start of the step (losses that need pi_prox)
+    for each of ppo_epochs x num_minibatches updates (1 x 1 by default):
+        for each micro-batch (<= max_tokens_per_microbatch padded tokens):
+            logprobs = log_softmax(model(input_ids).logits)[next tokens]     [B, T-1], float32
+            loss     = algorithm.loss(LossInputs(normalizers over the mini-batch))
+            loss.backward()                 (micro-batch losses sum to the mini-batch loss)
+        check grads finite -> clip -> optimizer.step
+    scheduler.step -> step += 1
     publish weights every publish_every steps (version = step) -> log -> checkpoint
 
-``trainer.step`` counts optimizer steps and is the policy version.
+``trainer.step`` counts trainer steps and is the policy version.
+
+**Asynchronous RL** (:meth:`Trainer.train_async`, spec 4): with an
+:class:`~ludic.training.batching.async_source.AsyncBatchSource` generation keeps running
+while the trainer computes (the optimizer step runs in a worker thread, off the event loop),
+at most ``max_staleness`` versions ahead; items with a token older than ``step -
+max_staleness`` are dropped (``dropped/stale``) and staleness is logged per step.
 """
 
 from __future__ import annotations
@@ -55,6 +64,23 @@ class StepTotals:
 
     num_sequences: int
     num_action_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """What the updates of one trainer step produced (means over its updates)."""
+
+    loss: float
+    loss_stats: dict[str, float]
+    grad_norm: float
+    lr: float
+    num_updates: int
+    num_microbatches: int
+
+
+MAX_EMPTY_ASYNC_BATCHES = 8
+"""How many batches in a row an asynchronous step may find empty (all stale or filtered)
+before it raises ``EmptyBatchError``."""
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -113,6 +139,8 @@ class Trainer(HasTrainingCore):
         self.sample_filter = sample_filter
         self.reference_model = self._prepare_reference(reference_model)
         self.metric_reducers = tuple(metric_reducers)
+        self._concurrent = bool(getattr(batch_source, "is_concurrent", False))
+        self._version_announced = False
         self.core = TrainingCore(
             self.model,
             config,
@@ -122,37 +150,60 @@ class Trainer(HasTrainingCore):
             checkpoint=checkpoint,
             loggers=loggers,
         )
+        self._published_version = self.step  # the backend is assumed to serve these weights
 
     # ---------------------------------------------------------------- the loop
     async def train_step(self) -> dict[str, float]:
-        """One optimizer step; returns (and logs) its metrics."""
+        """One trainer step; returns (and logs) its metrics.
+
+        Once its batch is in hand, the step runs to its end (log and checkpoint included)
+        even if the caller is cancelled meanwhile (Ctrl-C): the cancellation is raised
+        after it, so the weights never get ahead of the metrics and checkpoints."""
+        if not self._version_announced:
+            self._announce_version()
         t_start = time.perf_counter()
-        batch = await self.batch_source.next_batch()
+        batch, raw_batches, selection = await self._next_batch()
+        waited = time.perf_counter() - t_start
+        finish = asyncio.ensure_future(self._finish_step(batch, raw_batches, selection, waited))
+        try:
+            return await asyncio.shield(finish)
+        except asyncio.CancelledError:
+            await asyncio.wait([finish])
+            raise
+
+    async def _finish_step(
+        self,
+        batch: SAWBatch,
+        raw_batches: list[SAWBatch],
+        selection: Mapping[str, float],
+        waited: float,
+    ) -> dict[str, float]:
         t_batch = time.perf_counter()
-        batch, dropped = self._select_items(batch)
-        self._check_loss_inputs(batch.items)
-        microbatches = split_microbatches(batch.items, self.config.max_tokens_per_microbatch)
-        totals = StepTotals(
-            num_sequences=len(batch.items),
-            num_action_tokens=sum(item.num_action_tokens for item in batch.items),
-        )
-        loss, loss_stats = self._accumulate_gradients(microbatches, totals)
-        lr = self.core.lr
-        grad_norm = self.core.optimizer_step()
+        if self._concurrent:  # generation lives on the event loop: train off it
+            result = await asyncio.to_thread(self._optimize, batch)
+        else:
+            result = self._optimize(batch)
         t_compute = time.perf_counter()
         self.step += 1
         if self.publisher is not None and self.core.is_due(self.config.publish_every):
-            self.publish_policy()
+            if self._concurrent:
+                await asyncio.to_thread(self.publish_policy)
+            else:
+                self.publish_policy()
+        self._announce_version()
         timing = {
-            "time/batch_wait_s": t_batch - t_start,
+            "time/batch_wait_s": waited,
             "time/compute_s": t_compute - t_batch,
             "time/publish_s": time.perf_counter() - t_compute,
         }
-        metrics = self._metrics(batch, loss, loss_stats, grad_norm, lr, dropped, timing)
-        metrics["num_microbatches"] = len(microbatches)
+        metrics = self._metrics(batch, result, selection, timing)
         self.logger.log(self.step, metrics)
         # After the log: a checkpoint never gets ahead of its step's metrics line.
         self.core.maybe_checkpoint(self._checkpoint_extra)
+        mark_trained = getattr(self.batch_source, "mark_trained", None)
+        if mark_trained is not None:  # e.g. a Redis learner acknowledges the batches
+            for raw in raw_batches:
+                mark_trained(raw)
         return metrics
 
     async def train(self, num_steps: int) -> list[dict[str, float]]:
@@ -166,40 +217,95 @@ class Trainer(HasTrainingCore):
                 break
         return history
 
+    async def train_async(self, num_steps: int) -> list[dict[str, float]]:
+        """:meth:`train` with generation running concurrently (asynchronous RL).
+
+        The batch source must be asynchronous, e.g.
+        ``AsyncBatchSource(RolloutBatchSource(...), max_staleness=2)``; it is closed (its
+        generation cancelled) when training ends, however it ends."""
+        if not getattr(self.batch_source, "is_concurrent", False):
+            raise TypeError(
+                f"Trainer.train_async needs an asynchronous batch source, got "
+                f"{type(self.batch_source).__name__}; wrap it: AsyncBatchSource(source, "
+                "max_staleness=N) (ludic.training.batching.async_source)"
+            )
+        try:
+            return await self.train(num_steps)
+        finally:
+            await self.batch_source.aclose()  # type: ignore[attr-defined]
+
+    def train_async_sync(self, num_steps: int) -> list[dict[str, float]]:
+        """:meth:`train_async` for scripts without an event loop."""
+        return _run_outside_loop(self.train_async(num_steps), "train_async_sync", "train_async")
+
     def train_sync(self, num_steps: int) -> list[dict[str, float]]:
         """:meth:`train` for scripts without an event loop."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(self.train(num_steps))
-        raise RuntimeError(
-            "Trainer.train_sync() was called inside a running event loop; use "
-            "`await trainer.train(num_steps)` there"
-        )
+        return _run_outside_loop(self.train(num_steps), "train_sync", "train")
 
     # ---------------------------------------------------------------- stages
-    def _select_items(self, batch: SAWBatch) -> tuple[SAWBatch, dict[str, int]]:
-        """Drop filtered and stale items, then preprocess what is left (so a batch
-        baseline is computed over exactly the items trained on); raise if none is left."""
-        received = len(batch.items)
+    async def _next_batch(self) -> tuple[SAWBatch, list[SAWBatch], dict[str, float]]:
+        """The step's batch after filtering and staleness, with the raw batches it came from
+        and the selection metrics. An asynchronous source is asked again (up to
+        :data:`MAX_EMPTY_ASYNC_BATCHES` times) when every item of a batch was dropped."""
+        raw_batches: list[SAWBatch] = []
+        dropped = {"dropped/filter": 0, "dropped/stale": 0}
+        attempts = MAX_EMPTY_ASYNC_BATCHES if self._concurrent else 1
+        for _ in range(attempts):
+            raw = await self.batch_source.next_batch()
+            raw_batches.append(raw)
+            fresh = self._select_items(raw, dropped)
+            if fresh:
+                batch = SAWBatch(items=fresh, meta=raw.meta)
+                preprocess = getattr(self.algorithm, "preprocess", None)
+                if preprocess is not None:  # a batch baseline over exactly the kept items
+                    batch = preprocess(batch)
+                self._check_loss_inputs(batch.items)
+                return batch, raw_batches, {**dropped, **self._staleness(batch.items)}
+        received = sum(len(b.items) for b in raw_batches)
+        what = (
+            f"batch of {received} items is"
+            if len(raw_batches) == 1
+            else f"{len(raw_batches)} batches in a row ({received} items) are"
+        )
+        raise EmptyBatchError(
+            f"step {self.step + 1}: {what} empty after {dropped['dropped/filter']} dropped by "
+            "sample_filter and "
+            f"{dropped['dropped/stale']} stale (a token older than version {self.step} - "
+            f"max_staleness={self.max_staleness}); loosen the filter, raise "
+            "TrainerConfig.max_lag / max_staleness, or check the batch source"
+        )
+
+    def _select_items(self, batch: SAWBatch, dropped: dict[str, int]) -> list[SAWItem]:
         kept = [i for i in batch.items if self.sample_filter is None or self.sample_filter(i)]
         fresh = [i for i in kept if not self._is_stale(i)]
-        dropped = {"dropped/filter": received - len(kept), "dropped/stale": len(kept) - len(fresh)}
-        if not fresh:
-            raise EmptyBatchError(
-                f"step {self.step + 1}: batch of {received} items is empty after "
-                f"{dropped['dropped/filter']} dropped by sample_filter and "
-                f"{dropped['dropped/stale']} stale (policy_version < {self.step} - max_lag="
-                f"{self.config.max_lag}); loosen the filter, raise TrainerConfig.max_lag, or "
-                "check the batch source"
-            )
-        batch = SAWBatch(items=fresh, meta=batch.meta)
-        preprocess = getattr(self.algorithm, "preprocess", None)
-        return (batch if preprocess is None else preprocess(batch)), dropped
+        dropped["dropped/filter"] += len(batch.items) - len(kept)
+        dropped["dropped/stale"] += len(kept) - len(fresh)
+        return fresh
+
+    @property
+    def max_staleness(self) -> int | None:
+        """The oldest token version trained on is ``step - max_staleness``: the smaller of
+        ``TrainerConfig.max_lag`` and the batch source's ``max_staleness`` (``None``: no
+        bound)."""
+        bounds = [self.config.max_lag, getattr(self.batch_source, "max_staleness", None)]
+        known = [b for b in bounds if b is not None]
+        return min(known) if known else None
 
     def _is_stale(self, item: SAWItem) -> bool:
-        max_lag, version = self.config.max_lag, item.policy_version
-        return max_lag is not None and version is not None and version < self.step - max_lag
+        bound, version = self.max_staleness, item.policy_version
+        return bound is not None and version is not None and version < self.step - bound
+
+    def _staleness(self, items: Sequence[SAWItem]) -> dict[str, float]:
+        """Staleness = current version - the item's oldest token version, over the items
+        with known versions; and the largest number of updates one item straddles."""
+        ages = [self.step - i.policy_version for i in items if i.policy_version is not None]
+        if not ages:
+            return {}
+        return {
+            "staleness/mean": statistics.fmean(ages),
+            "staleness/max": float(max(ages)),
+            "staleness/version_span_max": float(max(i.version_span for i in items)),
+        }
 
     def _check_loss_inputs(self, items: Sequence[SAWItem]) -> None:
         if not getattr(self.loss, "requires_old_logprobs", False):
@@ -213,21 +319,77 @@ class Trainer(HasTrainingCore):
                 "logprobs with InferenceSpec(returns=ReturnSpec.for_rl())"
             )
 
+    def _optimize(self, batch: SAWBatch) -> StepResult:
+        """Every update of one trainer step: ``ppo_epochs`` passes of ``num_minibatches``
+        mini-batches, each its own optimizer update with its own normalizers."""
+        lr = self.core.lr
+        proximal = self._proximal_logprobs(batch.items)
+        passes = [self._minibatches(batch.items, epoch) for epoch in range(self.config.ppo_epochs)]
+        updates = [mb for minibatches in passes for mb in minibatches]
+        losses, norms, stats = [], [], dict[str, float]()
+        num_microbatches = 0
+        for u, items in enumerate(updates):
+            microbatches = split_microbatches(items, self.config.max_tokens_per_microbatch)
+            totals = StepTotals(
+                num_sequences=len(items),
+                num_action_tokens=sum(item.num_action_tokens for item in items),
+            )
+            loss, loss_stats = self._accumulate_gradients(microbatches, totals, proximal)
+            norms.append(self.core.optimizer_step(schedule=u == len(updates) - 1))
+            losses.append(loss)
+            num_microbatches += len(microbatches)
+            for key, value in loss_stats.items():
+                stats[key] = stats.get(key, 0.0) + value / len(updates)
+        return StepResult(
+            loss=statistics.fmean(losses),
+            loss_stats=stats,
+            grad_norm=statistics.fmean(norms),
+            lr=lr,
+            num_updates=len(updates),
+            num_microbatches=num_microbatches,
+        )
+
+    def _minibatches(self, items: Sequence[SAWItem], epoch: int) -> list[list[SAWItem]]:
+        n = min(self.config.num_minibatches, len(items))
+        if n <= 1:
+            return [list(items)]
+        gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.step * 1009 + epoch)
+        order = torch.randperm(len(items), generator=gen).tolist()
+        return [[items[i] for i in order[k::n]] for k in range(n)]
+
+    def _proximal_logprobs(self, items: Sequence[SAWItem]) -> dict[int, torch.Tensor] | None:
+        """pi_prox: each item's next-token logprobs [T-1] under the weights at the start of
+        the step (no grad), for losses with ``requires_proximal_logprobs`` (decoupled PPO,
+        truncated importance sampling); keyed by ``id(item)``."""
+        if not getattr(self.loss, "requires_proximal_logprobs", False):
+            return None
+        out: dict[int, torch.Tensor] = {}
+        with torch.no_grad():
+            for mb_items in split_microbatches(items, self.config.max_tokens_per_microbatch):
+                mb = collate(mb_items, self.config.pad_token_id, self.device)
+                logprobs = token_logprobs(self._forward(self.model, mb), mb.input_ids)
+                for row, item in enumerate(mb_items):
+                    out[id(item)] = logprobs[row, : item.num_tokens - 1].detach()
+        return out
+
     def _accumulate_gradients(
-        self, microbatches: list[list[SAWItem]], totals: StepTotals
+        self,
+        microbatches: list[list[SAWItem]],
+        totals: StepTotals,
+        proximal: Mapping[int, torch.Tensor] | None = None,
     ) -> tuple[float, dict[str, float]]:
         """Forward + loss + backward per micro-batch.
 
-        Returns the step loss (the sum over micro-batches, which equals the full-batch loss
-        because the normalizers are global) and the loss stats, averaged over micro-batches
-        with weights = their share of action tokens. A stat named ``"loss"`` is left out:
-        the summed step loss is the authoritative value.
+        Returns the update's loss (the sum over micro-batches, which equals the full-batch
+        loss because the normalizers are global) and the loss stats, averaged over
+        micro-batches with weights = their share of action tokens. A stat named ``"loss"``
+        is left out: the summed loss is the authoritative value.
         """
         self.model.train()
         total_loss, stats = 0.0, dict[str, float]()
         for items in microbatches:
             mb = collate(items, self.config.pad_token_id, self.device)
-            out = self.loss(self._loss_inputs(mb, totals))
+            out = self.loss(self._loss_inputs(mb, totals, items, proximal))
             value = float(out.loss.detach())
             if not math.isfinite(value):
                 self.core.abort_step(f"loss is {value}")
@@ -239,12 +401,25 @@ class Trainer(HasTrainingCore):
                     stats[key] = stats.get(key, 0.0) + share * float(stat)
         return total_loss, stats
 
-    def _loss_inputs(self, mb: CollatedBatch, totals: StepTotals) -> LossInputs:
+    def _loss_inputs(
+        self,
+        mb: CollatedBatch,
+        totals: StepTotals,
+        items: Sequence[SAWItem] = (),
+        proximal: Mapping[int, torch.Tensor] | None = None,
+    ) -> LossInputs:
         logits = self._forward(self.model, mb)  # [B, T, V]
         ref_logprobs = None
         if self.reference_model is not None and getattr(self.loss, "requires_ref_logprobs", False):
             with torch.no_grad():
                 ref_logprobs = token_logprobs(self._forward(self.reference_model, mb), mb.input_ids)
+        extra: dict[str, Any] = {}
+        if proximal is not None:
+            rows = torch.zeros_like(mb.action_mask)
+            for row, item in enumerate(items):
+                values = proximal[id(item)]
+                rows[row, : values.shape[0]] = values
+            extra["proximal_logprobs"] = rows * mb.action_mask  # 0.0 off-mask, as old_logprobs
         return LossInputs(
             logits=logits,
             logprobs=token_logprobs(logits, mb.input_ids),  # [B, T-1]
@@ -254,6 +429,7 @@ class Trainer(HasTrainingCore):
             num_action_tokens=totals.num_action_tokens,
             old_logprobs=mb.old_logprobs,
             ref_logprobs=ref_logprobs,
+            **extra,
         )
 
     def _forward(self, model: torch.nn.Module, mb: CollatedBatch) -> torch.Tensor:
@@ -274,6 +450,16 @@ class Trainer(HasTrainingCore):
         if self.publisher is None:
             raise ValueError("Trainer has no publisher; pass Trainer(publisher=...)")
         self.publisher.publish(policy_state_dict(self.model), version=self.step)
+        self._published_version = self.step
+
+    def _announce_version(self) -> None:
+        """Tell the batch source (``on_policy_version``) the newest version the inference
+        side serves: the last published one (the step itself without a publisher)."""
+        self._version_announced = True
+        announce = getattr(self.batch_source, "on_policy_version", None)
+        if announce is not None:
+            version = self.step if self.publisher is None else self._published_version
+            announce(version)
 
     def save_checkpoint(self) -> Path:
         return self.core.save_checkpoint(self._checkpoint_extra())
@@ -292,30 +478,30 @@ class Trainer(HasTrainingCore):
     def _metrics(
         self,
         batch: SAWBatch,
-        loss: float,
-        loss_stats: Mapping[str, float],
-        grad_norm: float,
-        lr: float,
-        dropped: Mapping[str, int],
+        result: StepResult,
+        selection: Mapping[str, float],
         timing: Mapping[str, float],
     ) -> dict[str, float]:
         items = batch.items
         num_tokens = sum(item.num_tokens for item in items)
         metrics: dict[str, float] = {
-            "loss": loss,
-            **{f"loss/{key}": value for key, value in loss_stats.items()},
-            "grad_norm": grad_norm,
-            "lr": lr,
+            "loss": result.loss,
+            **{f"loss/{key}": value for key, value in result.loss_stats.items()},
+            "grad_norm": result.grad_norm,
+            "lr": result.lr,
             "num_items": len(items),
             "num_tokens": num_tokens,
             "num_action_tokens": sum(item.num_action_tokens for item in items),
+            "num_microbatches": result.num_microbatches,
             "tokens_per_s": num_tokens / max(timing["time/compute_s"], 1e-9),
             **timing,
-            **dropped,
+            **selection,
             **_reward_stats(items),
             **{f"batch/{k}": float(v) for k, v in batch.meta.items() if _is_number(v)},
             "policy_version": self.step,
         }
+        if result.num_updates > 1:
+            metrics["num_updates"] = result.num_updates
         metrics.update(aggregate_stats(self.metric_reducers, items))
         return metrics
 
@@ -352,3 +538,15 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def _run_outside_loop(coro: Any, name: str, async_name: str) -> Any:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    coro.close()
+    raise RuntimeError(
+        f"Trainer.{name}() was called inside a running event loop; use "
+        f"`await trainer.{async_name}(num_steps)` there"
+    )

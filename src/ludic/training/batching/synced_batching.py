@@ -84,8 +84,10 @@ class RolloutBatchSource:
         last_meta: dict[str, object] = {}
         for attempt in range(1, self.max_empty_batches + 1):
             rollouts = await self.engine.generate_rollouts(self._requests())
-            self.last_rollouts = rollouts
             await run_rollout_hooks(self.rollout_hooks, rollouts)
+            # Set after the last await: batches generated concurrently (AsyncBatchSource)
+            # read it right after next_batch returns.
+            self.last_rollouts = rollouts
             batch = build_saw_batch(
                 rollouts,
                 credit_assigner=self.credit_assigner,

@@ -27,6 +27,8 @@ class LossInputs:
     * ``weights``: [B] credit-assignment weight (advantage) per sequence.
     * ``old_logprobs``: [B, T-1] behaviour-policy logprobs (0 off-mask) or ``None``.
     * ``ref_logprobs``: [B, T-1] reference-model logprobs or ``None``.
+    * ``proximal_logprobs``: [B, T-1] logprobs under the weights at the start of the
+      optimizer step (0 off-mask), filled for losses with ``requires_proximal_logprobs``.
     * ``num_sequences`` / ``num_action_tokens``: counts over the whole optimizer step.
     """
 
@@ -38,6 +40,7 @@ class LossInputs:
     num_action_tokens: int
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+    proximal_logprobs: torch.Tensor | None = None
 
 
 @dataclass

@@ -1,0 +1,186 @@
+"""Asynchronous batches: generation runs ahead of training, at most ``max_staleness``
+policy versions ahead (spec 4, asynchronous RL).
+
+:class:`AsyncBatchSource` wraps any ``BatchSource`` (typically a ``RolloutBatchSource``)
+and keeps generating batches in background tasks while the trainer trains::
+
+    source  = AsyncBatchSource(RolloutBatchSource(engine, requests_fn, credit), max_staleness=2)
+    trainer = Trainer(model, algorithm, source, config, publisher=publisher)
+    await trainer.train_async(num_steps)        # or trainer.train_async_sync(num_steps)
+
+**Admission control** (as in AReaL, arXiv:2505.24298, sec. 5): batches are numbered in
+the order their generation starts, counted from the trainer's version ``v0`` when the
+source starts. Batch ``k`` (0-based) may start only once the newest *published* policy
+version ``v`` satisfies ``k <= v - v0 + max_staleness``, and batches are handed to the
+trainer in that same order. Batch ``k`` is trained at step ``v0 + k`` at the earliest and
+its first token is sampled with a version ``>= v``, so no token is ever more than
+``max_staleness`` versions older than the weights it is trained into, and little work is
+generated only to be dropped. ``max_staleness = 0`` is synchronous on-policy training.
+
+At most ``max_concurrent`` batches are generated at once (default ``max_staleness + 1``,
+the most admission allows); concurrent batches share the inference backend, which batches
+their requests together.
+
+The trainer calls :meth:`on_policy_version` after each publish (that is what admits new
+batches) and :meth:`aclose` at the end of training (``Trainer.train_async`` does both).
+A failure in generation is raised from the next :meth:`next_batch`, never swallowed;
+``DataExhausted`` from the wrapped source ends training after the batches already made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Any
+
+from ludic.training.types import BatchSource, DataExhausted, SAWBatch
+
+__all__ = ["AsyncBatchSource"]
+
+
+class AsyncBatchSource:
+    """Generate batches from ``source`` in the background, ``max_staleness`` versions ahead.
+
+    * ``max_staleness`` (η >= 0): how many policy versions generation may run ahead of
+      training (see the module docstring for the exact rule).
+    * ``max_concurrent``: batches generated at the same time (default η + 1).
+
+    ``last_rollouts`` holds the rollouts behind the batch last returned by
+    :meth:`next_batch` when the wrapped source exposes ``last_rollouts``.
+    """
+
+    is_concurrent = True
+    """Tells the Trainer to run its optimizer step off the event loop, so generation
+    (which lives on the loop) goes on while it trains."""
+
+    def __init__(
+        self,
+        source: BatchSource,
+        *,
+        max_staleness: int,
+        max_concurrent: int | None = None,
+    ) -> None:
+        if not isinstance(source, BatchSource):
+            raise TypeError(
+                f"AsyncBatchSource(source={source!r}): expected a BatchSource (an object "
+                "with `async next_batch() -> SAWBatch`), e.g. RolloutBatchSource"
+            )
+        if isinstance(source, AsyncBatchSource):
+            raise TypeError("AsyncBatchSource(source=): the source is already asynchronous")
+        if not isinstance(max_staleness, int) or max_staleness < 0:
+            raise ValueError(
+                f"AsyncBatchSource: max_staleness={max_staleness!r}; expected an int >= 0 "
+                "(0 = on-policy: generation waits for every update)"
+            )
+        if max_concurrent is None:
+            max_concurrent = max_staleness + 1
+        if not isinstance(max_concurrent, int) or max_concurrent < 1:
+            raise ValueError(
+                f"AsyncBatchSource: max_concurrent={max_concurrent!r}; expected an int >= 1"
+            )
+        self.source = source
+        self.max_staleness = max_staleness
+        self.max_concurrent = max_concurrent
+        self.last_rollouts: list[Any] = []
+        self._base_version: int | None = None
+        self._version = 0
+        self._started = 0  # batches whose generation has started
+        self._pending: collections.deque[asyncio.Task[tuple[SAWBatch, list[Any]]]] = (
+            collections.deque()
+        )
+        self._wakeup: asyncio.Event | None = None
+        self._producer: asyncio.Task[None] | None = None
+        self._exhausted = False
+        self._closed = False
+
+    # ---------------------------------------------------------------- the trainer side
+    def on_policy_version(self, version: int) -> None:
+        """The newest policy version the inference side serves; admits new batches."""
+        if self._base_version is None:
+            self._base_version = version
+        self._version = max(self._version, version)
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    async def next_batch(self) -> SAWBatch:
+        """The oldest batch started (waiting for it if needed)."""
+        if self._closed:
+            raise RuntimeError("AsyncBatchSource.next_batch() after aclose()")
+        self._ensure_started()
+        while not self._pending:
+            if self._exhausted:
+                raise DataExhausted("the wrapped batch source is exhausted")
+            if self._producer is not None and self._producer.done():
+                self._producer.result()  # re-raise a producer failure
+                raise DataExhausted("the wrapped batch source is exhausted")
+            assert self._wakeup is not None
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        task = self._pending[0]
+        try:
+            batch, rollouts = await task
+        except DataExhausted:
+            self._exhausted = True
+            await self._cancel_pending()
+            raise
+        finally:
+            if self._pending and self._pending[0] is task:
+                self._pending.popleft()
+            if self._wakeup is not None:
+                self._wakeup.set()  # a slot is free
+        self.last_rollouts = rollouts
+        batch.meta["async/queued_batches"] = sum(t.done() for t in self._pending)
+        batch.meta["async/generating_batches"] = sum(not t.done() for t in self._pending)
+        return batch
+
+    async def aclose(self) -> None:
+        """Stop generating: cancel the producer and every batch in progress."""
+        self._closed = True
+        if self._producer is not None:
+            self._producer.cancel()
+            await asyncio.gather(self._producer, return_exceptions=True)
+        await self._cancel_pending()
+
+    # ---------------------------------------------------------------- the producer
+    @property
+    def started_batches(self) -> int:
+        return self._started
+
+    def _admitted(self) -> bool:
+        base = self._base_version if self._base_version is not None else self._version
+        return self._started <= self._version - base + self.max_staleness
+
+    def _ensure_started(self) -> None:
+        if self._producer is not None:
+            return
+        if self._base_version is None:
+            self.on_policy_version(0)
+        self._wakeup = asyncio.Event()
+        self._producer = asyncio.get_running_loop().create_task(self._produce())
+
+    async def _produce(self) -> None:
+        assert self._wakeup is not None
+        while not self._exhausted:
+            generating = sum(not t.done() for t in self._pending)
+            if self._admitted() and generating < self.max_concurrent:
+                self._started += 1
+                task = asyncio.get_running_loop().create_task(self._generate())
+                task.add_done_callback(lambda _: self._wakeup and self._wakeup.set())
+                self._pending.append(task)
+                self._wakeup.set()  # a consumer may be waiting for the first batch
+                await asyncio.sleep(0)
+                continue
+            self._wakeup.clear()
+            await self._wakeup.wait()
+
+    async def _generate(self) -> tuple[SAWBatch, list[Any]]:
+        batch = await self.source.next_batch()
+        rollouts = list(getattr(self.source, "last_rollouts", []) or [])
+        return batch, rollouts
+
+    async def _cancel_pending(self) -> None:
+        tasks = list(self._pending)
+        self._pending.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
