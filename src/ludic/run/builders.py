@@ -45,6 +45,8 @@ from ludic.training import (
     RolloutRequest,
     TrainerConfig,
 )
+from ludic.training.batching import SampleFilter
+from ludic.training.filters import drop_version_span
 
 ENV_NAME = "env"
 PROTOCOL_NAME = "single_agent"
@@ -364,6 +366,23 @@ def make_algorithm(config: RunConfig, *, reward_client: Any = None) -> RLAlgorit
         raise RunError(f"algorithm.kwargs for {config.algorithm.name!r}: {e}") from None
 
 
+def rl_sample_filter(config: RunConfig, algorithm: Any) -> SampleFilter | None:
+    """The staleness validator of ``trainer.max_version_span`` / ``trainer.version_span``:
+    drop items straddling too many updates, or keep them for a loss that corrects them."""
+    t = config.trainer
+    if t.max_version_span is None:
+        return None
+    if t.version_span == "drop":
+        return drop_version_span(t.max_version_span)
+    if not getattr(algorithm.loss, "requires_proximal_logprobs", False):
+        raise RunError(
+            f"trainer.version_span=correct keeps items straddling weight updates, but "
+            f"algorithm.name={config.algorithm.name!r} does not correct them per token; use "
+            "algorithm.name: decoupled_ppo or decoupled_grpo, or trainer.version_span: drop"
+        )
+    return None
+
+
 def rl_trainer_config(config: RunConfig, pad_token_id: int) -> TrainerConfig:
     t = config.trainer
     return TrainerConfig(
@@ -376,6 +395,8 @@ def rl_trainer_config(config: RunConfig, pad_token_id: int) -> TrainerConfig:
         max_tokens_per_microbatch=t.max_tokens_per_microbatch,
         pad_token_id=pad_token_id,
         max_lag=t.max_lag,
+        ppo_epochs=t.ppo_epochs,
+        num_minibatches=t.num_minibatches,
         publish_every=t.publish_every,
         flat_parameters=t.flat_parameters,
         seed=config.seed,

@@ -177,6 +177,23 @@ class TrainerSection(_Section):
     publish_every: int = Field(1, ge=1)
     """Push weights to the inference backend every N steps (version = step)."""
     max_lag: int | None = Field(None, ge=0)
+    """Drop items with a token older than ``step - max_lag`` (any mode); null: keep all."""
+    mode: Literal["sync", "async"] = "sync"
+    """sync: each step waits for its rollouts; async: generation keeps running while the
+    trainer trains, at most ``max_staleness`` policy versions ahead (spec 4)."""
+    max_staleness: int | None = Field(None, ge=0)
+    """async only: no token older than ``step - max_staleness`` is trained on, and
+    generation runs at most that many versions ahead (default 1; 0 is on-policy)."""
+    ppo_epochs: int = Field(1, ge=1)
+    """Passes over each batch; each pass makes ``num_minibatches`` optimizer updates."""
+    num_minibatches: int = Field(1, ge=1)
+    """Optimizer updates per pass over a batch (shuffled mini-batches)."""
+    max_version_span: int | None = Field(None, ge=0)
+    """Items whose tokens straddle more than this many weight updates (continued partial
+    rollouts) are dropped, or kept when ``version_span: correct``; null: no check."""
+    version_span: Literal["drop", "correct"] = "drop"
+    """What ``max_version_span`` does to such items: drop them, or keep them for a loss that
+    corrects per token with proximal logprobs (algorithm decoupled_ppo / decoupled_grpo)."""
     flat_parameters: bool = False
     """Keep the policy's parameters in one flat buffer per dtype, so weight syncs send
     chunks of small tensors without a packing copy."""
@@ -192,6 +209,19 @@ class TrainerSection(_Section):
                 f"(lr_schedule={self.lr_schedule!r} decays to 0 at steps); lower warmup_steps "
                 "or use lr_schedule: constant"
             )
+        if self.mode == "sync" and self.max_staleness is not None:
+            raise ValueError(
+                f"max_staleness={self.max_staleness} is for mode: async (generation ahead of "
+                "training); with mode: sync every batch is on-policy. Set mode: async or "
+                "remove max_staleness (max_lag drops stale items in any mode)"
+            )
+        if self.mode == "async" and self.staleness < self.publish_every - 1:
+            raise ValueError(
+                f"max_staleness={self.staleness} < publish_every - 1 = "
+                f"{self.publish_every - 1}: the newest published weights are up to that many "
+                "versions old, so generation could never start; raise max_staleness or lower "
+                "publish_every"
+            )
         if self.max_lag is not None and self.max_lag < self.publish_every - 1:
             raise ValueError(
                 f"max_lag={self.max_lag} < publish_every - 1 = {self.publish_every - 1}: "
@@ -199,6 +229,11 @@ class TrainerSection(_Section):
                 "stale; raise max_lag or lower publish_every"
             )
         return self
+
+    @property
+    def staleness(self) -> int:
+        """``max_staleness`` with its async default (1)."""
+        return 1 if self.max_staleness is None else self.max_staleness
 
 
 class EvalConfig(_Section):

@@ -40,6 +40,7 @@ from ludic.run.builders import (
     make_engine,
     make_requests,
     reward_backend,
+    rl_sample_filter,
     rl_trainer_config,
     sampling_spec,
     warm_start_trainer_config,
@@ -53,6 +54,7 @@ from ludic.run.run_dir import PhaseMetricsWriter, RunDirectory, open_run
 from ludic.run.signals import terminate_as_interrupt
 from ludic.run.steps import checkpoint_on_failure, run_steps
 from ludic.training import (
+    AsyncBatchSource,
     CheckpointConfig,
     CheckpointManager,
     GRPORequestStrategy,
@@ -195,24 +197,34 @@ def _reinforce_with(
     algorithm = make_algorithm(config, reward_client=reward_client)
     trainer: Trainer
 
+    batch_index: list[int] = []  # async: batches are numbered in the order they start
+
     def next_requests():
-        # Problems and sampling seeds are a function of the step, so a resumed run sees
-        # exactly the problems an uninterrupted one would.
+        # Problems and sampling seeds are a function of the batch's index (the step that
+        # will train on it), so a resumed run sees exactly the problems an uninterrupted
+        # one would.
+        if config.trainer.mode == "sync":
+            index = trainer.step
+        else:
+            index = batch_index[0] if batch_index else trainer.step
+            batch_index[:] = [index + 1]
         per_step = config.trainer.prompts_per_step
-        first = trainer.step * per_step
+        first = index * per_step
         base = sampling_spec(config)
         return [
             replace(req, inference=base.with_seed(config.seed * 1_000_003 + req.env_seed))
             for req in make_requests(config, range(first, first + per_step), base)
         ]
 
-    source = RolloutBatchSource(
+    source: Any = RolloutBatchSource(
         engine,
         next_requests,
         algorithm.credit_assigner,
         request_strategy=GRPORequestStrategy(group_size=config.algorithm.group_size),
         rollout_hooks=algorithm.rollout_hooks,
     )
+    if config.trainer.mode == "async":
+        source = AsyncBatchSource(source, max_staleness=config.trainer.staleness)
     loggers = _loggers(config, run, "rl", f"RL ({algorithm.name})", config.trainer.steps, console)
     trainer = Trainer(
         policy,
@@ -222,6 +234,7 @@ def _reinforce_with(
         publisher=ClientPolicyPublisher(client),
         checkpoint=_checkpoint_config(config, run, "rl"),
         loggers=loggers,
+        sample_filter=rl_sample_filter(config, algorithm),
     )
     with checkpoint_on_failure(trainer, loggers[0], console):
         _run_rl(

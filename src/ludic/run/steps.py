@@ -62,19 +62,25 @@ def run_steps(
     every: int,
 ) -> None:
     """``num_steps`` optimizer steps (and ``after_step`` hooks) in one event loop, a
-    checkpoint every ``every`` steps and one after the last step. A checkpoint is saved
+    checkpoint every ``every`` steps and one after the last step; an asynchronous batch
+    source is closed (its generation cancelled) when the loop ends, however it ends. A checkpoint is saved
     after its step's metrics line, samples and evaluation, so it never gets ahead of them.
     """
 
     async def loop() -> None:
-        for _ in range(num_steps):
-            await asyncio.sleep(0)  # a step boundary: a pending Ctrl-C/SIGTERM cancels here
-            await trainer.train_step()
-            if after_step is not None:
-                await after_step(trainer.step)
-            if every and trainer.step % every == 0:
-                save_checkpoint(trainer)
-        save_checkpoint(trainer)  # the phase's last step is always resumable
+        try:
+            for _ in range(num_steps):
+                await asyncio.sleep(0)  # a step boundary: a pending Ctrl-C/SIGTERM cancels here
+                await trainer.train_step()
+                if after_step is not None:
+                    await after_step(trainer.step)
+                if every and trainer.step % every == 0:
+                    save_checkpoint(trainer)
+            save_checkpoint(trainer)  # the phase's last step is always resumable
+        finally:
+            aclose = getattr(trainer.batch_source, "aclose", None)
+            if aclose is not None:  # an asynchronous source: stop generating
+                await aclose()
 
     asyncio.run(loop())
 

@@ -43,6 +43,7 @@ _EXPORTS: dict[str, str] = {
     "RolloutEngine": "ludic.training.batching",
     "GRPORequestStrategy": "ludic.training.batching",
     "RolloutBatchSource": "ludic.training.batching",
+    "AsyncBatchSource": "ludic.training.batching",
     "OfflineBatchSource": "ludic.training.batching",
     "rollouts_to_saw_items": "ludic.training.batching",
     "write_rollouts_jsonl": "ludic.training.batching",

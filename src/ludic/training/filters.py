@@ -42,6 +42,22 @@ def drop_parse_errors() -> SampleFilter:
     return keep
 
 
+def drop_version_span(max_span: int) -> SampleFilter:
+    """Staleness validator: drop items whose tokens straddle more than ``max_span`` weight
+    updates (``SAWItem.version_span``: a completion continued across updates, see partial
+    rollouts). ``max_span=0`` keeps only items sampled entirely by one policy version, as
+    the spec 4 validator does. Items without versions are kept. To keep such items and
+    correct them instead, train with a loss that reweights per token with proximal
+    logprobs (``make_decoupled_ppo`` / ``make_decoupled_grpo``) and no filter."""
+    if not isinstance(max_span, int) or max_span < 0:
+        raise ValueError(f"drop_version_span: max_span={max_span!r}; expected an int >= 0")
+
+    def keep(item: SAWItem) -> bool:
+        return item.version_span <= max_span
+
+    return keep
+
+
 def combine(*filters: SampleFilter) -> SampleFilter:
     """Keep an item only if every filter keeps it (no filters keeps everything)."""
 

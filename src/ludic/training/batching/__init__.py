@@ -26,6 +26,7 @@ _EXPORTS: dict[str, str] = {
     "summarize_rollouts": "ludic.rollouts.summary",
     "EmptyBatchError": "ludic.training.batching.synced_batching",
     "RolloutBatchSource": "ludic.training.batching.synced_batching",
+    "AsyncBatchSource": "ludic.training.batching.async_source",
 }
 
 __getattr__, __all__ = lazy_exports(__name__, globals(), _EXPORTS)
