@@ -199,12 +199,15 @@ def check_aggregation(
     return mode
 
 
-def check_clip_eps(owner: str, **eps: float | None) -> None:
-    """Raise naming the argument when a clip epsilon is negative or not finite."""
+def check_clip_eps(owner: str, *, nullable: tuple[str, ...] = (), **eps: float | None) -> None:
+    """Raise naming the argument when a clip epsilon is negative, not finite, or None
+    (None is allowed only for the names in ``nullable``: no bound on that side)."""
     for name, value in eps.items():
         if value is None:
-            continue
-        if not (value >= 0 and value < float("inf")):
+            if name in nullable:
+                continue
+            raise ValueError(f"{owner}: {name}=None; expected a finite value >= 0")
+        if isinstance(value, bool) or not (value >= 0 and value < float("inf")):
             raise ValueError(f"{owner}: {name}={value!r}; expected a finite value >= 0")
 
 

@@ -91,7 +91,10 @@ class CISPOLoss:
 
     def __post_init__(self) -> None:
         check_clip_eps(
-            "CISPOLoss", clip_eps_low=self.clip_eps_low, clip_eps_high=self.clip_eps_high
+            "CISPOLoss",
+            nullable=("clip_eps_low",),
+            clip_eps_low=self.clip_eps_low,
+            clip_eps_high=self.clip_eps_high,
         )
         check_log_ratio_clamp("CISPOLoss", self.log_ratio_clamp)
         mode = check_aggregation("CISPOLoss", self.aggregation, self.constant_normalizer)
