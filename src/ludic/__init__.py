@@ -60,6 +60,8 @@ _EXPORTS: dict[str, str] = {
     "make_gspo": "ludic.training",
     "make_cispo": "ludic.training",
     "make_gmpo": "ludic.training",
+    "make_decoupled_ppo": "ludic.training",
+    "make_decoupled_grpo": "ludic.training",
     "make_sft": "ludic.training",
     "run_eval": "ludic.eval",
 }

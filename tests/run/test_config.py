@@ -59,6 +59,15 @@ def test_toml_and_yaml_give_the_same_config(tmp_path: Path) -> None:
     assert load_config(tmp_path / "c.toml") == load_config(tmp_path / "c.yaml")
 
 
+def test_off_policy_algorithm_fields_are_unset_until_written() -> None:
+    config = load_config(None, ["algorithm.name=decoupled_grpo", "algorithm.dual_clip_c=3"])
+    assert config.algorithm.name == "decoupled_grpo"
+    assert config.algorithm.dual_clip_c == 3.0
+    assert config.algorithm.model_fields_set == {"name", "dual_clip_c"}
+    explicit_null = load_config(None, ["algorithm.behaviour_weight_cap=null"])
+    assert "behaviour_weight_cap" in explicit_null.algorithm.model_fields_set
+
+
 def test_resolved_config_round_trips(tmp_path: Path) -> None:
     config = load_config(None, ["trainer.lr=2e-4", "model.lora.r=4"])
     (tmp_path / "resolved.yaml").write_text(dump_config(config))
@@ -82,6 +91,24 @@ def test_resolved_config_round_trips(tmp_path: Path) -> None:
         ),
         (["sampling.max_tokens"], "expected dotted.key=value"),
         (["trainer=3"], "trainer: Input should be a valid dictionary"),
+        (["algorithm.clip_eps_low=-0.1"], "algorithm.clip_eps_low: Input should be greater than"),
+        (["algorithm.dual_clip_c=1"], "algorithm.dual_clip_c: Input should be greater than 1"),
+        (
+            ["algorithm.behaviour_weight_cap=0.5"],
+            "algorithm.behaviour_weight_cap: Input should be greater than or equal to 1",
+        ),
+        (
+            ["algorithm.behaviour_weight_mode=clip"],
+            "algorithm.behaviour_weight_mode: Input should be 'truncate' or 'mask'",
+        ),
+        (
+            ["algorithm.truncated_is_cap=0"],
+            "algorithm.truncated_is_cap: Input should be greater than or equal to 1",
+        ),
+        (
+            ["algorithm.dual_clip_c=3", "algorithm.kwargs.dual_clip_c=2"],
+            "dual_clip_c is set both as algorithm.dual_clip_c and in algorithm.kwargs",
+        ),
         (["trainer.lr=1", "trainer.lr.x=1"], "trainer.lr is a value, not a section"),
     ],
 )

@@ -11,6 +11,8 @@ from ludic.training.algorithm import (
     BatchMeanBaseline,
     RLAlgorithm,
     make_cispo,
+    make_decoupled_grpo,
+    make_decoupled_ppo,
     make_dr_grpo,
     make_gmpo,
     make_grpo,
@@ -27,6 +29,7 @@ from ludic.training.credit_assignment import (
 from ludic.training.losses import (
     CISPOLoss,
     ClippedSurrogateLoss,
+    DecoupledClippedSurrogateLoss,
     GMPOLoss,
     LossInputs,
     MaskedCausalLMCrossEntropyLoss,
@@ -89,6 +92,18 @@ def item(weight: float, **meta) -> SAWItem:
         (make_gspo(8), GroupNormalizedReturn, ClippedSurrogateLoss, None),
         (make_cispo(8), GroupNormalizedReturn, CISPOLoss, TokenAggregation.TOKEN_MEAN),
         (make_gmpo(), GroupNormalizedReturn, GMPOLoss, None),
+        (
+            make_decoupled_ppo(),
+            MonteCarloReturn,
+            DecoupledClippedSurrogateLoss,
+            TokenAggregation.TOKEN_MEAN,
+        ),
+        (
+            make_decoupled_grpo(8),
+            GroupNormalizedReturn,
+            DecoupledClippedSurrogateLoss,
+            TokenAggregation.TOKEN_MEAN,
+        ),
         (make_sft(), ConstantCredit, MaskedCausalLMCrossEntropyLoss, TokenAggregation.TOKEN_MEAN),
     ],
     ids=lambda x: x.name if isinstance(x, RLAlgorithm) else None,
@@ -119,6 +134,100 @@ def test_gspo_gmpo_cispo_defaults_follow_their_papers():
     assert (gmpo.clip_eps_low, gmpo.clip_eps_high) == (0.4, 0.4)
     assert make_gmpo().credit_assigner.group_size == 4
     assert cispo.clip_eps_low is None
+
+
+def test_grpo_and_dr_grpo_pass_dual_clip():
+    assert make_grpo(4).loss.dual_clip_c is None
+    assert make_grpo(4, dual_clip_c=3.0).loss.dual_clip_c == 3.0
+    assert make_dr_grpo(4, max_tokens=64, dual_clip_c=2.5).loss.dual_clip_c == 2.5
+
+
+def test_grpo_truncated_is_cap_swaps_in_the_decoupled_loss_with_truncation():
+    algo = make_grpo(4, clip_eps_low=0.1, clip_eps_high=0.3, truncated_is_cap=2.0)
+    loss = algo.loss
+    assert algo.name == "grpo" and algo.credit_assigner == GroupNormalizedReturn(4)
+    assert type(loss) is DecoupledClippedSurrogateLoss
+    assert (loss.behaviour_weight_cap, loss.behaviour_weight_mode) == (2.0, "truncate")
+    assert (loss.clip_eps_low, loss.clip_eps_high) == (0.1, 0.3)
+    assert loss.aggregation == TokenAggregation.SEQ_MEAN_TOKEN_MEAN
+    assert loss.requires_proximal_logprobs is True
+
+
+def test_grpo_truncated_is_equals_plain_grpo_without_a_mismatch():
+    # trainer and server agree (proximal = behaviour): the IS weight is 1 everywhere
+    plain_inputs, tis_inputs = make_inputs(), make_inputs()
+    tis_inputs.proximal_logprobs = tis_inputs.old_logprobs
+    plain = make_grpo(4, dual_clip_c=3.0).loss(plain_inputs)
+    tis = make_grpo(4, dual_clip_c=3.0, truncated_is_cap=2.0).loss(tis_inputs)
+    plain.loss.backward()
+    tis.loss.backward()
+    assert tis.loss.item() == plain.loss.item()
+    assert torch.equal(tis_inputs.logprobs.grad, plain_inputs.logprobs.grad)
+
+
+def test_grpo_truncated_is_truncates_the_server_mismatch_at_the_cap():
+    # one action token, r = pi_theta / pi_prox = 1, pi_prox / pi_behav = e > cap 2:
+    # l = -min(w, 2) * 1 * A with A = 1; SEQ_MEAN_TOKEN_MEAN over one sequence
+    logp = torch.tensor([[-1.0]], dtype=torch.float64, requires_grad=True)
+    inputs = LossInputs(
+        logits=torch.zeros(1, 2, 2),
+        logprobs=logp,
+        action_mask=torch.ones(1, 1, dtype=torch.float64),
+        weights=torch.tensor([1.0], dtype=torch.float64),
+        num_sequences=1,
+        num_action_tokens=1,
+        old_logprobs=torch.tensor([[-2.0]], dtype=torch.float64),
+        proximal_logprobs=torch.tensor([[-1.0]], dtype=torch.float64),
+    )
+    out = make_grpo(4, truncated_is_cap=2.0).loss(inputs)
+    assert out.loss.item() == pytest.approx(-2.0)
+    assert out.stats["behaviour_weight_capped_frac"] == 1.0
+
+
+@pytest.mark.parametrize("cap", [0.5, float("inf"), float("nan")])
+def test_grpo_rejects_a_truncated_is_cap_below_one_by_name(cap):
+    with pytest.raises(ValueError, match=r"make_grpo: truncated_is_cap=.*>= 1"):
+        make_grpo(4, truncated_is_cap=cap)
+
+
+def test_decoupled_ppo_uses_batch_normalized_returns():
+    algo = make_decoupled_ppo(gamma=0.9)
+    assert algo.name == "decoupled_ppo"
+    assert algo.credit_assigner == MonteCarloReturn(gamma=0.9)
+    assert algo.preprocess == BatchMeanBaseline(normalize_std=True)
+    batch = algo.preprocess(SAWBatch(items=[item(1.0), item(0.0), item(0.0), item(1.0)]))
+    assert [i.weight for i in batch.items] == pytest.approx([1.0, -1.0, -1.0, 1.0], rel=1e-5)
+
+
+@pytest.mark.parametrize("make", [make_decoupled_ppo, lambda **kw: make_decoupled_grpo(4, **kw)])
+def test_decoupled_presets_pass_clip_cap_mode_and_dual_clip(make):
+    default = make().loss
+    assert (default.behaviour_weight_cap, default.behaviour_weight_mode) == (5.0, "mask")
+    assert default.dual_clip_c is None
+    loss = make(
+        clip_eps_low=0.1,
+        clip_eps_high=0.28,
+        dual_clip_c=3.0,
+        behaviour_weight_cap=None,
+        behaviour_weight_mode="truncate",
+    ).loss
+    assert (loss.clip_eps_low, loss.clip_eps_high, loss.dual_clip_c) == (0.1, 0.28, 3.0)
+    assert (loss.behaviour_weight_cap, loss.behaviour_weight_mode) == (None, "truncate")
+    assert loss.requires_old_logprobs and loss.requires_proximal_logprobs
+
+
+def test_decoupled_grpo_passes_group_size_and_std_flag():
+    algo = make_decoupled_grpo(16, normalize_std=False)
+    assert algo.name == "decoupled_grpo"
+    assert algo.credit_assigner == GroupNormalizedReturn(16, normalize_std=False)
+    assert algo.preprocess is None
+
+
+@pytest.mark.parametrize("make", [make_decoupled_ppo, make_decoupled_grpo])
+def test_decoupled_presets_report_missing_proximal_logprobs(make):
+    algo = make() if make is make_decoupled_ppo else make(4)
+    with pytest.raises(ValueError, match="DecoupledClippedSurrogateLoss needs proximal logprobs"):
+        algo.loss(make_inputs())
 
 
 def test_sft_credit_gives_every_turn_weight_one():
@@ -169,7 +278,15 @@ def test_grpo_missing_old_logprobs_message_is_exact():
 
 
 @pytest.mark.parametrize(
-    "make", [make_grpo, make_gspo, make_cispo, make_gmpo, lambda g: make_dr_grpo(g, 128)]
+    "make",
+    [
+        make_grpo,
+        make_gspo,
+        make_cispo,
+        make_gmpo,
+        make_decoupled_grpo,
+        lambda g: make_dr_grpo(g, 128),
+    ],
 )
 @pytest.mark.parametrize("group_size", [0, 1])
 def test_group_presets_reject_group_size_below_two(make, group_size):
@@ -177,7 +294,9 @@ def test_group_presets_reject_group_size_below_two(make, group_size):
         make(group_size)
 
 
-@pytest.mark.parametrize("make", [make_grpo, make_gspo, make_gmpo, make_cispo, make_dr_grpo])
+@pytest.mark.parametrize(
+    "make", [make_grpo, make_gspo, make_gmpo, make_cispo, make_dr_grpo, make_decoupled_grpo]
+)
 def test_group_presets_reject_negative_clip_eps_by_name(make):
     extra = {"max_tokens": 64} if make is make_dr_grpo else {}
     with pytest.raises(ValueError, match=r"clip_eps_high=-0\.2"):

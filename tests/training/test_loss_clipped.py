@@ -85,15 +85,32 @@ def clip(x: float, lo: float, hi: float) -> float:
     return min(max(x, lo), hi)
 
 
-def ref_token_clip(logp, batch, eps_lo, eps_hi, mode, constant=None) -> float:
-    """PPO eq. 7 per token: -min(r A, clip(r, 1-eps_lo, 1+eps_hi) A)."""
+def ref_token_clip(logp, batch, eps_lo, eps_hi, mode, constant=None, dual_c=None) -> float:
+    """PPO eq. 7 per token: -min(r A, clip(r, 1-eps_lo, 1+eps_hi) A); with dual clip
+    (Ye et al. 2020) and A < 0, the token's loss is at most -c A."""
     mask, old, adv = batch["mask"], batch["old"], batch["adv"]
     per_token = [[0.0] * len(mask[0]) for _ in mask]
     for i in range(len(mask)):
         for t in range(len(mask[i])):
             r = math.exp(logp[i][t] - old[i][t])
-            per_token[i][t] = -min(r * adv[i], clip(r, 1 - eps_lo, 1 + eps_hi) * adv[i])
+            loss_t = -min(r * adv[i], clip(r, 1 - eps_lo, 1 + eps_hi) * adv[i])
+            if dual_c is not None and adv[i] < 0:
+                loss_t = min(loss_t, -dual_c * adv[i])
+            per_token[i][t] = loss_t
     return ref_aggregate(per_token, mask, mode, len(mask), mask.sum(), constant)
+
+
+def ref_dual_clip_frac(batch, eps_lo, eps_hi, dual_c) -> float:
+    mask, logp, old, adv = batch["mask"], batch["logp"], batch["old"], batch["adv"]
+    held = total = 0
+    for i in range(len(mask)):
+        for t in range(len(mask[i])):
+            if mask[i][t] == 1.0:
+                r = math.exp(logp[i][t] - old[i][t])
+                total += 1
+                loss_t = -min(r * adv[i], clip(r, 1 - eps_lo, 1 + eps_hi) * adv[i])
+                held += adv[i] < 0 and loss_t > -dual_c * adv[i]
+    return held / total
 
 
 def ref_gspo(logp, batch, eps_lo, eps_hi) -> float:
@@ -184,6 +201,66 @@ def test_token_clipped_hand_computed_two_sequences():
     torch.testing.assert_close(logp.grad, expected)
     assert out.stats["clip_frac"] == pytest.approx(0.5)
     assert out.stats["ratio_mean"] == pytest.approx(1.1)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("mode", MODES)
+def test_dual_clip_matches_reference_in_value_and_gradient(seed, mode):
+    batch = random_batch(seed)
+    const = 11 if mode == TokenAggregation.CONSTANT else None
+    c = 1.3  # low enough that these inputs have tokens held at -c A
+    loss = TokenClippedSurrogateLoss(
+        0.2, 0.28, aggregation=mode, constant_normalizer=const, dual_clip_c=c
+    )
+    value, grad, stats = run(loss, batch)
+
+    def f(lp):
+        return ref_token_clip(lp, batch, 0.2, 0.28, mode, const, dual_c=c)
+
+    assert value == pytest.approx(f(batch["logp"]), rel=1e-10, abs=1e-12)
+    np.testing.assert_allclose(grad, fd_grad(f, batch["logp"]), atol=1e-7)
+    assert stats["dual_clip_frac"] == pytest.approx(ref_dual_clip_frac(batch, 0.2, 0.28, c))
+    assert stats["dual_clip_frac"] > 0.0
+    assert value != pytest.approx(ref_token_clip(batch["logp"], batch, 0.2, 0.28, mode, const))
+
+
+def test_dual_clip_hand_computed_holds_negative_advantages_at_c():
+    # r = (5, 2) in both rows; row 0 has A=+1, row 1 has A=-1; eps 0.2, c = 3.
+    # row 0: -min(5, 1.2) = -1.2, -min(2, 1.2) = -1.2 (both clipped; dual clip ignores A > 0)
+    # row 1: -min(-5, -1.2) = 5 -> min(5, 3) = 3 (dual), -min(-2, -1.2) = 2 (< 3, kept)
+    # TOKEN_MEAN: (-1.2 - 1.2 + 3 + 2) / 4 = 0.65
+    log_r = torch.log(torch.tensor([[5.0, 2.0], [5.0, 2.0]], dtype=torch.float64))
+    logp = torch.full((2, 2), -1.0, dtype=torch.float64, requires_grad=True)
+    inputs = LossInputs(
+        logits=torch.zeros(2, 3, 2),
+        logprobs=logp,
+        action_mask=torch.ones(2, 2, dtype=torch.float64),
+        weights=torch.tensor([1.0, -1.0], dtype=torch.float64),
+        num_sequences=2,
+        num_action_tokens=4,
+        old_logprobs=(logp - log_r).detach(),
+    )
+    out = TokenClippedSurrogateLoss(aggregation=TokenAggregation.TOKEN_MEAN, dual_clip_c=3.0)(
+        inputs
+    )
+    out.loss.backward()
+    assert out.loss.item() == pytest.approx(0.65)
+    # only row 1's r = 2 token keeps a gradient: d(-r A)/dlogp = r = 2, / 4 tokens
+    expected = torch.tensor([[0.0, 0.0], [0.0, 0.5]], dtype=torch.float64)
+    torch.testing.assert_close(logp.grad, expected)
+    assert out.stats["dual_clip_frac"] == pytest.approx(0.25)
+    assert out.stats["clip_frac"] == pytest.approx(0.5)
+
+
+def test_without_dual_clip_there_is_no_dual_clip_stat():
+    _, _, stats = run(TokenClippedSurrogateLoss(), random_batch(0))
+    assert "dual_clip_frac" not in stats
+
+
+@pytest.mark.parametrize("bad", [1.0, 0.5, -3.0, float("inf"), float("nan")])
+def test_dual_clip_c_must_exceed_one(bad):
+    with pytest.raises(ValueError, match=r"TokenClippedSurrogateLoss: dual_clip_c=.*> 1"):
+        TokenClippedSurrogateLoss(dual_clip_c=bad)
 
 
 def test_token_clipped_ratio_is_one_off_mask_even_with_extreme_logprobs():
@@ -293,6 +370,7 @@ def test_gmpo_zero_advantage_sequence_contributes_nothing():
         TokenClippedSurrogateLoss(aggregation=TokenAggregation.TOKEN_MEAN),
         TokenClippedSurrogateLoss(aggregation=TokenAggregation.SEQ_MEAN_TOKEN_MEAN),
         TokenClippedSurrogateLoss(aggregation=TokenAggregation.CONSTANT, constant_normalizer=16),
+        TokenClippedSurrogateLoss(dual_clip_c=1.3),
         ClippedSurrogateLoss(0.1, 0.1),
         GMPOLoss(),
     ],
@@ -331,6 +409,7 @@ def test_clipped_losses_declare_that_they_read_old_logprobs():
     for loss in (TokenClippedSurrogateLoss(), ClippedSurrogateLoss(), GMPOLoss()):
         assert loss.requires_old_logprobs is True
         assert loss.requires_ref_logprobs is False
+        assert loss.requires_proximal_logprobs is False
 
 
 @pytest.mark.parametrize("cls", [TokenClippedSurrogateLoss, ClippedSurrogateLoss, GMPOLoss])

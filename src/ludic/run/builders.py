@@ -27,7 +27,7 @@ from ludic.inference import (
 )
 from ludic.interaction import SingleAgentProtocol
 from ludic.models.tiny import build_tiny_causal_lm, build_tiny_tokenizer
-from ludic.run.config import RunConfig, VLLMConfig
+from ludic.run.config import PRESET_FIELDS, RunConfig, VLLMConfig
 from ludic.run.errors import RunError
 from ludic.run.preflight import (
     build_env,
@@ -343,10 +343,23 @@ def make_requests(
 def make_algorithm(config: RunConfig, *, reward_client: Any = None) -> RLAlgorithm:
     """The configured ``make_*`` preset. ``group_size`` goes to presets that take it,
     Dr. GRPO's constant normalizer defaults to ``sampling.max_tokens``, and ``reward_rl``
-    gets ``reward_client`` and the ``reward`` section's mode, weight and normalize."""
-    preset: Callable[..., RLAlgorithm] = resolve("algorithm", config.algorithm.name, ALGORITHMS)
+    gets ``reward_client`` and the ``reward`` section's mode, weight and normalize. The
+    clip and off-policy fields of ``algorithm`` (``PRESET_FIELDS``) written in the config
+    are passed by name; one the preset does not take is an error naming the field."""
+    name = config.algorithm.name
+    preset: Callable[..., RLAlgorithm] = resolve("algorithm", name, ALGORITHMS)
     params = inspect.signature(preset).parameters
     kwargs = dict(config.algorithm.kwargs)
+    for field in PRESET_FIELDS:
+        if field not in config.algorithm.model_fields_set:
+            continue
+        if field not in params:
+            takers = [n for n in sorted(ALGORITHMS) if field in _preset_params(n)]
+            raise RunError(
+                f"algorithm.{field} is set but algorithm.name={name!r} does not take it; "
+                f"presets that do: {takers}. Remove algorithm.{field} or pick one of those"
+            )
+        kwargs[field] = getattr(config.algorithm, field)
     if "group_size" in params:
         kwargs.setdefault("group_size", config.algorithm.group_size)
     if "max_tokens" in params:
@@ -363,7 +376,13 @@ def make_algorithm(config: RunConfig, *, reward_client: Any = None) -> RLAlgorit
     try:
         return preset(**kwargs)
     except (TypeError, ValueError) as e:
-        raise RunError(f"algorithm.kwargs for {config.algorithm.name!r}: {e}") from None
+        raise RunError(
+            f"algorithm settings for {name!r} (algorithm.*, algorithm.kwargs): {e}"
+        ) from None
+
+
+def _preset_params(name: str) -> Mapping[str, inspect.Parameter]:
+    return inspect.signature(resolve("algorithm", name, ALGORITHMS)).parameters
 
 
 def rl_sample_filter(config: RunConfig, algorithm: Any) -> SampleFilter | None:

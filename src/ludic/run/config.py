@@ -142,13 +142,57 @@ class AgentConfig(_Section):
     """If set, a completion cut by max_tokens is a parse failure with this reward."""
 
 
+PRESET_FIELDS = (
+    "clip_eps_low",
+    "clip_eps_high",
+    "dual_clip_c",
+    "behaviour_weight_cap",
+    "behaviour_weight_mode",
+    "truncated_is_cap",
+)
+"""``AlgorithmConfig`` fields handed to the preset, by the same name, when written in the
+config (unset: the preset's default; a preset without that argument is an error)."""
+
+
 class AlgorithmConfig(_Section):
+    """The RL algorithm: a registered ``make_*`` preset and its settings. The clip and
+    off-policy fields below go to the preset only when written in the config; unset, the
+    preset's own default applies (e.g. GSPO's 3e-4 clip)."""
+
     name: AlgorithmName = "grpo"
     """A registered preset: see ``ludic.run.registries.ALGORITHMS``."""
     group_size: int = Field(8, ge=2)
     """Samples per problem; group-relative presets normalize rewards within the group."""
+    clip_eps_low: float | None = Field(None, ge=0)
+    """Lower clip range: ratios below 1 - clip_eps_low are clipped (null for cispo: no
+    lower bound)."""
+    clip_eps_high: float | None = Field(None, ge=0)
+    """Upper clip range: ratios above 1 + clip_eps_high are clipped."""
+    dual_clip_c: float | None = Field(None, gt=1)
+    """Dual clip (verl's clip_ratio_c, usually 3): for negative advantages a token's loss
+    is at most -c * A (grpo, dr_grpo, decoupled_ppo, decoupled_grpo)."""
+    behaviour_weight_cap: float | None = Field(None, ge=1)
+    """decoupled_*: cap on the behaviour weight pi_prox / pi_behav (preset default 5.0;
+    written as null: no cap)."""
+    behaviour_weight_mode: Literal["truncate", "mask"] | None = None
+    """decoupled_*: a token over the cap gets weight = cap (truncate) or 0 (mask, AReaL's
+    choice and the preset default)."""
+    truncated_is_cap: float | None = Field(None, ge=1)
+    """grpo: weight each token by min(pi_prox / pi_behav, cap), pi_behav the inference
+    server's logprobs and pi_prox the trainer's own at the step start (truncated
+    importance sampling for the train/inference mismatch, e.g. 2.0)."""
     kwargs: dict[str, Any] = {}
-    """Extra preset arguments, e.g. {clip_eps_high: 0.28}."""
+    """Extra preset arguments, e.g. {normalize_std: false}."""
+
+    @model_validator(mode="after")
+    def _no_setting_twice(self) -> AlgorithmConfig:
+        twice = sorted(set(self.kwargs) & set(PRESET_FIELDS) & self.model_fields_set)
+        if twice:
+            raise ValueError(
+                f"{twice[0]} is set both as algorithm.{twice[0]} and in algorithm.kwargs; "
+                "keep one (algorithm.kwargs entries only for preset arguments without a field)"
+            )
+        return self
 
 
 class WarmStartConfig(_Section):

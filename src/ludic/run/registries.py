@@ -35,6 +35,8 @@ ALGORITHMS: dict[str, str] = {
     "gspo": "ludic.training.algorithm:make_gspo",
     "cispo": "ludic.training.algorithm:make_cispo",
     "gmpo": "ludic.training.algorithm:make_gmpo",
+    "decoupled_ppo": "ludic.training.algorithm:make_decoupled_ppo",
+    "decoupled_grpo": "ludic.training.algorithm:make_decoupled_grpo",
     "reward_rl": "ludic.training.algorithm:make_reward_rl",
 }
 """Algorithm name -> ``make_*`` preset (SFT is the warm-start phase, not an RL algorithm)."""

@@ -30,6 +30,8 @@ _EXPORTS: dict[str, str] = {
     "make_gspo": "ludic.training.algorithm",
     "make_cispo": "ludic.training.algorithm",
     "make_gmpo": "ludic.training.algorithm",
+    "make_decoupled_ppo": "ludic.training.algorithm",
+    "make_decoupled_grpo": "ludic.training.algorithm",
     "make_sft": "ludic.training.algorithm",
     "MonteCarloReturn": "ludic.training.credit_assignment",
     "GroupNormalizedReturn": "ludic.training.credit_assignment",

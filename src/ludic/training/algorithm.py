@@ -22,6 +22,7 @@ from ludic.training.credit_assignment import (
 from ludic.training.losses import (
     CISPOLoss,
     ClippedSurrogateLoss,
+    DecoupledClippedSurrogateLoss,
     GMPOLoss,
     Loss,
     MaskedCausalLMCrossEntropyLoss,
@@ -29,6 +30,7 @@ from ludic.training.losses import (
     TokenAggregation,
     TokenClippedSurrogateLoss,
 )
+from ludic.training.losses.decoupled import BehaviourWeightMode
 from ludic.training.reward_credit import (
     CombineMode,
     RewardFormatFn,
@@ -145,16 +147,42 @@ def make_grpo(
     clip_eps_low: float = 0.2,
     clip_eps_high: float = 0.2,
     normalize_std: bool = True,
+    dual_clip_c: float | None = None,
+    truncated_is_cap: float | None = None,
 ) -> RLAlgorithm:
     """GRPO (arXiv:2402.03300): credit ``GroupNormalizedReturn(group_size, normalize_std)``;
-    loss ``TokenClippedSurrogateLoss(clip_eps_low, clip_eps_high)``; aggregation
-    SEQ_MEAN_TOKEN_MEAN. No KL term (add ``KLPenalty`` with ``CompositeLoss``)."""
+    loss ``TokenClippedSurrogateLoss(clip_eps_low, clip_eps_high, dual_clip_c)``;
+    aggregation SEQ_MEAN_TOKEN_MEAN. No KL term (add ``KLPenalty`` with ``CompositeLoss``).
+
+    ``truncated_is_cap`` = C corrects the train/inference log-prob mismatch (Yao et al.
+    2025, truncated importance sampling): the loss becomes
+    ``DecoupledClippedSurrogateLoss(behaviour_weight_cap=C, behaviour_weight_mode=
+    "truncate")``, which clips r = pi_theta / pi_prox (the trainer's own logprobs at the
+    start of the step, which it then recomputes) and weights each token by
+    min(pi_prox / pi_behav, C), pi_behav being the inference server's logprobs.
+    """
     credit = _group_credit("make_grpo", group_size, normalize_std)
-    loss = TokenClippedSurrogateLoss(
-        clip_eps_low=clip_eps_low,
-        clip_eps_high=clip_eps_high,
-        aggregation=TokenAggregation.SEQ_MEAN_TOKEN_MEAN,
-    )
+    if truncated_is_cap is None:
+        loss: Loss = TokenClippedSurrogateLoss(
+            clip_eps_low=clip_eps_low,
+            clip_eps_high=clip_eps_high,
+            aggregation=TokenAggregation.SEQ_MEAN_TOKEN_MEAN,
+            dual_clip_c=dual_clip_c,
+        )
+    else:
+        if isinstance(truncated_is_cap, bool) or not (1 <= truncated_is_cap < math.inf):
+            raise ValueError(
+                f"make_grpo: truncated_is_cap={truncated_is_cap!r}; expected a finite value "
+                ">= 1 (e.g. 2.0), or None for no importance-sampling correction"
+            )
+        loss = DecoupledClippedSurrogateLoss(
+            clip_eps_low=clip_eps_low,
+            clip_eps_high=clip_eps_high,
+            behaviour_weight_cap=truncated_is_cap,
+            behaviour_weight_mode="truncate",
+            dual_clip_c=dual_clip_c,
+            aggregation=TokenAggregation.SEQ_MEAN_TOKEN_MEAN,
+        )
     return RLAlgorithm("grpo", credit, loss)
 
 
@@ -163,6 +191,7 @@ def make_dr_grpo(
     max_tokens: int,
     clip_eps_low: float = 0.2,
     clip_eps_high: float = 0.2,
+    dual_clip_c: float | None = None,
 ) -> RLAlgorithm:
     """Dr. GRPO (arXiv:2503.20783): credit ``GroupNormalizedReturn(group_size,
     normalize_std=False)`` (no std division); loss ``TokenClippedSurrogateLoss``;
@@ -178,6 +207,7 @@ def make_dr_grpo(
         clip_eps_high=clip_eps_high,
         aggregation=TokenAggregation.CONSTANT,
         constant_normalizer=max_tokens,
+        dual_clip_c=dual_clip_c,
     )
     return RLAlgorithm("dr_grpo", credit, loss)
 
@@ -222,6 +252,69 @@ def make_gmpo(
     credit = _group_credit("make_gmpo", group_size, normalize_std)
     loss = GMPOLoss(clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high)
     return RLAlgorithm("gmpo", credit, loss)
+
+
+def make_decoupled_ppo(
+    gamma: float = 1.0,
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.2,
+    dual_clip_c: float | None = None,
+    behaviour_weight_cap: float | None = 5.0,
+    behaviour_weight_mode: BehaviourWeightMode = "mask",
+    normalize_std: bool = True,
+) -> RLAlgorithm:
+    """Decoupled PPO (AReaL, arXiv:2505.24298) for stale (asynchronous) data: loss
+    ``DecoupledClippedSurrogateLoss`` (ratio to the step-start policy pi_prox, clipped;
+    weight pi_prox / pi_behav capped at ``behaviour_weight_cap``, tokens over it masked by
+    default as AReaL); aggregation TOKEN_MEAN. Needs proximal logprobs (the trainer
+    recomputes them at the start of each step).
+
+    Credit: ``MonteCarloReturn(gamma)`` then the ``BatchMeanBaseline(normalize_std)``
+    preprocess, A = (G - mean_batch G) / std_batch G. Ludic has no critic, so PPO's GAE
+    is not available; a baseline-free return is all-positive under 0/1 rewards, so the
+    clip would only ever act on one side (and dual clip never). The batch-normalized
+    return needs no groups; with several samples per prompt prefer
+    ``make_decoupled_grpo``, whose group baseline has lower variance.
+    """
+    loss = DecoupledClippedSurrogateLoss(
+        clip_eps_low=clip_eps_low,
+        clip_eps_high=clip_eps_high,
+        behaviour_weight_cap=behaviour_weight_cap,
+        behaviour_weight_mode=behaviour_weight_mode,
+        dual_clip_c=dual_clip_c,
+        aggregation=TokenAggregation.TOKEN_MEAN,
+    )
+    return RLAlgorithm(
+        "decoupled_ppo",
+        MonteCarloReturn(gamma=gamma),
+        loss,
+        preprocess=BatchMeanBaseline(normalize_std=normalize_std),
+    )
+
+
+def make_decoupled_grpo(
+    group_size: int,
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.2,
+    dual_clip_c: float | None = None,
+    behaviour_weight_cap: float | None = 5.0,
+    behaviour_weight_mode: BehaviourWeightMode = "mask",
+    normalize_std: bool = True,
+) -> RLAlgorithm:
+    """Decoupled PPO with group-relative advantages (AReaL's GRPO-style recipe,
+    arXiv:2505.24298): credit ``GroupNormalizedReturn(group_size, normalize_std)`` as
+    ``make_grpo``; loss ``DecoupledClippedSurrogateLoss`` as ``make_decoupled_ppo``;
+    aggregation TOKEN_MEAN. Needs proximal logprobs."""
+    credit = _group_credit("make_decoupled_grpo", group_size, normalize_std)
+    loss = DecoupledClippedSurrogateLoss(
+        clip_eps_low=clip_eps_low,
+        clip_eps_high=clip_eps_high,
+        behaviour_weight_cap=behaviour_weight_cap,
+        behaviour_weight_mode=behaviour_weight_mode,
+        dual_clip_c=dual_clip_c,
+        aggregation=TokenAggregation.TOKEN_MEAN,
+    )
+    return RLAlgorithm("decoupled_grpo", credit, loss)
 
 
 def make_reward_rl(
@@ -284,6 +377,8 @@ __all__ = [
     "BatchMeanBaseline",
     "RLAlgorithm",
     "make_cispo",
+    "make_decoupled_grpo",
+    "make_decoupled_ppo",
     "make_dr_grpo",
     "make_gmpo",
     "make_grpo",

@@ -6,6 +6,12 @@ position ``t`` scores ``input_ids[:, t+1]`` given ``input_ids[:, :t+1]``.
 Normalizers are *global to the optimizer step*: ``num_sequences`` and
 ``num_action_tokens`` count every micro-batch of the step, so summing micro-batch losses
 (gradient accumulation) gives exactly the full-batch loss and gradient.
+
+Every loss that exponentiates a log-ratio goes through ``clamped_exp``: the log-ratio is
+clamped to +-``log_ratio_clamp`` (default ``LOG_RATIO_CLAMP`` = 20, as verl) first, so one
+token whose log-ratio exceeds ~88 cannot overflow float32 into an infinite loss or NaN
+gradients (stale data makes such tokens common). Inside the clamp nothing changes; a token
+beyond it gets the clamp's ratio (e^20 or e^-20) and no gradient through the ratio.
 """
 
 from __future__ import annotations
@@ -27,8 +33,9 @@ class LossInputs:
     * ``weights``: [B] credit-assignment weight (advantage) per sequence.
     * ``old_logprobs``: [B, T-1] behaviour-policy logprobs (0 off-mask) or ``None``.
     * ``ref_logprobs``: [B, T-1] reference-model logprobs or ``None``.
-    * ``proximal_logprobs``: [B, T-1] logprobs under the weights at the start of the
-      optimizer step (0 off-mask), filled for losses with ``requires_proximal_logprobs``.
+    * ``proximal_logprobs``: [B, T-1] proximal-policy logprobs (0 off-mask) or ``None``:
+      log pi_prox of the same tokens under the weights at the start of the optimizer step,
+      computed without gradient (decoupled PPO, arXiv:2505.24298).
     * ``num_sequences`` / ``num_action_tokens``: counts over the whole optimizer step.
     """
 
@@ -56,7 +63,14 @@ class LossOutput:
 @runtime_checkable
 class Loss(Protocol):
     """``requires_old_logprobs`` / ``requires_ref_logprobs`` let the trainer fail before
-    the first forward pass when the data lacks what the loss reads."""
+    the first forward pass when the data lacks what the loss reads.
+
+    Optional: ``requires_proximal_logprobs`` (a bool, False when absent; the trainer reads
+    ``getattr(loss, "requires_proximal_logprobs", False)``). When true, the trainer fills
+    ``LossInputs.proximal_logprobs`` with the logprobs of the weights at the start of the
+    optimizer step (``DecoupledClippedSurrogateLoss``). It is not a Protocol member, so a
+    loss written before it existed still satisfies the contract.
+    """
 
     requires_old_logprobs: bool
     requires_ref_logprobs: bool
@@ -122,6 +136,10 @@ _MISSING_PER_TOKEN = {
     "InferenceSpec(returns=ReturnSpec.for_rl())",
     "ref_logprobs": "needs reference-model logprobs but the batch has none; give the trainer "
     "a reference model, or use the behaviour policy as reference (reference='old')",
+    "proximal_logprobs": "needs proximal logprobs (the policy at the start of the optimizer "
+    "step) but LossInputs.proximal_logprobs is None; the Trainer computes them for a loss "
+    "whose requires_proximal_logprobs is True (check that a wrapping loss forwards that "
+    "flag), or compute them yourself with the step-start weights under torch.no_grad()",
 }
 
 
@@ -133,6 +151,12 @@ def require_old_logprobs(inputs: LossInputs, owner: str) -> torch.Tensor:
 def require_ref_logprobs(inputs: LossInputs, owner: str) -> torch.Tensor:
     """``inputs.ref_logprobs`` [B, T-1], or a ``ValueError`` naming ``owner`` and the fix."""
     return _require_per_token(inputs, owner, "ref_logprobs")
+
+
+def require_proximal_logprobs(inputs: LossInputs, owner: str) -> torch.Tensor:
+    """``inputs.proximal_logprobs`` [B, T-1], or a ``ValueError`` naming ``owner`` and the
+    fix."""
+    return _require_per_token(inputs, owner, "proximal_logprobs")
 
 
 def _require_per_token(inputs: LossInputs, owner: str, field_name: str) -> torch.Tensor:
@@ -175,10 +199,46 @@ def check_aggregation(
     return mode
 
 
-def check_clip_eps(owner: str, **eps: float | None) -> None:
-    """Raise naming the argument when a clip epsilon is negative or not finite."""
+def check_clip_eps(owner: str, *, nullable: tuple[str, ...] = (), **eps: float | None) -> None:
+    """Raise naming the argument when a clip epsilon is negative, not finite, or None
+    (None is allowed only for the names in ``nullable``: no bound on that side)."""
     for name, value in eps.items():
         if value is None:
-            continue
-        if not (value >= 0 and value < float("inf")):
+            if name in nullable:
+                continue
+            raise ValueError(f"{owner}: {name}=None; expected a finite value >= 0")
+        if isinstance(value, bool) or not (value >= 0 and value < float("inf")):
             raise ValueError(f"{owner}: {name}={value!r}; expected a finite value >= 0")
+
+
+LOG_RATIO_CLAMP = 20.0
+"""Default bound on a log-ratio before ``exp`` (as verl): e^20 ~ 4.9e8, far beyond any clip
+range, and far below float32's overflow at e^88."""
+
+
+def clamped_exp(log_ratio: torch.Tensor, log_ratio_clamp: float) -> torch.Tensor:
+    """exp(clamp(log_ratio, -log_ratio_clamp, log_ratio_clamp)): an importance ratio that
+    cannot overflow. Equal to ``exp(log_ratio)`` inside the bound; outside it the ratio is
+    e^+-bound and carries no gradient."""
+    return torch.exp(log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp))
+
+
+def check_log_ratio_clamp(owner: str, log_ratio_clamp: float) -> None:
+    """Raise naming ``log_ratio_clamp`` unless it is a finite value > 0 (<= 80 keeps
+    float32's exp finite)."""
+    if isinstance(log_ratio_clamp, bool) or not (0 < log_ratio_clamp <= 80):
+        raise ValueError(
+            f"{owner}: log_ratio_clamp={log_ratio_clamp!r}; expected 0 < log_ratio_clamp <= 80 "
+            f"(exp overflows float32 past ~88; the default is {LOG_RATIO_CLAMP})"
+        )
+
+
+def check_dual_clip_c(owner: str, dual_clip_c: float | None) -> None:
+    """Raise naming ``dual_clip_c`` unless it is None or a finite value > 1."""
+    if dual_clip_c is None:
+        return
+    if isinstance(dual_clip_c, bool) or not (1 < dual_clip_c < float("inf")):
+        raise ValueError(
+            f"{owner}: dual_clip_c={dual_clip_c!r}; expected a finite value > 1 (the dual-clip "
+            "bound on -A * ratio for negative advantages, verl uses 3.0) or None"
+        )

@@ -26,7 +26,8 @@ class CompositeLoss:
     L = sum_k w_k * L_k(inputs)
     ``terms``: ``(weight, loss)`` or ``(name, weight, loss)`` tuples. Unnamed terms are
     named after their class (``KLPenalty`` -> ``kl_penalty``; repeats get ``_1``, ``_2``).
-    ``requires_old_logprobs`` / ``requires_ref_logprobs`` are true when any term needs them.
+    ``requires_old_logprobs`` / ``requires_ref_logprobs`` / ``requires_proximal_logprobs``
+    are true when any term needs them.
     Reads: whatever the terms read. Stats: ``loss`` (total) and every term's stats as
     ``"<name>/<key>"``.
     """
@@ -75,6 +76,10 @@ class CompositeLoss:
     @property
     def requires_ref_logprobs(self) -> bool:
         return any(loss.requires_ref_logprobs for _, _, loss in self.terms)
+
+    @property
+    def requires_proximal_logprobs(self) -> bool:
+        return any(getattr(loss, "requires_proximal_logprobs", False) for _, _, loss in self.terms)
 
     def __call__(self, inputs: LossInputs) -> LossOutput:
         total: torch.Tensor | None = None

@@ -12,12 +12,15 @@ from typing import ClassVar
 import torch
 
 from ludic.training.losses.base import (
+    LOG_RATIO_CLAMP,
     LossInputs,
     LossOutput,
     TokenAggregation,
     aggregate_tokens,
     check_aggregation,
     check_clip_eps,
+    check_log_ratio_clamp,
+    clamped_exp,
     masked_mean,
     require_old_logprobs,
 )
@@ -40,6 +43,7 @@ class ReinforceLoss:
 
     requires_old_logprobs: ClassVar[bool] = False
     requires_ref_logprobs: ClassVar[bool] = False
+    requires_proximal_logprobs: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         mode = check_aggregation("ReinforceLoss", self.aggregation, self.constant_normalizer)
@@ -64,7 +68,8 @@ class CISPOLoss:
     arXiv:2506.13585, eq. 4).
 
     L = -agg_t( sg(clip(r_t, 1 - eps_low, 1 + eps_high)) * A_i * logp_t ),
-    r_t = exp(logp_t - old_logp_t), sg = stop-gradient.
+    r_t = exp(clamp(logp_t - old_logp_t, -log_ratio_clamp, log_ratio_clamp)),
+    sg = stop-gradient (the clamp only keeps the ratio and its stats finite).
     Unlike PPO no token loses its gradient: the IS weight is truncated, not the update.
     ``clip_eps_low=None`` imposes no lower bound (the paper's setting: "we did not impose
     a lower bound ... only tuned eps_high"). The paper does not publish eps_high; the
@@ -78,14 +83,20 @@ class CISPOLoss:
     clip_eps_high: float = 0.28
     aggregation: TokenAggregation = TokenAggregation.TOKEN_MEAN
     constant_normalizer: int | None = None
+    log_ratio_clamp: float = LOG_RATIO_CLAMP
 
     requires_old_logprobs: ClassVar[bool] = True
     requires_ref_logprobs: ClassVar[bool] = False
+    requires_proximal_logprobs: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         check_clip_eps(
-            "CISPOLoss", clip_eps_low=self.clip_eps_low, clip_eps_high=self.clip_eps_high
+            "CISPOLoss",
+            nullable=("clip_eps_low",),
+            clip_eps_low=self.clip_eps_low,
+            clip_eps_high=self.clip_eps_high,
         )
+        check_log_ratio_clamp("CISPOLoss", self.log_ratio_clamp)
         mode = check_aggregation("CISPOLoss", self.aggregation, self.constant_normalizer)
         object.__setattr__(self, "aggregation", mode)
 
@@ -93,7 +104,7 @@ class CISPOLoss:
         old = require_old_logprobs(inputs, "CISPOLoss")
         mask = inputs.action_mask
         with torch.no_grad():
-            ratio = torch.exp((inputs.logprobs - old) * mask)  # 1.0 off-mask
+            ratio = clamped_exp((inputs.logprobs - old) * mask, self.log_ratio_clamp)  # 1 off-mask
             low = None if self.clip_eps_low is None else 1.0 - self.clip_eps_low
             is_weight = ratio.clamp(min=low, max=1.0 + self.clip_eps_high)
             clipped = (is_weight != ratio).to(mask.dtype)

@@ -8,11 +8,13 @@ from typing import ClassVar, Literal
 import torch
 
 from ludic.training.losses.base import (
+    LOG_RATIO_CLAMP,
     LossInputs,
     LossOutput,
     TokenAggregation,
     aggregate_tokens,
     check_aggregation,
+    check_log_ratio_clamp,
     masked_mean,
     masked_token_entropy,
     require_old_logprobs,
@@ -25,20 +27,26 @@ _ESTIMATORS = ("k1", "k2", "k3")
 _REFERENCES = ("ref", "old")
 
 
-def kl_estimate(log_rho: torch.Tensor, estimator: str) -> torch.Tensor:
+def kl_estimate(
+    log_rho: torch.Tensor, estimator: str, log_ratio_clamp: float = LOG_RATIO_CLAMP
+) -> torch.Tensor:
     """Per-token estimate of KL(pi_theta || pi_ref) from tokens sampled by pi_theta.
 
     ``log_rho`` = log(pi_ref / pi_theta) = ref_logp - logp per token (mask it first: 0.0
     off-mask gives an estimate of exactly 0 there).
-    k1 = -log_rho, k2 = log_rho^2 / 2, k3 = exp(log_rho) - 1 - log_rho
+    k1 = -log_rho, k2 = log_rho^2 / 2, k3 = exp(l) - 1 - l with
+    l = clamp(log_rho, -log_ratio_clamp, log_ratio_clamp)
     (Schulman, http://joschu.net/blog/kl-approx.html; k3 is GRPO's, arXiv:2402.03300 eq. 4).
+    Only k3 exponentiates, so only k3 is clamped: both of its terms use the clamped l, so a
+    token beyond the bound adds a finite constant and no gradient (as verl's low_var_kl).
     """
     if estimator == "k1":
         return -log_rho
     if estimator == "k2":
         return 0.5 * log_rho**2
     if estimator == "k3":
-        return torch.exp(log_rho) - 1.0 - log_rho
+        bounded = log_rho.clamp(-log_ratio_clamp, log_ratio_clamp)
+        return torch.exp(bounded) - 1.0 - bounded
     raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {_ESTIMATORS}")
 
 
@@ -48,7 +56,8 @@ class KLPenalty:
     http://joschu.net/blog/kl-approx.html; GRPO uses k3 with beta=0.04, arXiv:2402.03300).
 
     L = beta * agg_t( k(logp_t, ref_logp_t) ),  TOKEN_MEAN by default,
-    k1 = logp - ref,  k2 = (logp - ref)^2 / 2,  k3 = exp(ref - logp) - 1 - (ref - logp).
+    k1 = logp - ref,  k2 = (logp - ref)^2 / 2,  k3 = exp(l) - 1 - l,
+    l = clamp(ref - logp, -log_ratio_clamp, log_ratio_clamp) (see ``kl_estimate``).
     ``reference="ref"`` reads ``ref_logprobs`` (a frozen reference model); ``"old"`` reads
     ``old_logprobs`` (the behaviour policy). The tokens come from the behaviour policy, so
     the estimate is exact on-policy and approximate off-policy.
@@ -61,6 +70,9 @@ class KLPenalty:
     reference: KLReference = "ref"
     aggregation: TokenAggregation = TokenAggregation.TOKEN_MEAN
     constant_normalizer: int | None = None
+    log_ratio_clamp: float = LOG_RATIO_CLAMP
+
+    requires_proximal_logprobs: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if not (self.beta >= 0 and self.beta < float("inf")):
@@ -74,6 +86,7 @@ class KLPenalty:
                 f"KLPenalty: reference={self.reference!r}; expected 'ref' (reference model) "
                 "or 'old' (behaviour policy)"
             )
+        check_log_ratio_clamp("KLPenalty", self.log_ratio_clamp)
         mode = check_aggregation("KLPenalty", self.aggregation, self.constant_normalizer)
         object.__setattr__(self, "aggregation", mode)
 
@@ -92,7 +105,7 @@ class KLPenalty:
         else:
             ref = require_old_logprobs(inputs, owner)
         log_rho = (ref - inputs.logprobs) * inputs.action_mask  # 0.0 off-mask
-        kl = kl_estimate(log_rho, self.estimator)  # [B, T-1]
+        kl = kl_estimate(log_rho, self.estimator, self.log_ratio_clamp)  # [B, T-1]
         loss = self.beta * aggregate_tokens(
             kl, inputs, self.aggregation, constant_normalizer=self.constant_normalizer
         )
@@ -116,6 +129,7 @@ class EntropyBonus:
 
     requires_old_logprobs: ClassVar[bool] = False
     requires_ref_logprobs: ClassVar[bool] = False
+    requires_proximal_logprobs: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if not (self.coef >= 0 and self.coef < float("inf")):

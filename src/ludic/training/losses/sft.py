@@ -31,6 +31,7 @@ class MaskedCausalLMCrossEntropyLoss:
 
     requires_old_logprobs: ClassVar[bool] = False
     requires_ref_logprobs: ClassVar[bool] = False
+    requires_proximal_logprobs: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         mode = check_aggregation(
