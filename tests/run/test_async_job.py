@@ -53,3 +53,19 @@ def test_keeping_multi_version_items_needs_a_correcting_loss(tmp_path: Path) -> 
     config = _config(tmp_path, "trainer.max_version_span=0", "trainer.version_span=correct")
     with pytest.raises(RunError, match=r"trainer.version_span=correct .* algorithm.name='grpo'"):
         job.train(config)
+
+
+def test_decoupled_grpo_runs_async_with_several_updates_per_batch(tmp_path: Path) -> None:
+    config = _config(
+        tmp_path,
+        "algorithm.name=decoupled_grpo",
+        "trainer.mode=async",
+        "trainer.max_staleness=1",
+        "trainer.ppo_epochs=2",
+        "trainer.num_minibatches=2",
+        "trainer.max_version_span=0",
+        "trainer.version_span=correct",
+    )
+    rl = _records(job.train(config), "rl")
+    assert [r["num_updates"] for r in rl] == [4, 4, 4, 4]
+    assert all(0 < r["loss/behaviour_weight_mean"] < 5 for r in rl)

@@ -218,3 +218,11 @@ def test_items_carry_first_and_last_versions() -> None:
     assert item.version_span == 1
     with pytest.raises(ValueError, match="action_versions has 2 entries for 3"):
         SAWItem((1, 2, 3, 4), (0, 1, 1, 1), weight=1.0, action_versions=(3, 4))
+
+
+def test_one_update_takes_proximal_logprobs_from_its_own_forward(tiny_model) -> None:
+    spy = ProximalSpy()
+    trainer = Trainer(tiny_model, _algorithm(spy), ListSource(SAWBatch(_items(4))), _config())
+    trainer.train_sync(1)
+    ((prox, logp, mask),) = spy.seen
+    assert torch.equal(prox, logp * mask)

@@ -323,9 +323,9 @@ class Trainer(HasTrainingCore):
         """Every update of one trainer step: ``ppo_epochs`` passes of ``num_minibatches``
         mini-batches, each its own optimizer update with its own normalizers."""
         lr = self.core.lr
-        proximal = self._proximal_logprobs(batch.items)
         passes = [self._minibatches(batch.items, epoch) for epoch in range(self.config.ppo_epochs)]
         updates = [mb for minibatches in passes for mb in minibatches]
+        proximal = self._proximal_logprobs(batch.items) if len(updates) > 1 else None
         losses, norms, stats = [], [], dict[str, float]()
         num_microbatches = 0
         for u, items in enumerate(updates):
@@ -360,10 +360,12 @@ class Trainer(HasTrainingCore):
     def _proximal_logprobs(self, items: Sequence[SAWItem]) -> dict[int, torch.Tensor] | None:
         """pi_prox: each item's next-token logprobs [T-1] under the weights at the start of
         the step (no grad), for losses with ``requires_proximal_logprobs`` (decoupled PPO,
-        truncated importance sampling); keyed by ``id(item)``."""
+        truncated importance sampling) when the step makes several updates (with one, the
+        update's own forward gives them); keyed by ``id(item)``."""
         if not getattr(self.loss, "requires_proximal_logprobs", False):
             return None
         out: dict[int, torch.Tensor] = {}
+        self.model.train()  # the mode of the gradient forward (dropout alike)
         with torch.no_grad():
             for mb_items in split_microbatches(items, self.config.max_tokens_per_microbatch):
                 mb = collate(mb_items, self.config.pad_token_id, self.device)
@@ -413,6 +415,7 @@ class Trainer(HasTrainingCore):
         if self.reference_model is not None and getattr(self.loss, "requires_ref_logprobs", False):
             with torch.no_grad():
                 ref_logprobs = token_logprobs(self._forward(self.reference_model, mb), mb.input_ids)
+        logprobs = token_logprobs(logits, mb.input_ids)  # [B, T-1]
         extra: dict[str, Any] = {}
         if proximal is not None:
             rows = torch.zeros_like(mb.action_mask)
@@ -420,9 +423,12 @@ class Trainer(HasTrainingCore):
                 values = proximal[id(item)]
                 rows[row, : values.shape[0]] = values
             extra["proximal_logprobs"] = rows * mb.action_mask  # 0.0 off-mask, as old_logprobs
+        elif getattr(self.loss, "requires_proximal_logprobs", False):
+            # One update per step: the weights at its start are the ones of this forward.
+            extra["proximal_logprobs"] = logprobs.detach() * mb.action_mask
         return LossInputs(
             logits=logits,
-            logprobs=token_logprobs(logits, mb.input_ids),  # [B, T-1]
+            logprobs=logprobs,
             action_mask=mb.action_mask,
             weights=mb.weights,
             num_sequences=totals.num_sequences,
