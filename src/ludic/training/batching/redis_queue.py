@@ -52,6 +52,8 @@ from typing import Any, TypeVar
 
 try:
     import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(
         "the Redis pipeline needs the `redis` client: pip install 'ludic-rl[redis]'"
@@ -179,9 +181,13 @@ class RedisBatchQueue:
         self.push_timeout_s = push_timeout_s
         self.block_s = block_s
         self.reconnect_timeout_s = reconnect_timeout_s
-        # The socket timeout must outlast a blocking BLMOVE.
+        # The socket timeout must outlast a blocking BLMOVE. The client's own retries are
+        # off: _retry owns the policy, and every write re-checks its state before redoing.
         self.client = redis.Redis.from_url(
-            url, socket_connect_timeout=2.0, socket_timeout=block_s + 5.0
+            url,
+            socket_connect_timeout=2.0,
+            socket_timeout=block_s + 5.0,
+            retry=Retry(NoBackoff(), 0),
         )
         self._held: set[str] = set()  # ids this handle took and has not finished
 
@@ -260,7 +266,7 @@ class RedisBatchQueue:
             if now >= deadline:
                 raise QueueFullError(
                     f"queue {k.queue} stayed full ({self.max_queued} batches) for "
-                    f"{timeout_s:.0f}s while pushing {batch_id}: the learner is not taking "
+                    f"{timeout_s:g}s while pushing {batch_id}: the learner is not taking "
                     "batches. Is it running on this prefix? (raise max_queued or push_timeout_s "
                     "to wait longer)"
                 )

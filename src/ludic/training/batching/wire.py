@@ -351,7 +351,7 @@ def _build_items(
         raise WireFormatError("array input_ids has a negative token id")
     if not np.isfinite(a["weight"]).all():
         bad = int(np.flatnonzero(~np.isfinite(a["weight"]))[0])
-        raise WireFormatError(f"item {bad}: weight is {a['weight'][bad]!r} (must be finite)")
+        raise WireFormatError(f"item {bad}: weight is {float(a['weight'][bad])} (must be finite)")
     starts = np.concatenate(([0], np.cumsum(lengths)))
     mask = a["action_mask"]
     actions = np.array([int(mask[starts[i] : starts[i + 1]].sum()) for i in range(n)])
