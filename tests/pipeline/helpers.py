@@ -36,3 +36,22 @@ def new_queue(server: RedisServer, **kwargs) -> RedisBatchQueue:
     kwargs.setdefault("block_s", 0.2)
     kwargs.setdefault("reconnect_timeout_s", 5.0)
     return RedisBatchQueue(server.url, prefix=prefix, **kwargs)
+
+
+def rollout_source(num_rollouts: int = 2, completion: tuple[int, ...] = (4, 5)):
+    """A real RolloutBatchSource on the fake one-step env/protocol of tests/rollouts/fakes."""
+    from tests.rollouts.fakes import make_fakes
+
+    from ludic.rollouts.engine import RolloutEngine
+    from ludic.training.batching.synced_batching import RolloutBatchSource
+    from ludic.training.types import EnvSpec, ProtocolSpec, RolloutRequest
+
+    fakes = make_fakes()
+    engine = RolloutEngine(
+        {"fake": fakes.FakeEnv}, {"fake": lambda: fakes.FakeProtocol(completion=completion)}
+    )
+
+    def requests() -> list[RolloutRequest]:
+        return [RolloutRequest(EnvSpec("fake"), ProtocolSpec("fake")) for _ in range(num_rollouts)]
+
+    return RolloutBatchSource(engine, requests, fakes.TurnRewardCredit())

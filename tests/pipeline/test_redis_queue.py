@@ -58,7 +58,9 @@ def test_a_full_queue_blocks_the_actor_and_times_out(redis_server) -> None:
     q.push("b0", b"x")
     q.push("b1", b"x")
     started = time.monotonic()
-    with pytest.raises(QueueFullError, match=r"stayed full \(2 batches\) for 0.3s while pushing b2"):
+    with pytest.raises(
+        QueueFullError, match=r"stayed full \(2 batches\) for 0.3s while pushing b2"
+    ):
         q.push("b2", b"x", timeout_s=0.3)
     assert time.monotonic() - started >= 0.3
     assert q.queued() == 2

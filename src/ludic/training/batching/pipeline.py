@@ -168,7 +168,7 @@ class PipelineBatchSource:
                         "queue is empty"
                     )
                 raise TimeoutError(
-                    f"no batch in {self.queue.keys.queue} for {self.batch_timeout_s:.0f}s: "
+                    f"no batch in {self.queue.keys.queue} for {self.batch_timeout_s:g}s: "
                     "are actors running on this prefix (and admitted: see max_staleness)?"
                 )
             try:
@@ -344,7 +344,9 @@ def _stamp_versions(batch: SAWBatch, version: int | None) -> SAWBatch:
     if version is None or all(item.policy_version is not None for item in batch.items):
         return batch
     items = [
-        item if item.policy_version is not None else dataclasses.replace(item, policy_version=version)
+        item
+        if item.policy_version is not None
+        else dataclasses.replace(item, policy_version=version)
         for item in batch.items
     ]
     return SAWBatch(items=items, meta=batch.meta)

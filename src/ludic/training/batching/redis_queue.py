@@ -171,8 +171,7 @@ class RedisBatchQueue:
             raise ValueError(f"RedisBatchQueue: max_queued must be >= 1, got {max_queued}")
         if block_s <= 0 or reconnect_timeout_s < 0 or push_timeout_s < 0:
             raise ValueError(
-                "RedisBatchQueue: block_s must be > 0 and push_timeout_s, "
-                "reconnect_timeout_s >= 0"
+                "RedisBatchQueue: block_s must be > 0 and push_timeout_s, reconnect_timeout_s >= 0"
             )
         self.url = url
         self.keys = RedisKeys(prefix)
@@ -279,7 +278,9 @@ class RedisBatchQueue:
         self._retry("close the queue", lambda: self.client.set(self.keys.closed, 1))
 
     def is_closed(self) -> bool:
-        return bool(self._retry("read the closed flag", lambda: self.client.exists(self.keys.closed)))
+        return bool(
+            self._retry("read the closed flag", lambda: self.client.exists(self.keys.closed))
+        )
 
     # -------------------------------------------------------------------- learner side
     def requeue_unacked(self) -> int:
@@ -296,7 +297,9 @@ class RedisBatchQueue:
                 break
             moved += 1
         if moved:
-            self._retry("count requeued", lambda: self.client.hincrby(k.stats, "requeued_batches", moved))
+            self._retry(
+                "count requeued", lambda: self.client.hincrby(k.stats, "requeued_batches", moved)
+            )
         self._held.clear()
         return moved
 
@@ -311,12 +314,11 @@ class RedisBatchQueue:
             block = max(min(self.block_s, deadline - time.monotonic()), 0.01)
             batch_id = self._retry("take a batch", lambda b=block: self._adopt_or_move(b))
             if batch_id is not None:
-                payload = self._retry(
-                    f"read batch {batch_id}", lambda: self.client.get(self.keys.payload(batch_id))
-                )
+                key = self.keys.payload(batch_id)
+                payload = self._retry(f"read {key}", lambda key=key: self.client.get(key))
                 if payload is not None:
                     return TakenBatch(batch_id, payload)
-                self.reject(batch_id, f"no payload stored under {self.keys.payload(batch_id)}")
+                self.reject(batch_id, f"no payload stored under {key}")
                 continue
             if time.monotonic() >= deadline or self.is_closed():
                 return None
