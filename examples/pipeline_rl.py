@@ -158,6 +158,7 @@ def main(args: Args) -> None:
     try:
         grpo = make_grpo(group_size=args.group_size)
         learner_queue = RedisBatchQueue(url, prefix=args.prefix, max_queued=args.max_queued)
+        learner_queue.purge()  # a new run: forget what an earlier one left under this prefix
         source = PipelineBatchSource(learner_queue, max_staleness=args.max_staleness)
         trainer = Trainer(
             policy,

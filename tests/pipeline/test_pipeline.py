@@ -107,13 +107,37 @@ def test_admission_control_holds_an_actor_max_staleness_batches_ahead(
         return await actor
 
     assert asyncio.run(main()) == ["batch-0", "batch-1", "batch-2"]
-    # The claim for batch 3 stays with actor "a"; a timeout names what it waits for.
-    with pytest.raises(AdmissionTimeoutError, match=r"batch 3 waits for the learner to finish 2"):
+    # Stopped while waiting, the actor gave batch 3 up: it counts as finished.
+    assert learner_q.counters()["abandoned_claims"] == 1
+    assert learner_q.finished_batches() == 2
+    with pytest.raises(AdmissionTimeoutError, match=r"batch 4 waits for the learner to finish 3"):
         asyncio.run(
             run_pipeline_actor(
                 rollout_source(), actor_q, actor_id="a", max_staleness=1, admission_timeout_s=0.2
             )
         )
+
+
+class TwoBatches:
+    """A finite BatchSource: two batches, then DataExhausted."""
+
+    def __init__(self) -> None:
+        self.left = 2
+
+    async def next_batch(self) -> SAWBatch:
+        if not self.left:
+            raise DataExhausted("no more prompts")
+        self.left -= 1
+        return SAWBatch(_items(0, 0))
+
+
+def test_an_actor_whose_source_runs_out_gives_up_its_claim(redis_server) -> None:
+    q = new_queue(redis_server, max_queued=8)
+    pushed = asyncio.run(run_pipeline_actor(TwoBatches(), q, actor_id="a", max_staleness=None))
+    assert pushed == ["batch-0", "batch-1"]
+    assert q.counters()["abandoned_claims"] == 1
+    assert q.client.hlen(q.keys.claims) == 0
+    assert q.claim_index("a") == 3
 
 
 def test_an_actor_with_another_max_staleness_than_the_learner_is_refused(redis_server) -> None:

@@ -161,6 +161,16 @@ def test_claims_are_kept_per_actor_until_its_push(redis_server) -> None:
     assert q.claim_index("a") == 2
 
 
+def test_purge_deletes_only_this_prefix(redis_server) -> None:
+    q, other = new_queue(redis_server), new_queue(redis_server)
+    for queue in (q, other):
+        queue.push("b0", b"x")
+        queue.take(timeout_s=1.0)
+    assert q.purge() == 4  # payload:b0, processing:learner, produced, stats
+    assert q.client.keys(f"{q.keys.prefix}:*") == []
+    assert other.client.keys(f"{other.keys.prefix}:*") != []
+
+
 def test_take_returns_at_once_when_producers_closed_an_empty_queue(redis_server) -> None:
     q = new_queue(redis_server, block_s=0.1)
     q.push("b0", b"x")

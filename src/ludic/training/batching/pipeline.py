@@ -26,8 +26,9 @@ staler than ``max_staleness`` before the Trainer sees them and counts them in
 ``batch.meta["pipeline_dropped_stale"]`` (logged by the Trainer as
 ``batch/pipeline_dropped_stale``). Admission control makes such drops rare: actor ``k``
 starts only once the learner has finished ``k - max_staleness`` batches. It counts
-finished batches (trained, dropped or dead) rather than versions so that a dropped or
-rejected batch cannot stall the actors forever.
+finished batch indices (trained, dropped, dead, or claims abandoned by a stopping actor)
+rather than versions, so that a batch that is dropped, rejected or never made cannot stall
+the actors forever.
 
 **TrainerConfig.max_lag.** The Trainer drops items with ``policy_version < step - max_lag``
 by the same rule. With this source leave ``max_lag=None`` (the source already enforces
@@ -275,7 +276,8 @@ async def run_pipeline_actor(
     Returns the pushed batch ids (each push confirmed by Redis).
 
     * ``actor_id``: unique among running actors; an actor restarted with the same id
-      regenerates the batch index it had claimed.
+      regenerates the batch index it had claimed. An actor that stops (``stop``, the
+      source's ``DataExhausted``) abandons its claim so it does not hold others back.
     * ``max_staleness``: must equal the learner's (checked against ``P:max_staleness``);
       batch ``k`` starts once the learner has finished ``k - max_staleness`` batches.
     * ``policy_version``: the version the actor's inference runs (e.g. the client's
@@ -295,11 +297,13 @@ async def run_pipeline_actor(
             break
         index = await asyncio.to_thread(queue.claim_index, actor_id)
         if not await _admitted(queue, index, max_staleness, stop_set, admission_timeout_s, poll_s):
+            await asyncio.to_thread(queue.abandon_claim, actor_id)
             break
         version = policy_version() if policy_version is not None else None
         try:
             batch = await source.next_batch()
         except DataExhausted:
+            await asyncio.to_thread(queue.abandon_claim, actor_id)
             break
         producer = Producer(f"batch-{index}", actor_id, index, _producer_version(batch, version))
         payload = encode_batch(_stamp_versions(batch, version), producer)

@@ -78,9 +78,11 @@ COUNTERS = (
     "dropped_items",
     "dead_batches",
     "requeued_batches",
+    "abandoned_claims",
 )
 """Names in ``P:stats``. ``dropped_items`` counts stale items, whether their whole batch was
-dropped or only part of it (the rest trained)."""
+dropped or only part of it (the rest trained). ``abandoned_claims``: batch indices an actor
+claimed and gave up (it stopped, or its source ran out) without pushing."""
 
 
 class PipelineConnectionError(ConnectionError):
@@ -272,6 +274,26 @@ class RedisBatchQueue:
             time.sleep(min(delay, deadline - now))
             delay = min(delay * 2, 0.25)
 
+    def abandon_claim(self, actor_id: str) -> bool:
+        """Give up ``actor_id``'s claimed batch index without pushing it (the actor stops);
+        admission control then counts it as finished, so later indices are not held back
+        by a batch that will never come. Returns False if the actor held no claim. (An
+        actor killed outright keeps its claim: restart it under the same id, or call this.)
+        """
+        k = self.keys
+
+        def attempt(pipe: Any) -> bool:
+            pipe.watch(k.claims)
+            if pipe.hget(k.claims, actor_id) is None:
+                return False
+            pipe.multi()
+            pipe.hdel(k.claims, actor_id)
+            pipe.hincrby(k.stats, "abandoned_claims", 1)
+            pipe.execute()
+            return True
+
+        return self._transaction(f"abandon the claim of actor {actor_id!r}", attempt)
+
     def close_producing(self) -> None:
         """Mark the pipeline's producers as done: once the queue is empty, ``take`` stops
         waiting and the learner's batch source raises ``DataExhausted``."""
@@ -409,10 +431,13 @@ class RedisBatchQueue:
         self._retry("write the version", lambda: self.client.set(self.keys.version, version))
 
     def finished_batches(self) -> int:
-        """Batches the learner is done with: trained + dropped + dead (admission control
-        counts these, so a dropped or rejected batch does not hold actors back)."""
+        """Batch indices that are done: trained + dropped + dead + abandoned claims.
+        Admission control counts these (not versions), so a dropped, rejected or abandoned
+        batch does not hold actors back forever."""
         c = self.counters()
-        return c["trained_batches"] + c["dropped_batches"] + c["dead_batches"]
+        return (
+            c["trained_batches"] + c["dropped_batches"] + c["dead_batches"] + c["abandoned_claims"]
+        )
 
     def counters(self) -> dict[str, int]:
         raw = self._retry("read counters", lambda: self.client.hmget(self.keys.stats, COUNTERS))
@@ -438,6 +463,16 @@ class RedisBatchQueue:
             "write max_staleness",
             lambda: self.client.set(self.keys.max_staleness, "none" if value is None else value),
         )
+
+    def purge(self) -> int:
+        """Delete every key under this prefix (start a run afresh); returns how many."""
+
+        def delete_all() -> int:
+            keys = list(self.client.scan_iter(match=f"{self.keys.prefix}:*", count=500))
+            return int(self.client.delete(*keys)) if keys else 0
+
+        self._held.clear()
+        return self._retry(f"purge prefix {self.keys.prefix!r}", delete_all)
 
     # -------------------------------------------------------------------- plumbing
     def _transaction(self, what: str, attempt: Callable[[Any], T]) -> T:
