@@ -17,8 +17,9 @@ Learner, :class:`PipelineBatchSource` (a ``BatchSource`` for the ``Trainer``)::
 
 **Versions.** One trained batch is one optimizer step, so the learner's policy version
 advances by one per :meth:`PipelineBatchSource.mark_trained`, like ``Trainer.step``; it is
-written to ``P:version`` in the ack's transaction. A learner resuming from a checkpoint
-passes ``version=trainer.step`` (or calls :meth:`PipelineBatchSource.set_version`).
+written to ``P:version`` in the ack's transaction. A fresh learner continues from
+``P:version`` (set ``trainer.step = source.version``); one resuming from a checkpoint calls
+``source.set_version(trainer.step)`` after ``trainer.resume()``.
 
 **Staleness.** An item's staleness is ``version - item.policy_version`` (the oldest token's
 version; the producer's declared version when the item has none). The learner drops items

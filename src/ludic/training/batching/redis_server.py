@@ -21,9 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import redis
-
 from ludic.distributed.weight_transfer.groups import free_port
+from ludic.training.batching.redis_queue import redis  # the guarded import of the client
 
 __all__ = ["RedisServer", "start_redis_server"]
 
