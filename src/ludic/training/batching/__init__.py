@@ -27,6 +27,19 @@ _EXPORTS: dict[str, str] = {
     "EmptyBatchError": "ludic.training.batching.synced_batching",
     "RolloutBatchSource": "ludic.training.batching.synced_batching",
     "AsyncBatchSource": "ludic.training.batching.async_source",
+    "PipelineBatchSource": "ludic.training.batching.pipeline",
+    "run_pipeline_actor": "ludic.training.batching.pipeline",
+    "AdmissionTimeoutError": "ludic.training.batching.pipeline",
+    "RedisBatchQueue": "ludic.training.batching.redis_queue",
+    "PipelineConnectionError": "ludic.training.batching.redis_queue",
+    "PipelineStateError": "ludic.training.batching.redis_queue",
+    "QueueFullError": "ludic.training.batching.redis_queue",
+    "RedisServer": "ludic.training.batching.redis_server",
+    "start_redis_server": "ludic.training.batching.redis_server",
+    "Producer": "ludic.training.batching.wire",
+    "WireFormatError": "ludic.training.batching.wire",
+    "decode_batch": "ludic.training.batching.wire",
+    "encode_batch": "ludic.training.batching.wire",
 }
 
 __getattr__, __all__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -1,0 +1,364 @@
+"""The actor/learner pipeline: actors generate batches into Redis, a learner trains on them.
+
+Actor (any number, each with a unique ``actor_id``), :func:`run_pipeline_actor`::
+
+    k = queue.claim_index(actor_id)             global batch index (INCR, kept per actor)
+    wait until finished_batches >= k - max_staleness     admission control (AReaL)
+    batch = await source.next_batch()           e.g. a RolloutBatchSource
+    queue.push(encode_batch(batch, producer))   blocks while the queue is full
+
+Learner, :class:`PipelineBatchSource` (a ``BatchSource`` for the ``Trainer``)::
+
+    on start: requeue_unacked(); version = P:version (or the given one)
+    next_batch: take -> decode (a bad payload goes to P:dead, the next one is taken)
+                -> drop items with policy_version < version - max_staleness
+                   (all of them stale: the batch goes to P:dropped, the next one is taken)
+    mark_trained(batch), after the optimizer step: ack (P:trained), version += 1
+
+**Versions.** One trained batch is one optimizer step, so the learner's policy version
+advances by one per :meth:`PipelineBatchSource.mark_trained`, like ``Trainer.step``; it is
+written to ``P:version`` in the ack's transaction. A fresh learner continues from
+``P:version`` (set ``trainer.step = source.version``); one resuming from a checkpoint calls
+``source.set_version(trainer.step)`` after ``trainer.resume()``.
+
+**Staleness.** An item's staleness is ``version - item.policy_version`` (the oldest token's
+version; the producer's declared version when the item has none). The learner drops items
+staler than ``max_staleness`` before the Trainer sees them and counts them in
+``batch.meta["pipeline_dropped_stale"]`` (logged by the Trainer as
+``batch/pipeline_dropped_stale``). Admission control makes such drops rare: actor ``k``
+starts only once the learner has finished ``k - max_staleness`` batches. It counts
+finished batch indices (trained, dropped, dead, or claims abandoned by a stopping actor)
+rather than versions, so that a batch that is dropped, rejected or never made cannot stall
+the actors forever.
+
+**TrainerConfig.max_lag.** The Trainer drops items with ``policy_version < step - max_lag``
+by the same rule. With this source leave ``max_lag=None`` (the source already enforces
+``max_staleness``) or set it to ``max_staleness``: with the Trainer's step equal to the
+source's version it then drops nothing more. A smaller ``max_lag`` drops items that the
+pipeline records as trained (they show up in the Trainer's ``dropped/stale`` metric).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from ludic.training.batching.redis_queue import RedisBatchQueue
+from ludic.training.batching.wire import (
+    Producer,
+    WireBatch,
+    WireFormatError,
+    decode_batch,
+    encode_batch,
+)
+from ludic.training.types import BatchSource, DataExhausted, SAWBatch, SAWItem
+
+__all__ = [
+    "META_ACTOR_ID",
+    "META_BATCH_ID",
+    "AdmissionTimeoutError",
+    "PipelineBatchSource",
+    "run_pipeline_actor",
+]
+
+log = logging.getLogger(__name__)
+
+META_BATCH_ID = "pipeline_batch_id"
+META_ACTOR_ID = "pipeline_actor_id"
+
+
+class AdmissionTimeoutError(TimeoutError):
+    """An actor waited longer than ``admission_timeout_s`` for the learner to catch up."""
+
+
+class StopFlag(Protocol):
+    """``asyncio.Event``, ``threading.Event`` or anything with ``is_set()``."""
+
+    def is_set(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    producer: Producer
+    num_items: int
+    dropped_items: int
+
+
+# ------------------------------------------------------------------------------- learner
+class PipelineBatchSource:
+    """Learner side: a ``BatchSource`` that takes batches from a :class:`RedisBatchQueue`.
+
+    * ``max_staleness``: drop items older than ``version - max_staleness`` (``None``: keep
+      all). Written to ``P:max_staleness`` so actors can check they use the same value.
+    * ``batch_timeout_s``: ``next_batch`` raises ``TimeoutError`` after this long without
+      a batch (it never blocks forever), or ``DataExhausted`` once producers closed the
+      queue and it is empty.
+    * ``version``: the learner's policy version to start from; default ``P:version``
+      (0 on a fresh prefix).
+
+    Call :meth:`mark_trained` with each batch after its optimizer step; until then the
+    batch stays in the learner's processing list and a crash puts it back in the queue.
+    ``last_batch`` is the latest batch handed out.
+    """
+
+    def __init__(
+        self,
+        queue: RedisBatchQueue,
+        *,
+        max_staleness: int | None,
+        batch_timeout_s: float = 600.0,
+        version: int | None = None,
+    ) -> None:
+        if max_staleness is not None and max_staleness < 0:
+            raise ValueError(
+                f"PipelineBatchSource: max_staleness must be >= 0 or None, got {max_staleness}"
+            )
+        self.queue = queue
+        self.max_staleness = max_staleness
+        self.batch_timeout_s = batch_timeout_s
+        self._version = version
+        self._started = False
+        self._in_flight: dict[str, _InFlight] = {}
+        self.last_batch: SAWBatch | None = None
+
+    @property
+    def version(self) -> int:
+        """The learner's policy version (starts the source on first use)."""
+        self._start()
+        assert self._version is not None
+        return self._version
+
+    def set_version(self, version: int) -> None:
+        """Set the policy version (e.g. ``trainer.step`` after a resume) here and in Redis."""
+        self._start()
+        self.queue.set_version(version)
+        self._version = version
+
+    def _start(self) -> None:
+        if self._started:
+            return
+        requeued = self.queue.requeue_unacked()
+        if requeued:
+            log.warning(
+                "learner %r: %d unacknowledged batch(es) from an earlier run went back to "
+                "the queue",
+                self.queue.learner_id,
+                requeued,
+            )
+        if self._version is None:
+            self._version = self.queue.version() or 0
+        self.queue.set_version(self._version)
+        self.queue.set_max_staleness(self.max_staleness)
+        self._started = True
+
+    async def next_batch(self) -> SAWBatch:
+        await asyncio.to_thread(self._start)
+        deadline = time.monotonic() + self.batch_timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            taken = await asyncio.to_thread(self.queue.take, max(remaining, 0.0))
+            if taken is None:
+                if await asyncio.to_thread(self.queue.is_closed):
+                    raise DataExhausted(
+                        f"pipeline {self.queue.keys.prefix}: producers are done and the "
+                        "queue is empty"
+                    )
+                raise TimeoutError(
+                    f"no batch in {self.queue.keys.queue} for {self.batch_timeout_s:g}s: "
+                    "are actors running on this prefix (and admitted: see max_staleness)?"
+                )
+            try:
+                wire = decode_batch(taken.payload or b"")
+                if wire.producer.batch_id != taken.batch_id:
+                    raise WireFormatError(
+                        f"payload says batch {wire.producer.batch_id!r} but was queued as "
+                        f"{taken.batch_id!r}"
+                    )
+            except WireFormatError as err:
+                log.error("rejected batch %s (moved to dead): %s", taken.batch_id, err)
+                await asyncio.to_thread(self.queue.reject, taken.batch_id, str(err))
+                continue
+            batch, record = self._select(wire)
+            if batch is not None:
+                self.last_batch = batch
+                return batch
+            log.warning(
+                "dropped batch %s: all %d items older than version %d - max_staleness %s",
+                taken.batch_id,
+                record["dropped_items"],
+                record["version"],
+                self.max_staleness,
+            )
+            await asyncio.to_thread(self.queue.drop, taken.batch_id, record)
+
+    def _select(self, wire: WireBatch) -> tuple[SAWBatch | None, dict[str, int | str]]:
+        """Drop stale items: the batch of fresh ones (``None`` if none is left) and the
+        record for the queue."""
+        version, producer = self.version, wire.producer
+        fresh: list[SAWItem] = []
+        staleness: list[int] = []
+        for item in wire.batch.items:
+            item_version = item.policy_version
+            if item_version is None:
+                item_version = producer.policy_version
+            lag = None if item_version is None else version - item_version
+            if lag is not None and self.max_staleness is not None and lag > self.max_staleness:
+                continue
+            fresh.append(item)
+            if lag is not None:
+                staleness.append(lag)
+        dropped = len(wire.batch.items) - len(fresh)
+        record = {
+            "actor_id": producer.actor_id,
+            "batch_index": producer.batch_index,
+            "version": version,
+            "num_items": len(fresh),
+            "dropped_items": dropped,
+        }
+        if not fresh:
+            return None, record
+        self._in_flight[producer.batch_id] = _InFlight(producer, len(fresh), dropped)
+        meta = {
+            **wire.batch.meta,
+            META_BATCH_ID: producer.batch_id,
+            META_ACTOR_ID: producer.actor_id,
+            "pipeline_batch_index": producer.batch_index,
+            "pipeline_dropped_stale": dropped,
+            "pipeline_staleness_mean": statistics.fmean(staleness) if staleness else 0.0,
+            "pipeline_staleness_max": max(staleness, default=0),
+        }
+        return SAWBatch(items=fresh, meta=meta), record
+
+    def mark_trained(self, batch: SAWBatch) -> None:
+        """Acknowledge ``batch`` (one this source returned) after its optimizer step:
+        record it in ``P:trained`` and advance the policy version by one, atomically."""
+        batch_id = batch.meta.get(META_BATCH_ID)
+        info = self._in_flight.get(batch_id) if isinstance(batch_id, str) else None
+        if info is None:
+            raise ValueError(
+                f"mark_trained: batch {batch_id!r} was not handed out by this "
+                "PipelineBatchSource or was already marked; pass the batch next_batch "
+                f"returned (its meta keeps {META_BATCH_ID!r})"
+            )
+        version = self.version + 1
+        record = {
+            "actor_id": info.producer.actor_id,
+            "batch_index": info.producer.batch_index,
+            "version": version,
+            "num_items": info.num_items,
+            "dropped_items": info.dropped_items,
+        }
+        self.queue.ack(info.producer.batch_id, record, version=version)
+        del self._in_flight[info.producer.batch_id]
+        self._version = version
+
+
+# ------------------------------------------------------------------------------- actor
+async def run_pipeline_actor(
+    source: BatchSource,
+    queue: RedisBatchQueue,
+    *,
+    actor_id: str,
+    max_staleness: int | None,
+    num_batches: int | None = None,
+    stop: StopFlag | None = None,
+    policy_version: Callable[[], int | None] | None = None,
+    admission_timeout_s: float = 600.0,
+    poll_s: float = 0.05,
+) -> list[str]:
+    """Pull batches from ``source`` and push them to ``queue`` until ``num_batches`` are
+    pushed, ``stop`` is set, the source raises ``DataExhausted`` or the queue is closed.
+    Returns the pushed batch ids (each push confirmed by Redis).
+
+    * ``actor_id``: unique among running actors; an actor restarted with the same id
+      regenerates the batch index it had claimed. An actor that stops (``stop``, the
+      source's ``DataExhausted``) abandons its claim so it does not hold others back.
+    * ``max_staleness``: must equal the learner's (checked against ``P:max_staleness``);
+      batch ``k`` starts once the learner has finished ``k - max_staleness`` batches.
+    * ``policy_version``: the version the actor's inference runs (e.g. the client's
+      synced version), read before each batch: stamped on items that carry none and sent
+      as the producer's version.
+    """
+    stop_set = stop.is_set if stop is not None else lambda: False
+    announced = await asyncio.to_thread(queue.max_staleness)
+    if announced is not None and announced != max_staleness:
+        raise ValueError(
+            f"actor {actor_id!r}: max_staleness={max_staleness} but the learner on "
+            f"{queue.keys.prefix!r} uses {announced}; start actors with the learner's value"
+        )
+    pushed: list[str] = []
+    while num_batches is None or len(pushed) < num_batches:
+        if stop_set() or await asyncio.to_thread(queue.is_closed):
+            break
+        index = await asyncio.to_thread(queue.claim_index, actor_id)
+        if not await _admitted(queue, index, max_staleness, stop_set, admission_timeout_s, poll_s):
+            await asyncio.to_thread(queue.abandon_claim, actor_id)
+            break
+        version = policy_version() if policy_version is not None else None
+        try:
+            batch = await source.next_batch()
+        except DataExhausted:
+            await asyncio.to_thread(queue.abandon_claim, actor_id)
+            break
+        producer = Producer(f"batch-{index}", actor_id, index, _producer_version(batch, version))
+        payload = encode_batch(_stamp_versions(batch, version), producer)
+        info = {"batch_index": index, "num_items": len(batch.items)}
+        await asyncio.to_thread(
+            queue.push, producer.batch_id, payload, actor_id=actor_id, info=info
+        )
+        pushed.append(producer.batch_id)
+    return pushed
+
+
+async def _admitted(
+    queue: RedisBatchQueue,
+    index: int,
+    max_staleness: int | None,
+    stop_set: Callable[[], bool],
+    timeout_s: float,
+    poll_s: float,
+) -> bool:
+    """Wait until batch ``index`` may start (True), or ``stop`` is set (False)."""
+    if max_staleness is None:
+        return True
+    needed = index - max_staleness
+    deadline = time.monotonic() + timeout_s
+    while True:
+        finished = await asyncio.to_thread(queue.finished_batches)
+        if finished >= needed:
+            return True
+        if stop_set():
+            return False
+        if time.monotonic() >= deadline:
+            raise AdmissionTimeoutError(
+                f"batch {index} waits for the learner to finish {needed} batches "
+                f"(index - max_staleness={max_staleness}); it has finished {finished} after "
+                f"{timeout_s:.0f}s. Is the learner running on {queue.keys.prefix!r}?"
+            )
+        await asyncio.sleep(poll_s)
+
+
+def _stamp_versions(batch: SAWBatch, version: int | None) -> SAWBatch:
+    """Items without a policy version get ``version`` (the actor's, at generation start)."""
+    if version is None or all(item.policy_version is not None for item in batch.items):
+        return batch
+    items = [
+        item
+        if item.policy_version is not None
+        else dataclasses.replace(item, policy_version=version)
+        for item in batch.items
+    ]
+    return SAWBatch(items=items, meta=batch.meta)
+
+
+def _producer_version(batch: SAWBatch, version: int | None) -> int | None:
+    if version is not None:
+        return version
+    known = [item.policy_version for item in batch.items if item.policy_version is not None]
+    return min(known, default=None)

@@ -1,0 +1,510 @@
+"""A reliable, bounded batch queue on Redis for the actor/learner pipeline.
+
+Payloads are opaque bytes here (see :mod:`ludic.training.batching.wire`); batches are
+named by a ``batch_id`` unique within a ``prefix``. Several runs share one Redis through
+their prefixes. Keys (``P`` = prefix)::
+
+    P:queue                  list of batch ids; actors LPUSH, the learner takes from the right
+    P:payload:<id>           the payload of a queued or in-flight batch
+    P:processing:<learner>   ids a learner has taken and not yet acknowledged
+    P:produced               hash id -> JSON (actor, batch_index, num_items, pushed_at)
+    P:trained                hash id -> JSON record of the step that trained it
+    P:dropped                hash id -> JSON record (every item was too stale to train on)
+    P:dead                   hash id -> JSON {error, at}: payloads that failed to decode
+    P:dead_payload:<id>      the rejected bytes, kept for inspection
+    P:stats                  hash of counters (pushed/trained/dropped/dead/requeued ...)
+    P:version                the learner's policy version
+    P:next_index             global batch-index counter; P:claims hash actor -> claimed index
+    P:max_staleness          the learner's max_staleness (actors check they agree)
+    P:closed                 set when producers are done: an empty queue then ends training
+
+Guarantees:
+
+* **Reliable queue.** ``take`` moves an id from ``P:queue`` into the learner's processing
+  list with one ``BLMOVE`` (blocking at most ``block_s`` per call, so nothing hangs).
+  ``ack`` / ``drop`` / ``reject`` remove it from there and write its record and counters
+  in one ``MULTI``/``EXEC`` transaction (under ``WATCH``), and refuse an id this learner
+  does not hold. A learner killed between ``take`` and ``ack`` leaves the id in its
+  processing list; :meth:`RedisBatchQueue.requeue_unacked` (run when a learner starts)
+  moves such ids back to the head of the queue, oldest next. Each id ends in exactly one
+  of ``P:trained``, ``P:dropped`` or ``P:dead``.
+* **Backpressure.** The queue holds at most ``max_queued`` batches (checked and pushed
+  under ``WATCH``, so concurrent actors cannot overfill it). When it is full ``push``
+  blocks, polling with a backoff from 10 ms to 250 ms, until there is room or
+  ``push_timeout_s`` has passed, then raises :class:`QueueFullError`. Nothing is dropped
+  on the actor side. (Requeued batches may briefly exceed the bound.)
+* **Idempotent writes.** A push whose reply was lost (Redis restarted) is retried and
+  recognised through ``P:produced``; an ack through ``P:trained``; a ``BLMOVE`` whose
+  reply was lost leaves an id in the processing list that the next ``take`` adopts.
+* **Connection loss.** Every command is retried with backoff for ``reconnect_timeout_s``
+  (Redis restarting, loading its AOF), then :class:`PipelineConnectionError` is raised.
+  With ``appendonly yes`` and ``appendfsync always`` Redis replies only after the write
+  is on disk, so a push or ack that returned survives a ``kill -9`` of Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+try:
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+except ImportError as err:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "the Redis pipeline needs the `redis` client: pip install 'ludic-rl[redis]'"
+    ) from err
+
+__all__ = [
+    "PipelineConnectionError",
+    "PipelineStateError",
+    "QueueFullError",
+    "RedisBatchQueue",
+    "RedisKeys",
+    "TakenBatch",
+]
+
+T = TypeVar("T")
+
+COUNTERS = (
+    "pushed_batches",
+    "trained_batches",
+    "trained_items",
+    "dropped_batches",
+    "dropped_items",
+    "dead_batches",
+    "requeued_batches",
+    "abandoned_claims",
+)
+"""Names in ``P:stats``. ``dropped_items`` counts stale items, whether their whole batch was
+dropped or only part of it (the rest trained). ``abandoned_claims``: batch indices an actor
+claimed and gave up (it stopped, or its source ran out) without pushing."""
+
+
+class PipelineConnectionError(ConnectionError):
+    """Redis stayed unreachable for longer than ``reconnect_timeout_s``."""
+
+
+class QueueFullError(TimeoutError):
+    """The queue stayed full (``max_queued`` batches) for ``push_timeout_s``."""
+
+
+class PipelineStateError(RuntimeError):
+    """An operation does not fit the queue's state (e.g. acking a batch this learner does
+    not hold)."""
+
+
+@dataclass(frozen=True)
+class RedisKeys:
+    """The key names of one pipeline (see the module docstring)."""
+
+    prefix: str
+
+    def __post_init__(self) -> None:
+        if not self.prefix or any(c.isspace() for c in self.prefix):
+            raise ValueError(f"pipeline prefix must be non-empty without spaces: {self.prefix!r}")
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}:{name}"
+
+    queue = property(lambda self: self._key("queue"))
+    produced = property(lambda self: self._key("produced"))
+    trained = property(lambda self: self._key("trained"))
+    dropped = property(lambda self: self._key("dropped"))
+    dead = property(lambda self: self._key("dead"))
+    stats = property(lambda self: self._key("stats"))
+    version = property(lambda self: self._key("version"))
+    next_index = property(lambda self: self._key("next_index"))
+    claims = property(lambda self: self._key("claims"))
+    max_staleness = property(lambda self: self._key("max_staleness"))
+    closed = property(lambda self: self._key("closed"))
+
+    def payload(self, batch_id: str) -> str:
+        return f"{self.prefix}:payload:{batch_id}"
+
+    def dead_payload(self, batch_id: str) -> str:
+        return f"{self.prefix}:dead_payload:{batch_id}"
+
+    def processing(self, learner_id: str) -> str:
+        return f"{self.prefix}:processing:{learner_id}"
+
+
+@dataclass(frozen=True)
+class TakenBatch:
+    """A batch taken by a learner: its id and payload (``None`` if none was stored)."""
+
+    batch_id: str
+    payload: bytes | None
+
+
+class RedisBatchQueue:
+    """The Redis side of the pipeline, shared by actors (``claim_index``, ``push``) and the
+    learner (``take``, ``ack``, ``drop``, ``reject``, ``requeue_unacked``, versions).
+
+    * ``url``: e.g. ``redis://localhost:6379/0``.
+    * ``prefix``: namespaces every key, so several runs can share one Redis.
+    * ``max_queued``: the queue bound (batches waiting, not counting in-flight ones).
+    * ``learner_id``: names this learner's processing list; a restarted learner must use
+      the same id to recover its unacknowledged batches. One live learner per id.
+    * ``push_timeout_s``: how long ``push`` waits on a full queue.
+    * ``block_s``: the longest single blocking ``BLMOVE``.
+    * ``reconnect_timeout_s``: how long a command is retried while Redis is unreachable.
+
+    Methods are synchronous (the async pipeline runs them in a thread); the underlying
+    ``redis.Redis`` client is thread-safe.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str,
+        max_queued: int = 4,
+        learner_id: str = "learner",
+        push_timeout_s: float = 600.0,
+        block_s: float = 1.0,
+        reconnect_timeout_s: float = 30.0,
+    ) -> None:
+        if max_queued < 1:
+            raise ValueError(f"RedisBatchQueue: max_queued must be >= 1, got {max_queued}")
+        if block_s <= 0 or reconnect_timeout_s < 0 or push_timeout_s < 0:
+            raise ValueError(
+                "RedisBatchQueue: block_s must be > 0 and push_timeout_s, reconnect_timeout_s >= 0"
+            )
+        self.url = url
+        self.keys = RedisKeys(prefix)
+        self.max_queued = max_queued
+        self.learner_id = learner_id
+        self.push_timeout_s = push_timeout_s
+        self.block_s = block_s
+        self.reconnect_timeout_s = reconnect_timeout_s
+        # The socket timeout must outlast a blocking BLMOVE. The client's own retries are
+        # off: _retry owns the policy, and every write re-checks its state before redoing.
+        self.client = redis.Redis.from_url(
+            url,
+            socket_connect_timeout=2.0,
+            socket_timeout=block_s + 5.0,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self._held: set[str] = set()  # ids this handle took and has not finished
+
+    @property
+    def processing_key(self) -> str:
+        return self.keys.processing(self.learner_id)
+
+    def close(self) -> None:
+        """Close the connections."""
+        self.client.close()
+
+    # -------------------------------------------------------------------- actor side
+    def claim_index(self, actor_id: str) -> int:
+        """The global batch index this actor generates next: its outstanding claim if it
+        has one (an actor restarted under the same id regenerates the batch it lost),
+        else a fresh one from ``P:next_index``. ``push`` clears the claim."""
+        k = self.keys
+
+        def attempt(pipe: Any) -> int | None:
+            pipe.watch(k.claims, k.next_index)
+            held = pipe.hget(k.claims, actor_id)
+            if held is not None:
+                return int(held)
+            index = int(pipe.get(k.next_index) or 0)
+            pipe.multi()
+            pipe.set(k.next_index, index + 1)
+            pipe.hset(k.claims, actor_id, index)
+            pipe.execute()
+            return index
+
+        return self._transaction(f"claim a batch index for actor {actor_id!r}", attempt)
+
+    def push(
+        self,
+        batch_id: str,
+        payload: bytes,
+        *,
+        actor_id: str | None = None,
+        info: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> bool:
+        """Enqueue ``payload`` as ``batch_id``, waiting while the queue is full.
+
+        Returns True when pushed, False when ``batch_id`` was pushed before (a retry after
+        a lost reply). ``actor_id``'s claim is cleared in the same transaction; ``info``
+        (JSON) is stored in ``P:produced``. Raises :class:`QueueFullError` after
+        ``timeout_s`` (default ``push_timeout_s``) of a full queue.
+        """
+        k = self.keys
+        timeout_s = self.push_timeout_s if timeout_s is None else timeout_s
+        record = json.dumps({**(info or {}), "actor_id": actor_id, "pushed_at": time.time()})
+
+        def attempt(pipe: Any) -> str:
+            pipe.watch(k.queue, k.produced)
+            if pipe.hexists(k.produced, batch_id):
+                return "duplicate"
+            if pipe.llen(k.queue) >= self.max_queued:
+                return "full"
+            pipe.multi()
+            pipe.set(k.payload(batch_id), payload)
+            pipe.lpush(k.queue, batch_id)
+            pipe.hset(k.produced, batch_id, record)
+            pipe.hincrby(k.stats, "pushed_batches", 1)
+            if actor_id is not None:
+                pipe.hdel(k.claims, actor_id)
+            pipe.execute()
+            return "pushed"
+
+        deadline = time.monotonic() + timeout_s
+        delay = 0.01
+        while True:
+            outcome = self._transaction(f"push batch {batch_id}", attempt)
+            if outcome != "full":
+                return outcome == "pushed"
+            now = time.monotonic()
+            if now >= deadline:
+                raise QueueFullError(
+                    f"queue {k.queue} stayed full ({self.max_queued} batches) for "
+                    f"{timeout_s:g}s while pushing {batch_id}: the learner is not taking "
+                    "batches. Is it running on this prefix? (raise max_queued or push_timeout_s "
+                    "to wait longer)"
+                )
+            time.sleep(min(delay, deadline - now))
+            delay = min(delay * 2, 0.25)
+
+    def abandon_claim(self, actor_id: str) -> bool:
+        """Give up ``actor_id``'s claimed batch index without pushing it (the actor stops);
+        admission control then counts it as finished, so later indices are not held back
+        by a batch that will never come. Returns False if the actor held no claim. (An
+        actor killed outright keeps its claim: restart it under the same id, or call this.)
+        """
+        k = self.keys
+
+        def attempt(pipe: Any) -> bool:
+            pipe.watch(k.claims)
+            if pipe.hget(k.claims, actor_id) is None:
+                return False
+            pipe.multi()
+            pipe.hdel(k.claims, actor_id)
+            pipe.hincrby(k.stats, "abandoned_claims", 1)
+            pipe.execute()
+            return True
+
+        return self._transaction(f"abandon the claim of actor {actor_id!r}", attempt)
+
+    def close_producing(self) -> None:
+        """Mark the pipeline's producers as done: once the queue is empty, ``take`` stops
+        waiting and the learner's batch source raises ``DataExhausted``."""
+        self._retry("close the queue", lambda: self.client.set(self.keys.closed, 1))
+
+    def is_closed(self) -> bool:
+        return bool(
+            self._retry("read the closed flag", lambda: self.client.exists(self.keys.closed))
+        )
+
+    # -------------------------------------------------------------------- learner side
+    def requeue_unacked(self) -> int:
+        """Move every id left in this learner's processing list (by a crash) back to the
+        head of the queue, oldest next; returns how many moved. Run it when a learner
+        starts, before its first ``take``."""
+        k, moved = self.keys, 0
+        while True:
+            batch_id = self._retry(
+                "requeue unacknowledged batches",
+                lambda: self.client.lmove(self.processing_key, k.queue, "LEFT", "RIGHT"),
+            )
+            if batch_id is None:
+                break
+            moved += 1
+        if moved:
+            self._retry(
+                "count requeued", lambda: self.client.hincrby(k.stats, "requeued_batches", moved)
+            )
+        self._held.clear()
+        return moved
+
+    def take(self, timeout_s: float) -> TakenBatch | None:
+        """The next batch, moved into this learner's processing list; ``None`` after
+        ``timeout_s`` without one, or as soon as the queue is empty and closed.
+
+        A batch whose payload is missing is rejected (``P:dead``) and skipped.
+        """
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        while True:
+            block = max(min(self.block_s, deadline - time.monotonic()), 0.01)
+            batch_id = self._retry("take a batch", lambda b=block: self._adopt_or_move(b))
+            if batch_id is not None:
+                key = self.keys.payload(batch_id)
+                payload = self._retry(f"read {key}", lambda key=key: self.client.get(key))
+                if payload is not None:
+                    return TakenBatch(batch_id, payload)
+                self.reject(batch_id, f"no payload stored under {key}")
+                continue
+            if time.monotonic() >= deadline or self.is_closed():
+                return None
+
+    def _adopt_or_move(self, block_s: float) -> str | None:
+        # An id in our processing list that we never saw: a BLMOVE whose reply was lost.
+        for raw in reversed(self.client.lrange(self.processing_key, 0, -1)):
+            batch_id = raw.decode()
+            if batch_id not in self._held:
+                self._held.add(batch_id)
+                return batch_id
+        raw = self.client.blmove(self.keys.queue, self.processing_key, block_s, "RIGHT", "LEFT")
+        if raw is None:
+            return None
+        self._held.add(raw.decode())
+        return raw.decode()
+
+    def ack(self, batch_id: str, record: Mapping[str, Any], *, version: int) -> None:
+        """The step that trained ``batch_id`` is done: record it in ``P:trained``, count
+        ``record["num_items"]`` trained and ``record["dropped_items"]`` stale items, and
+        set ``P:version`` to ``version``, atomically."""
+        counters = {
+            "trained_batches": 1,
+            "trained_items": int(record.get("num_items", 0)),
+            "dropped_items": int(record.get("dropped_items", 0)),
+        }
+        self._finish(batch_id, self.keys.trained, record, counters, version=version)
+
+    def drop(self, batch_id: str, record: Mapping[str, Any]) -> None:
+        """Every item of ``batch_id`` was too stale: record it in ``P:dropped``."""
+        counters = {"dropped_batches": 1, "dropped_items": int(record.get("dropped_items", 0))}
+        self._finish(batch_id, self.keys.dropped, record, counters)
+
+    def reject(self, batch_id: str, error: str) -> None:
+        """``batch_id`` cannot be trained on (bad payload): record it in ``P:dead`` with
+        ``error``, keep its bytes under ``P:dead_payload:<id>``."""
+        self._finish(
+            batch_id, self.keys.dead, {"error": error}, {"dead_batches": 1}, keep_payload=True
+        )
+
+    def _finish(
+        self,
+        batch_id: str,
+        record_key: str,
+        record: Mapping[str, Any],
+        counters: Mapping[str, int],
+        *,
+        version: int | None = None,
+        keep_payload: bool = False,
+    ) -> None:
+        k, processing = self.keys, self.processing_key
+        value = json.dumps({**record, "learner_id": self.learner_id, "at": time.time()})
+
+        def attempt(pipe: Any) -> None:
+            pipe.watch(processing, record_key)
+            if pipe.hexists(record_key, batch_id):
+                return  # already finished: a retry after a lost reply
+            if pipe.lpos(processing, batch_id) is None:
+                raise PipelineStateError(
+                    f"batch {batch_id} is not in {processing}, so learner "
+                    f"{self.learner_id!r} cannot finish it (was it requeued by another "
+                    "learner with the same learner_id, or never taken?)"
+                )
+            payload = pipe.get(k.payload(batch_id)) if keep_payload else None
+            pipe.multi()
+            pipe.lrem(processing, 1, batch_id)
+            if payload is not None:
+                pipe.set(k.dead_payload(batch_id), payload)
+            pipe.delete(k.payload(batch_id))
+            pipe.hset(record_key, batch_id, value)
+            for name, amount in counters.items():
+                if amount:
+                    pipe.hincrby(k.stats, name, amount)
+            if version is not None:
+                pipe.set(k.version, version)
+            pipe.execute()
+
+        self._transaction(f"finish batch {batch_id}", attempt)
+        self._held.discard(batch_id)
+
+    # -------------------------------------------------------------------- shared state
+    def version(self) -> int | None:
+        """The learner's policy version (``None`` before any learner set it)."""
+        raw = self._retry("read the version", lambda: self.client.get(self.keys.version))
+        return None if raw is None else int(raw)
+
+    def set_version(self, version: int) -> None:
+        self._retry("write the version", lambda: self.client.set(self.keys.version, version))
+
+    def finished_batches(self) -> int:
+        """Batch indices that are done: trained + dropped + dead + abandoned claims.
+        Admission control counts these (not versions), so a dropped, rejected or abandoned
+        batch does not hold actors back forever."""
+        c = self.counters()
+        return (
+            c["trained_batches"] + c["dropped_batches"] + c["dead_batches"] + c["abandoned_claims"]
+        )
+
+    def counters(self) -> dict[str, int]:
+        raw = self._retry("read counters", lambda: self.client.hmget(self.keys.stats, COUNTERS))
+        return {name: int(v or 0) for name, v in zip(COUNTERS, raw)}
+
+    def queued(self) -> int:
+        return int(self._retry("read the queue length", lambda: self.client.llen(self.keys.queue)))
+
+    def records(self, which: str) -> dict[str, dict[str, Any]]:
+        """``which`` in ``produced``, ``trained``, ``dropped``, ``dead``: id -> record."""
+        if which not in {"produced", "trained", "dropped", "dead"}:
+            raise ValueError(f"records(): unknown record {which!r}")
+        raw = self._retry(f"read {which}", lambda: self.client.hgetall(getattr(self.keys, which)))
+        return {key.decode(): json.loads(value) for key, value in raw.items()}
+
+    def max_staleness(self) -> int | None:
+        """The ``max_staleness`` the learner announced (``None``: unknown or unbounded)."""
+        raw = self._retry("read max_staleness", lambda: self.client.get(self.keys.max_staleness))
+        return None if raw in (None, b"none") else int(raw)
+
+    def set_max_staleness(self, value: int | None) -> None:
+        self._retry(
+            "write max_staleness",
+            lambda: self.client.set(self.keys.max_staleness, "none" if value is None else value),
+        )
+
+    def purge(self) -> int:
+        """Delete every key under this prefix (start a run afresh); returns how many."""
+
+        def delete_all() -> int:
+            keys = list(self.client.scan_iter(match=f"{self.keys.prefix}:*", count=500))
+            return int(self.client.delete(*keys)) if keys else 0
+
+        self._held.clear()
+        return self._retry(f"purge prefix {self.keys.prefix!r}", delete_all)
+
+    # -------------------------------------------------------------------- plumbing
+    def _transaction(self, what: str, attempt: Callable[[Any], T]) -> T:
+        """Run ``attempt(pipe)`` (WATCH ... MULTI ... EXEC) until no watched key changed
+        under it, retrying connection errors (see :meth:`_retry`)."""
+
+        def once() -> T:
+            while True:
+                with self.client.pipeline() as pipe:
+                    try:
+                        return attempt(pipe)
+                    except redis.WatchError:
+                        continue
+
+        return self._retry(what, once)
+
+    def _retry(self, what: str, fn: Callable[[], T]) -> T:
+        """``fn()``, retried with backoff (50 ms .. 1 s) while Redis is unreachable, for at
+        most ``reconnect_timeout_s``; then :class:`PipelineConnectionError`."""
+        deadline: float | None = None
+        delay = 0.05
+        while True:
+            try:
+                return fn()
+            except (redis.ConnectionError, redis.TimeoutError) as err:
+                now = time.monotonic()
+                deadline = now + self.reconnect_timeout_s if deadline is None else deadline
+                if now >= deadline:
+                    raise PipelineConnectionError(
+                        f"{what}: Redis at {self.url} unreachable for "
+                        f"{self.reconnect_timeout_s:.0f}s ({type(err).__name__}: {err}). Is "
+                        "redis-server running? (raise reconnect_timeout_s to wait longer)"
+                    ) from err
+                time.sleep(min(delay, deadline - now))
+                delay = min(delay * 2, 1.0)

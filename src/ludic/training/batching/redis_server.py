@@ -1,0 +1,127 @@
+"""Start a local ``redis-server`` for the pipeline (tests, examples, single-machine runs).
+
+Durable by default: ``--appendonly yes --appendfsync always`` in ``data_dir``, so Redis
+replies to a write only once it is on disk and a restart on the same folder (even after
+``kill -9``) keeps every acknowledged push and ack. Listens on 127.0.0.1 only.
+
+    server = start_redis_server(tmp_dir)          # waits until PING answers
+    queue = RedisBatchQueue(server.url, prefix="run1")
+    ...
+    server.stop()
+
+Install Redis with ``apt-get install redis-server`` (``make test`` does).
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ludic.distributed.weight_transfer.groups import free_port
+from ludic.training.batching.redis_queue import redis  # the guarded import of the client
+
+__all__ = ["RedisServer", "start_redis_server"]
+
+
+@dataclass
+class RedisServer:
+    """A ``redis-server`` subprocess (leader of its own session)."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    data_dir: Path
+    host: str = "127.0.0.1"
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "redis.log"
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM (Redis flushes the AOF and exits), SIGKILL if it lingers."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would (for fault tests)."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+
+def start_redis_server(
+    data_dir: str | Path,
+    *,
+    port: int | None = None,
+    timeout_s: float = 20.0,
+    executable: str = "redis-server",
+) -> RedisServer:
+    """Start ``redis-server`` with an fsync-always AOF in ``data_dir`` on ``port`` (a free
+    one by default) and wait until it answers PING (it may be loading its AOF)."""
+    binary = shutil.which(executable)
+    if binary is None:
+        raise FileNotFoundError(
+            f"{executable!r} is not on PATH; install Redis (Debian/Ubuntu: "
+            "`apt-get install redis-server`; `make test` does this)"
+        )
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port() if port is None else port
+    args = [
+        binary,
+        "--port", str(port),
+        "--bind", "127.0.0.1",
+        "--dir", str(data_dir),
+        "--appendonly", "yes",
+        "--appendfsync", "always",
+        "--save", "",
+        "--daemonize", "no",
+        "--logfile", str(data_dir / "redis.log"),
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
+    )
+    server = RedisServer(process, port, data_dir)
+    try:
+        _wait_for_ping(server, timeout_s)
+    except BaseException:
+        server.kill()
+        raise
+    return server
+
+
+def _wait_for_ping(server: RedisServer, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    client = redis.Redis(host=server.host, port=server.port, socket_connect_timeout=1.0)
+    last = "no answer yet"
+    try:
+        while True:
+            if server.process.poll() is not None:
+                raise RuntimeError(
+                    f"redis-server on port {server.port} exited with code "
+                    f"{server.process.returncode}; see {server.log_path}"
+                )
+            try:
+                if client.ping():
+                    return
+            except redis.RedisError as err:  # connection refused, or LOADING the AOF
+                last = f"{type(err).__name__}: {err}"
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"redis-server on port {server.port} did not answer PING within "
+                    f"{timeout_s:.0f}s (last: {last}); see {server.log_path}"
+                )
+            time.sleep(0.02)
+    finally:
+        client.close()
