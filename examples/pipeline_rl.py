@@ -135,7 +135,6 @@ async def learn(trainer: Trainer, source: PipelineBatchSource) -> None:
             metrics = await trainer.train_step()
         except DataExhausted:
             return
-        source.mark_trained(source.last_batch)
         print(
             f"learner step {trainer.step}: reward {metrics['reward/mean']:+.2f}  "
             f"staleness max {metrics['batch/pipeline_staleness_max']:.0f}  "

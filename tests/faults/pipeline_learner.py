@@ -29,8 +29,7 @@ async def learn(trainer: Trainer, source: PipelineBatchSource) -> None:
             await trainer.train_step()
         except DataExhausted:
             return
-        batch = source.last_batch
-        source.mark_trained(batch)  # what the Trainer's hook does after a completed step
+        batch = source.last_batch  # the Trainer acknowledged it (mark_trained)
         print(f"trained {batch.meta['pipeline_batch_id']} step={trainer.step}", flush=True)
 
 

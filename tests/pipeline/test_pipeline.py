@@ -29,10 +29,8 @@ def _trainer(model, source: PipelineBatchSource) -> Trainer:
 
 
 async def _train_one(trainer: Trainer, source: PipelineBatchSource) -> dict[str, float]:
-    """One Trainer step, then the acknowledgement the Trainer's hook will make."""
-    metrics = await trainer.train_step()
-    source.mark_trained(source.last_batch)
-    return metrics
+    """One Trainer step (the Trainer acknowledges its batch through mark_trained)."""
+    return await trainer.train_step()
 
 
 def _items(*versions: int | None) -> list[SAWItem]:
