@@ -1,5 +1,5 @@
-"""The ``ludic`` command: ``ludic train``, ``ludic eval``, ``ludic demo`` and
-``ludic serve policy|reward``.
+"""The ``ludic`` command: ``ludic train``, ``ludic eval``, ``ludic demo``,
+``ludic serve policy|reward`` and the pipeline's ``ludic learner`` / ``ludic actor``.
 
 Each command loads a config (YAML or TOML, schema in ``ludic/run/config.py``), applies
 ``dotted.key=value`` overrides and calls :mod:`ludic.run.job`. Failures the user can fix
@@ -52,6 +52,8 @@ ludic: reinforcement learning of LLMs with policy gradients.
   ludic eval CONFIG [OVERRIDE ...]    evaluate a run's newest checkpoint
   ludic demo [OVERRIDE ...]           train the built-in arithmetic demo
   ludic serve policy|reward ARGS      serve a policy or a reward model on vLLM
+  ludic learner CONFIG [OVERRIDE ...] the learner of a pipeline run (trainer.mode=pipeline)
+  ludic actor CONFIG --run-dir DIR    one actor of a pipeline run
 """
 
 _EPILOG = (
@@ -124,6 +126,23 @@ def _eval(args: argparse.Namespace) -> int:
     check_config(config)
     metrics = job.evaluate(config, run_dir=args.run_dir)
     _print_metrics(metrics, source=args.run_dir or "initial model")
+    return EXIT_OK
+
+
+def _learner(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides)
+    from ludic.run.pipeline_learner import run_learner
+
+    run_dir = run_learner(config, run_dir=args.run_dir)
+    _stdout().print(f"run directory: {run_dir}", highlight=False, soft_wrap=True)
+    return EXIT_OK
+
+
+def _actor(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides)
+    from ludic.run.pipeline_actor import run_actor
+
+    run_actor(config, run_dir=args.run_dir, actor_id=args.actor_id)
     return EXIT_OK
 
 
@@ -315,6 +334,55 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--resume", metavar="RUN_DIR", help="continue an interrupted demo run in RUN_DIR"
     )
+    learner = add(
+        "learner",
+        _learner,
+        "Run the learner of a pipeline run: batches from Redis -> trainer -> publish.",
+        details=(
+            "Needs trainer.mode=pipeline. Creates a run directory (or continues --run-dir),\n"
+            "runs the warm start, then trains on the batches actors push to Redis\n"
+            "(pipeline.redis_url, or a local redis-server it starts in RUN_DIR/redis) and\n"
+            "publishes weights (vLLM server, or Redis for the transformers backend). Start\n"
+            "actors with `ludic actor CONFIG --run-dir RUN_DIR`; `ludic train` starts both."
+        ),
+        examples=(
+            "  ludic learner my_run.yaml trainer.mode=pipeline\n"
+            "  ludic learner my_run.yaml --run-dir runs/my-run-20250101-120000\n"
+        ),
+        with_config=True,
+    )
+    learner.add_argument(
+        "--run-dir",
+        metavar="RUN_DIR",
+        help="the run directory: continued if it holds a run, else created there "
+        "(default: a new OUTPUT_DIR/NAME-TIMESTAMP)",
+    )
+    actor = add(
+        "actor",
+        _actor,
+        "Run one actor of a pipeline run: rollouts -> SAW batches -> Redis.",
+        details=(
+            "Needs trainer.mode=pipeline and the learner's run directory (its Redis URL and\n"
+            "key prefix come from there unless pipeline.redis_url / pipeline.prefix are set).\n"
+            "Waits for the learner, generates until the learner ends the run, then exits 0.\n"
+            "Start any number of actors, each with its own --actor-id."
+        ),
+        examples=(
+            "  ludic actor runs/my-run-20250101-120000/config.yaml \\\n"
+            "      --run-dir runs/my-run-20250101-120000 --actor-id gpu1\n"
+        ),
+        with_config=True,
+    )
+    actor.add_argument(
+        "--run-dir", metavar="RUN_DIR", required=True, help="the learner's run directory"
+    )
+    actor.add_argument(
+        "--actor-id",
+        metavar="ID",
+        help="unique among running actors; a restarted actor with the same id regenerates "
+        "the batch it had claimed (default: HOST-PID)",
+    )
+
     serve = commands.add_parser(
         "serve",
         help="Serve a policy or a reward model on vLLM with ludic's weight-sync control plane.",
@@ -359,9 +427,14 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
 
 
 def _interrupted_message(args: argparse.Namespace) -> str:
-    if args.command == "eval":
+    if args.command in ("eval", "actor"):
         return "interrupted"
-    command = ["ludic", args.command] + ([str(args.config)] if args.command == "train" else [])
+    command = ["ludic", args.command]
+    command += [str(args.config)] if args.command in ("train", "learner") else []
+    if args.command == "learner":
+        return "interrupted; continue with: " + shlex.join(
+            [*command, *args.overrides, "--run-dir", str(args.run_dir or "RUN_DIR")]
+        )
     command += [*args.overrides, "--resume", str(args.resume or "RUN_DIR")]
     return f"interrupted; continue from the last checkpoint with: {shlex.join(command)}"
 

@@ -10,6 +10,7 @@ import inspect
 import os
 import secrets
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -337,6 +338,20 @@ def make_requests(
             max_steps=config.agent.max_steps,
         )
         for seed in seeds
+    ]
+
+
+def batch_requests(config: RunConfig, index: int) -> list[RolloutRequest]:
+    """The requests of batch ``index`` (the step that will train on it): problems
+    ``index * prompts_per_step`` onwards, each with a sampling seed derived from the run's
+    seed and its env seed. A function of the index alone, so a resumed run, an async run
+    and every pipeline actor see exactly the problems an uninterrupted sync run would."""
+    per_step = config.trainer.prompts_per_step
+    first = index * per_step
+    base = sampling_spec(config)
+    return [
+        replace(req, inference=base.with_seed(config.seed * 1_000_003 + req.env_seed))
+        for req in make_requests(config, range(first, first + per_step), base)
     ]
 
 

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ludic.run.registries import ALGORITHMS, ENVS, PARSERS, check_name
 
@@ -222,11 +222,13 @@ class TrainerSection(_Section):
     """Push weights to the inference backend every N steps (version = step)."""
     max_lag: int | None = Field(None, ge=0)
     """Drop items with a token older than ``step - max_lag`` (any mode); null: keep all."""
-    mode: Literal["sync", "async"] = "sync"
+    mode: Literal["sync", "async", "pipeline"] = "sync"
     """sync: each step waits for its rollouts; async: generation keeps running while the
-    trainer trains, at most ``max_staleness`` policy versions ahead (spec 4)."""
+    trainer trains, at most ``max_staleness`` policy versions ahead (spec 4); pipeline:
+    actor processes generate into Redis and a learner process trains (the ``pipeline``
+    section; ``ludic train`` starts both, or run ``ludic learner`` / ``ludic actor``)."""
     max_staleness: int | None = Field(None, ge=0)
-    """async only: no token older than ``step - max_staleness`` is trained on, and
+    """async and pipeline: no token older than ``step - max_staleness`` is trained on, and
     generation runs at most that many versions ahead (default 1; 0 is on-policy)."""
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each batch; each pass makes ``num_minibatches`` optimizer updates."""
@@ -255,11 +257,11 @@ class TrainerSection(_Section):
             )
         if self.mode == "sync" and self.max_staleness is not None:
             raise ValueError(
-                f"max_staleness={self.max_staleness} is for mode: async (generation ahead of "
-                "training); with mode: sync every batch is on-policy. Set mode: async or "
-                "remove max_staleness (max_lag drops stale items in any mode)"
+                f"max_staleness={self.max_staleness} is for mode: async or pipeline "
+                "(generation ahead of training); with mode: sync every batch is on-policy. "
+                "Set mode: async or remove max_staleness (max_lag drops stale items in any mode)"
             )
-        if self.mode == "async" and self.staleness < self.publish_every - 1:
+        if self.mode != "sync" and self.staleness < self.publish_every - 1:
             raise ValueError(
                 f"max_staleness={self.staleness} < publish_every - 1 = "
                 f"{self.publish_every - 1}: the newest published weights are up to that many "
@@ -276,8 +278,54 @@ class TrainerSection(_Section):
 
     @property
     def staleness(self) -> int:
-        """``max_staleness`` with its async default (1)."""
+        """``max_staleness`` with its async/pipeline default (1)."""
         return 1 if self.max_staleness is None else self.max_staleness
+
+
+class PipelineConfig(_Section):
+    """The actor/learner pipeline over Redis (``trainer.mode: pipeline``): actors generate
+    batches into a Redis queue, the learner trains on them and publishes weights (to the
+    vLLM server with ``inference.backend: vllm``, through Redis with ``transformers``)."""
+
+    redis_url: str | None = None
+    """An existing Redis, e.g. redis://host:6379/0. null: ``ludic train`` (or a ``ludic
+    learner`` started alone) starts a local redis-server with an fsync-always AOF in
+    RUN_DIR/redis and stops it at the end; actors find it through RUN_DIR/pipeline.json."""
+    prefix: str | None = None
+    """Key prefix of this run in Redis, so several runs can share one. null: the run
+    directory's name (NAME-TIMESTAMP), the same for the learner and every actor given
+    that directory."""
+    num_actors: int = Field(1, ge=1)
+    """Actor processes ``ludic train`` starts (``ludic actor`` starts one each)."""
+    max_queued: int = Field(4, ge=1)
+    """Batches waiting in Redis before actors block (backpressure)."""
+    batch_timeout_s: float = Field(600.0, gt=0)
+    """The learner fails (checkpointing first) when no batch arrives for this long."""
+    actor_timeout_s: float = Field(600.0, gt=0)
+    """An actor fails when the learner makes it wait this long: to announce itself
+    (including its warm start), to admit the next batch (max_staleness), or to make room
+    in a full queue. So actors never outlive a crashed learner by more than this."""
+    reconnect_timeout_s: float = Field(60.0, ge=0)
+    """How long every process retries while Redis is unreachable (e.g. restarting)."""
+    stop_timeout_s: float = Field(60.0, gt=0)
+    """``ludic train``: how long the learner gets to checkpoint and actors to exit after
+    the run ends or is interrupted, before they are killed."""
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, prefix: str | None) -> str | None:
+        if prefix is not None and (not prefix or any(c.isspace() for c in prefix)):
+            raise ValueError("must be non-empty without spaces")
+        return prefix
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(
+                "not a Redis URL; use redis://HOST:PORT/DB (or null to start a local redis-server)"
+            )
+        return url
 
 
 class EvalConfig(_Section):
@@ -436,6 +484,7 @@ POLICY_SECTIONS = (
     "trainer",
     "eval",
     "reward",
+    "pipeline",
 )
 """Sections only policy training (``task: policy``) reads."""
 
@@ -458,6 +507,8 @@ class RunConfig(_Section):
     trainer: TrainerSection = TrainerSection()
     eval: EvalConfig = EvalConfig()
     logging: LoggingConfig = LoggingConfig()
+    pipeline: PipelineConfig = PipelineConfig()
+    """Read only with ``trainer.mode: pipeline``."""
     reward_model: RewardModelSection = RewardModelSection()
     """Read only with ``task: reward_model``."""
     reward: RewardSection | None = None
@@ -482,6 +533,15 @@ class RunConfig(_Section):
                     "settings under reward_model (e.g. reward_model.lr, reward_model.path) "
                     "or remove those sections"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _pipeline_matches_mode(self) -> RunConfig:
+        if self.trainer.mode != "pipeline" and self.pipeline != PipelineConfig():
+            raise ValueError(
+                f"pipeline is set but trainer.mode={self.trainer.mode!r}; set trainer.mode: "
+                "pipeline to run actors and a learner over Redis, or remove the pipeline section"
+            )
         return self
 
     @model_validator(mode="after")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import time
-from dataclasses import replace
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from ludic.eval import default_reducers, run_eval
 from ludic.inference import HFChatTemplate
 from ludic.run.builders import (
     RunError,
+    batch_requests,
     inference_backend,
     load_policy,
     make_algorithm,
@@ -83,6 +84,10 @@ def train(config: RunConfig, *, resume: str | Path | None = None) -> Path:
 
             return train_reward_model(config, resume=resume)  # runs check_config itself
         check_config(config)  # every part buildable before the run directory or a step
+        if config.trainer.mode == "pipeline":  # learner + actor processes over Redis
+            from ludic.run.pipeline_launch import launch_pipeline
+
+            return launch_pipeline(config, resume=resume)
         return _train(config, resume=resume)
 
 
@@ -208,13 +213,7 @@ def _reinforce_with(
         else:
             index = batch_index[0] if batch_index else trainer.step
             batch_index[:] = [index + 1]
-        per_step = config.trainer.prompts_per_step
-        first = index * per_step
-        base = sampling_spec(config)
-        return [
-            replace(req, inference=base.with_seed(config.seed * 1_000_003 + req.env_seed))
-            for req in make_requests(config, range(first, first + per_step), base)
-        ]
+        return batch_requests(config, index)
 
     source: Any = RolloutBatchSource(
         engine,
@@ -250,8 +249,19 @@ def _reinforce_with(
 
 
 def _run_rl(
-    config, run, trainer, source, eval_engine, metrics_writer, *, resuming: bool, console: Console
+    config,
+    run,
+    trainer,
+    source,
+    eval_engine,
+    metrics_writer,
+    *,
+    resuming: bool,
+    console: Console,
+    on_published: Callable[[], None] | None = None,
 ) -> None:
+    """The RL phase's loop: resume, publish the starting weights (then ``on_published()``,
+    e.g. the pipeline learner announcing itself), evaluate when due, run the steps."""
     if resuming:
         if run.has_checkpoint("rl"):
             trainer.resume()
@@ -259,6 +269,8 @@ def _run_rl(
     run.truncate_metrics("rl", trainer.step)
     metrics_writer.last_step = trainer.step
     trainer.publish_policy()  # the backend samples from the current weights, version = step
+    if on_published is not None:
+        on_published()
     evaluated = {r["step"] for r in run.read_metrics() if r.get("phase") == "eval"}
 
     async def record_eval() -> None:
@@ -275,8 +287,13 @@ def _run_rl(
         return step in (0, last) or bool(every and step % every == 0)
 
     async def after_step(step: int) -> None:
-        if config.logging.num_sample_rollouts and step % config.logging.console_every == 0:
-            run.append_samples(step, source.last_rollouts[: config.logging.num_sample_rollouts])
+        rollouts = getattr(source, "last_rollouts", None)  # none: a pipeline learner
+        if (
+            rollouts
+            and config.logging.num_sample_rollouts
+            and step % config.logging.console_every == 0
+        ):
+            run.append_samples(step, rollouts[: config.logging.num_sample_rollouts])
         if eval_due(step) and step < config.trainer.steps:
             await record_eval()
 

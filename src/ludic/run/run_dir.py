@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -92,7 +93,10 @@ class RunDirectory:
 
     # ---- config ------------------------------------------------------------------------
     def save_config(self, config: RunConfig) -> None:
-        self.config_path.write_text(dump_config(config))
+        """Write ``config.yaml`` atomically (a pipeline actor may be reading it)."""
+        tmp = self.config_path.with_suffix(".yaml.tmp")
+        tmp.write_text(dump_config(config))
+        os.replace(tmp, self.config_path)
 
     def load_config(self) -> RunConfig:
         try:

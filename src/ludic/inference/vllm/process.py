@@ -300,6 +300,11 @@ def _die_with_parent(parent_pid: int) -> Any:
     return preexec
 
 
+die_with_parent_preexec = _die_with_parent
+"""Public name of the ``preexec_fn`` factory above, for ludic's other child processes
+(redis-server, the pipeline's learner and actors)."""
+
+
 def _missing_defaults(defaults: Sequence[str], extra_args: Sequence[str]) -> list[str]:
     """``defaults`` as (flag, value?) pairs, minus flags already in ``extra_args``."""
     given = {a.split("=", 1)[0] for a in extra_args if a.startswith("--")}

@@ -49,7 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from ludic.training.batching.redis_queue import RedisBatchQueue
+from ludic.training.batching.redis_queue import PushStopped, RedisBatchQueue, RunFinishedError
 from ludic.training.batching.wire import (
     Producer,
     WireBatch,
@@ -273,8 +273,10 @@ async def run_pipeline_actor(
     poll_s: float = 0.05,
 ) -> list[str]:
     """Pull batches from ``source`` and push them to ``queue`` until ``num_batches`` are
-    pushed, ``stop`` is set, the source raises ``DataExhausted`` or the queue is closed.
-    Returns the pushed batch ids (each push confirmed by Redis).
+    pushed, ``stop`` is set, the source raises ``DataExhausted``, the queue is closed or
+    the learner ended the run (``queue.finish_run``: checked before each batch, while
+    waiting for admission and while waiting on a full queue). Returns the pushed batch
+    ids (each push confirmed by Redis).
 
     * ``actor_id``: unique among running actors; an actor restarted with the same id
       regenerates the batch index it had claimed. An actor that stops (``stop``, the
@@ -294,7 +296,7 @@ async def run_pipeline_actor(
         )
     pushed: list[str] = []
     while num_batches is None or len(pushed) < num_batches:
-        if stop_set() or await asyncio.to_thread(queue.is_closed):
+        if stop_set() or await asyncio.to_thread(_queue_ended, queue):
             break
         index = await asyncio.to_thread(queue.claim_index, actor_id)
         if not await _admitted(queue, index, max_staleness, stop_set, admission_timeout_s, poll_s):
@@ -309,11 +311,19 @@ async def run_pipeline_actor(
         producer = Producer(f"batch-{index}", actor_id, index, _producer_version(batch, version))
         payload = encode_batch(_stamp_versions(batch, version), producer)
         info = {"batch_index": index, "num_items": len(batch.items)}
-        await asyncio.to_thread(
-            queue.push, producer.batch_id, payload, actor_id=actor_id, info=info
-        )
+        try:
+            await asyncio.to_thread(
+                queue.push, producer.batch_id, payload, actor_id=actor_id, info=info, stop=stop_set
+            )
+        except (RunFinishedError, PushStopped):
+            await asyncio.to_thread(queue.abandon_claim, actor_id)
+            break
         pushed.append(producer.batch_id)
     return pushed
+
+
+def _queue_ended(queue: RedisBatchQueue) -> bool:
+    return queue.is_closed() or queue.is_done()
 
 
 async def _admitted(
@@ -324,7 +334,8 @@ async def _admitted(
     timeout_s: float,
     poll_s: float,
 ) -> bool:
-    """Wait until batch ``index`` may start (True), or ``stop`` is set (False)."""
+    """Wait until batch ``index`` may start (True), or ``stop`` is set or the learner
+    ended the run (False)."""
     if max_staleness is None:
         return True
     needed = index - max_staleness
@@ -333,7 +344,7 @@ async def _admitted(
         finished = await asyncio.to_thread(queue.finished_batches)
         if finished >= needed:
             return True
-        if stop_set():
+        if stop_set() or await asyncio.to_thread(queue.is_done):
             return False
         if time.monotonic() >= deadline:
             raise AdmissionTimeoutError(

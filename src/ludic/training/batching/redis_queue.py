@@ -17,6 +17,14 @@ their prefixes. Keys (``P`` = prefix)::
     P:next_index             global batch-index counter; P:claims hash actor -> claimed index
     P:max_staleness          the learner's max_staleness (actors check they agree)
     P:closed                 set when producers are done: an empty queue then ends training
+    P:done                   set by the learner when the run is over: actors stop, pushes
+                             are refused, what was still queued moved to P:unused
+    P:unused                 hash id -> JSON: batches queued when the run ended (never trained)
+    P:learner                JSON: the running learner's announcement (version, weights
+                             channel, inference URL); actors wait for it before starting
+    P:weights                the policy weights published through Redis (safetensors bytes;
+                             see ludic.training.batching.redis_weights), P:weights_version
+                             their version; both written in one MULTI/EXEC
 
 Guarantees:
 
@@ -62,9 +70,11 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 __all__ = [
     "PipelineConnectionError",
     "PipelineStateError",
+    "PushStopped",
     "QueueFullError",
     "RedisBatchQueue",
     "RedisKeys",
+    "RunFinishedError",
     "TakenBatch",
 ]
 
@@ -79,10 +89,12 @@ COUNTERS = (
     "dead_batches",
     "requeued_batches",
     "abandoned_claims",
+    "unused_batches",
 )
 """Names in ``P:stats``. ``dropped_items`` counts stale items, whether their whole batch was
 dropped or only part of it (the rest trained). ``abandoned_claims``: batch indices an actor
-claimed and gave up (it stopped, or its source ran out) without pushing."""
+claimed and gave up (it stopped, or its source ran out) without pushing. ``unused_batches``:
+batches still queued when the learner ended the run (:meth:`RedisBatchQueue.finish_run`)."""
 
 
 class PipelineConnectionError(ConnectionError):
@@ -91,6 +103,14 @@ class PipelineConnectionError(ConnectionError):
 
 class QueueFullError(TimeoutError):
     """The queue stayed full (``max_queued`` batches) for ``push_timeout_s``."""
+
+
+class RunFinishedError(RuntimeError):
+    """The learner ended the run (``P:done``): no more batches are taken."""
+
+
+class PushStopped(RuntimeError):
+    """``push`` gave up waiting on a full queue because its ``stop`` flag was set."""
 
 
 class PipelineStateError(RuntimeError):
@@ -122,6 +142,11 @@ class RedisKeys:
     claims = property(lambda self: self._key("claims"))
     max_staleness = property(lambda self: self._key("max_staleness"))
     closed = property(lambda self: self._key("closed"))
+    done = property(lambda self: self._key("done"))
+    unused = property(lambda self: self._key("unused"))
+    learner = property(lambda self: self._key("learner"))
+    weights = property(lambda self: self._key("weights"))
+    weights_version = property(lambda self: self._key("weights_version"))
 
     def payload(self, batch_id: str) -> str:
         return f"{self.prefix}:payload:{batch_id}"
@@ -229,22 +254,28 @@ class RedisBatchQueue:
         actor_id: str | None = None,
         info: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> bool:
         """Enqueue ``payload`` as ``batch_id``, waiting while the queue is full.
 
         Returns True when pushed, False when ``batch_id`` was pushed before (a retry after
         a lost reply). ``actor_id``'s claim is cleared in the same transaction; ``info``
         (JSON) is stored in ``P:produced``. Raises :class:`QueueFullError` after
-        ``timeout_s`` (default ``push_timeout_s``) of a full queue.
+        ``timeout_s`` (default ``push_timeout_s``) of a full queue, and
+        :class:`RunFinishedError` as soon as the learner has ended the run (also while
+        waiting on a full queue), :class:`PushStopped` when ``stop()`` turns true while
+        waiting on a full queue (the actor is shutting down).
         """
         k = self.keys
         timeout_s = self.push_timeout_s if timeout_s is None else timeout_s
         record = json.dumps({**(info or {}), "actor_id": actor_id, "pushed_at": time.time()})
 
         def attempt(pipe: Any) -> str:
-            pipe.watch(k.queue, k.produced)
+            pipe.watch(k.queue, k.produced, k.done)
             if pipe.hexists(k.produced, batch_id):
                 return "duplicate"
+            if pipe.exists(k.done):
+                return "done"
             if pipe.llen(k.queue) >= self.max_queued:
                 return "full"
             pipe.multi()
@@ -261,8 +292,14 @@ class RedisBatchQueue:
         delay = 0.01
         while True:
             outcome = self._transaction(f"push batch {batch_id}", attempt)
+            if outcome == "done":
+                raise RunFinishedError(
+                    f"the learner on {k.prefix!r} ended the run; batch {batch_id} is not wanted"
+                )
             if outcome != "full":
                 return outcome == "pushed"
+            if stop is not None and stop():
+                raise PushStopped(f"push of {batch_id} stopped while {k.queue} was full")
             now = time.monotonic()
             if now >= deadline:
                 raise QueueFullError(
@@ -303,6 +340,59 @@ class RedisBatchQueue:
         return bool(
             self._retry("read the closed flag", lambda: self.client.exists(self.keys.closed))
         )
+
+    # -------------------------------------------------------------------- run lifecycle
+    def finish_run(self, reason: str = "the run ended before it was trained on") -> int:
+        """The learner is done: set ``P:done`` (actors stop; a push is refused from now
+        on, atomically, since ``push`` watches it), then move every batch still queued to
+        ``P:unused`` with ``reason``. Returns how many were moved."""
+        k = self.keys
+        self._retry("set the done flag", lambda: self.client.set(k.done, 1))
+        value = json.dumps({"reason": reason, "learner_id": self.learner_id, "at": time.time()})
+
+        def attempt(pipe: Any) -> int:
+            pipe.watch(k.queue)
+            ids = [raw.decode() for raw in pipe.lrange(k.queue, 0, -1)]
+            pipe.multi()
+            pipe.delete(k.queue)
+            for batch_id in ids:
+                pipe.delete(k.payload(batch_id))
+                pipe.hset(k.unused, batch_id, value)
+            if ids:
+                pipe.hincrby(k.stats, "unused_batches", len(ids))
+            pipe.execute()
+            return len(ids)
+
+        return self._transaction("move queued batches to unused", attempt)
+
+    def is_done(self) -> bool:
+        """Whether the learner ended the run (:meth:`finish_run`)."""
+        return bool(self._retry("read the done flag", lambda: self.client.exists(self.keys.done)))
+
+    def start_run(self) -> None:
+        """Clear ``P:done`` and the learner's announcement (a learner starting or resuming
+        the run; also done by ``ludic train`` before it starts actors)."""
+        k = self.keys
+        self._retry("clear the done flag", lambda: self.client.delete(k.done, k.learner))
+
+    def announce_learner(self, info: Mapping[str, Any]) -> None:
+        """Publish the running learner's ``info`` (JSON) in ``P:learner``."""
+        value = json.dumps(dict(info))
+        self._retry("announce the learner", lambda: self.client.set(self.keys.learner, value))
+
+    def learner_info(self) -> dict[str, Any] | None:
+        """The running learner's announcement, ``None`` before one announced itself (or
+        after it finished the run)."""
+        raw = self._retry("read the learner", lambda: self.client.get(self.keys.learner))
+        return None if raw is None else json.loads(raw)
+
+    def withdraw_learner(self) -> None:
+        self._retry("withdraw the learner", lambda: self.client.delete(self.keys.learner))
+
+    def call(self, what: str, fn: Callable[[Any], T]) -> T:
+        """``fn(client)`` under this queue's reconnect policy (for companions that keep
+        their own keys under the prefix, e.g. the weight store)."""
+        return self._retry(what, lambda: fn(self.client))
 
     # -------------------------------------------------------------------- learner side
     def requeue_unacked(self) -> int:
@@ -447,8 +537,9 @@ class RedisBatchQueue:
         return int(self._retry("read the queue length", lambda: self.client.llen(self.keys.queue)))
 
     def records(self, which: str) -> dict[str, dict[str, Any]]:
-        """``which`` in ``produced``, ``trained``, ``dropped``, ``dead``: id -> record."""
-        if which not in {"produced", "trained", "dropped", "dead"}:
+        """``which`` in ``produced``, ``trained``, ``dropped``, ``dead``, ``unused``: id ->
+        record."""
+        if which not in {"produced", "trained", "dropped", "dead", "unused"}:
             raise ValueError(f"records(): unknown record {which!r}")
         raw = self._retry(f"read {which}", lambda: self.client.hgetall(getattr(self.keys, which)))
         return {key.decode(): json.loads(value) for key, value in raw.items()}

@@ -14,14 +14,17 @@ Install Redis with ``apt-get install redis-server`` (``make test`` does).
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ludic.distributed.weight_transfer.groups import free_port
+from ludic.inference.vllm.process import die_with_parent_preexec
 from ludic.training.batching.redis_queue import redis  # the guarded import of the client
 
 __all__ = ["RedisServer", "start_redis_server"]
@@ -66,9 +69,14 @@ def start_redis_server(
     port: int | None = None,
     timeout_s: float = 20.0,
     executable: str = "redis-server",
+    die_with_parent: bool = False,
 ) -> RedisServer:
     """Start ``redis-server`` with an fsync-always AOF in ``data_dir`` on ``port`` (a free
-    one by default) and wait until it answers PING (it may be loading its AOF)."""
+    one by default) and wait until it answers PING (it may be loading its AOF).
+
+    ``die_with_parent``: the server gets SIGTERM (flushes its AOF and exits) when this
+    process dies, even by ``kill -9`` (Linux ``PR_SET_PDEATHSIG``; call from the main
+    thread, as ``start_vllm_server`` does)."""
     binary = shutil.which(executable)
     if binary is None:
         raise FileNotFoundError(
@@ -89,8 +97,16 @@ def start_redis_server(
         "--daemonize", "no",
         "--logfile", str(data_dir / "redis.log"),
     ]  # fmt: skip
+    on_main_thread = threading.current_thread() is threading.main_thread()
     process = subprocess.Popen(
-        args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
+        args,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+        # PDEATHSIG fires when the starting *thread* ends: only from the main thread
+        preexec_fn=die_with_parent_preexec(os.getpid())
+        if die_with_parent and on_main_thread
+        else None,
     )
     server = RedisServer(process, port, data_dir)
     try:

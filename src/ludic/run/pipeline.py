@@ -1,0 +1,149 @@
+"""What the pipeline's processes share: the mode check, the Redis key prefix, the queue
+settings, the run directory's ``pipeline.json`` and the config check between processes.
+
+A pipeline run (``trainer.mode: pipeline``) is one learner and any number of actors on
+one Redis key prefix::
+
+    ludic learner CONFIG [--run-dir DIR]          Redis -> Trainer -> publish weights
+    ludic actor CONFIG --run-dir DIR [--actor-id ID]    rollouts -> SAW batches -> Redis
+    ludic train CONFIG                            starts Redis, the learner and actors
+
+``RUN_DIR/pipeline.json`` (written by the learner) names the Redis URL and the prefix, so
+an actor given only the run directory finds the queue.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ludic.run.config import RunConfig
+from ludic.run.errors import RunError
+from ludic.run.job import RESUMABLE_CHANGES
+from ludic.run.run_dir import RunDirectory, _flat_diff
+
+PIPELINE_INFO = "pipeline.json"
+LEARNER_ID = "learner"
+PIPELINE_RESUMABLE = frozenset(
+    {
+        *RESUMABLE_CHANGES,
+        "pipeline.redis_url",
+        "pipeline.num_actors",
+        "pipeline.max_queued",
+        "pipeline.batch_timeout_s",
+        "pipeline.actor_timeout_s",
+        "pipeline.reconnect_timeout_s",
+        "pipeline.stop_timeout_s",
+    }
+)
+"""Config fields a pipeline run may change on resume (and in which an actor's config may
+differ from the run's): ``job.RESUMABLE_CHANGES`` plus the pipeline's plumbing. Not
+``pipeline.prefix``: the queue lives under it."""
+
+
+def require_pipeline_mode(config: RunConfig, command: str) -> None:
+    """``ludic learner`` / ``ludic actor`` need ``trainer.mode: pipeline``."""
+    if config.trainer.mode != "pipeline":
+        raise RunError(
+            f"trainer.mode={config.trainer.mode!r}: `{command}` is one side of the actor/"
+            "learner pipeline; set trainer.mode=pipeline (or run `ludic train` for mode "
+            f"{config.trainer.mode})"
+        )
+
+
+def pipeline_prefix(config: RunConfig, run_path: Path) -> str:
+    """``pipeline.prefix``, else the run directory's name (NAME-TIMESTAMP)."""
+    prefix = config.pipeline.prefix or Path(run_path).resolve().name
+    if any(c.isspace() for c in prefix):
+        raise RunError(
+            f"the run directory name {prefix!r} has a space, so it cannot be the Redis key "
+            "prefix; set pipeline.prefix"
+        )
+    return prefix
+
+
+def make_queue(config: RunConfig, url: str, prefix: str) -> Any:
+    """A ``RedisBatchQueue`` with the run's settings (imported here: it needs ``redis``)."""
+    try:
+        from ludic.training.batching.redis_queue import RedisBatchQueue
+    except ImportError as err:
+        raise RunError(f"trainer.mode=pipeline: {err}") from None
+    p = config.pipeline
+    return RedisBatchQueue(
+        url,
+        prefix=prefix,
+        max_queued=p.max_queued,
+        learner_id=LEARNER_ID,
+        push_timeout_s=p.actor_timeout_s,
+        block_s=1.0,
+        reconnect_timeout_s=p.reconnect_timeout_s,
+    )
+
+
+def write_pipeline_info(run: RunDirectory, redis_url: str, prefix: str) -> None:
+    """``RUN_DIR/pipeline.json``: where the run's queue is (written atomically)."""
+    path = run.path / PIPELINE_INFO
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"redis_url": redis_url, "prefix": prefix}, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def wait_for_redis_url(run_path: Path, timeout_s: float) -> str:
+    """The Redis URL in ``RUN_DIR/pipeline.json``, waiting up to ``timeout_s`` for a
+    learner to write it."""
+    path = Path(run_path) / PIPELINE_INFO
+    deadline = time.monotonic() + timeout_s
+    while not path.is_file():
+        if time.monotonic() >= deadline:
+            raise RunError(
+                f"--run-dir {str(run_path)!r}: no {PIPELINE_INFO} after {timeout_s:g}s, so "
+                "the Redis URL is unknown; start `ludic learner CONFIG` first and pass the "
+                "run directory it prints, or set pipeline.redis_url"
+            )
+        time.sleep(0.2)
+    return str(json.loads(path.read_text())["redis_url"])
+
+
+def open_learner_run(
+    config: RunConfig, run_dir: str | Path | None
+) -> tuple[RunDirectory, RunConfig]:
+    """The learner's run directory: a new OUTPUT_DIR/NAME-TIMESTAMP (``run_dir`` None),
+    ``run_dir`` created afresh when it does not exist (or is empty), or the run in
+    ``run_dir`` continued, its saved config checked against ``config`` (only
+    :data:`PIPELINE_RESUMABLE` fields may differ). Saves the config."""
+    from ludic.run.run_dir import open_run
+
+    if run_dir is None:
+        return open_run(config, resume=None, resumable=PIPELINE_RESUMABLE)
+    path = Path(run_dir)
+    if (path / "config.yaml").is_file():
+        return open_run(config, resume=path, resumable=PIPELINE_RESUMABLE)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise RunError(
+            f"--run-dir {str(run_dir)!r} exists but is not a run directory (no config.yaml); "
+            "pass a run directory, a new path, or an empty folder"
+        )
+    path.mkdir(parents=True, exist_ok=True)
+    run = RunDirectory(path)
+    run.save_config(config)
+    return run, config
+
+
+def check_same_run(config: RunConfig, run: RunDirectory) -> None:
+    """An actor must generate for the run's config: only :data:`PIPELINE_RESUMABLE`
+    fields may differ from ``RUN_DIR/config.yaml``."""
+    saved = run.load_config().model_dump()
+    changed = sorted(
+        key
+        for key in _flat_diff(saved, config.model_dump())
+        if not any(key == r or key.startswith(r + ".") for r in PIPELINE_RESUMABLE)
+    )
+    if changed:
+        raise RunError(
+            f"the actor's config differs from the learner's ({run.config_path}) at {changed}; "
+            f"start actors with the run's own config: ludic actor {run.config_path} "
+            f"--run-dir {run.path}"
+        )

@@ -1,0 +1,258 @@
+"""``ludic learner CONFIG``: the pipeline's learner (Redis -> Trainer -> publish).
+
+Reads top to bottom like ``ludic train``'s job, with a Redis queue where the rollouts were:
+
+1. the run directory: new, or continued (``--run-dir``; a checkpoint is resumed);
+2. Redis: ``pipeline.redis_url``, or a local redis-server (fsync-always AOF in
+   RUN_DIR/redis) that lives as long as this learner; ``RUN_DIR/pipeline.json`` says where;
+3. the warm start (SFT), here, before RL, when ``warm_start.steps > 0``: the warm-started
+   weights are the first ones published, so every actor starts from them;
+4. RL: a ``Trainer`` on a ``PipelineBatchSource`` (batches from the actors; items staler
+   than ``trainer.max_staleness`` dropped), publishing after every ``publish_every`` steps:
+   to the vLLM server that actors generate from (``inference.backend: vllm``: the learner
+   starts it or connects to it, and owns its weight-sync group), or into Redis
+   (``transformers``: each actor reloads its in-process copy before its next batch). The
+   starting weights are published as version ``trainer.step`` before the learner announces
+   itself in ``P:learner``; actors wait for that announcement. Checkpoints, resume,
+   ``metrics.jsonl`` and greedy evaluations are those of ``ludic train``'s RL phase
+   (``samples.jsonl`` is not written: rollouts stay on the actors);
+5. the end: after ``trainer.steps`` steps the learner sets ``P:done`` (actors stop, later
+   pushes are refused, batches still queued are recorded in ``P:unused``), withdraws its
+   announcement, writes the reward curve and the summary.
+
+A failure or Ctrl-C/SIGTERM checkpoints the last step (as ``ludic train`` does) and does
+not end the run in Redis: a learner restarted on the same run directory requeues the
+batches it had taken but not acknowledged, continues the version from its checkpoint, and
+actors that are still waiting go on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from ludic.distributed import ClientPolicyPublisher
+from ludic.inference import HFChatTemplate
+from ludic.run.builders import (
+    inference_backend,
+    load_policy,
+    make_algorithm,
+    make_engine,
+    rl_sample_filter,
+    rl_trainer_config,
+)
+from ludic.run.config import RunConfig
+from ludic.run.errors import RunError
+from ludic.run.job import (
+    _checkpoint_config,
+    _loggers,
+    _pad_id,
+    _run_rl,
+    _summary,
+    _warm_start,
+)
+from ludic.run.pipeline import (
+    make_queue,
+    open_learner_run,
+    pipeline_prefix,
+    require_pipeline_mode,
+    write_pipeline_info,
+)
+from ludic.run.plot import plot_reward_curve
+from ludic.run.preflight import check_config
+from ludic.run.progress import print_summary
+from ludic.run.run_dir import RunDirectory
+from ludic.run.signals import terminate_as_interrupt
+from ludic.run.steps import checkpoint_on_failure
+from ludic.training import Trainer
+
+__all__ = ["run_learner"]
+
+
+def run_learner(config: RunConfig, *, run_dir: str | Path | None = None) -> Path:
+    """Run (or continue, with ``run_dir``) the learner of a pipeline run; returns the run
+    directory once ``trainer.steps`` RL steps are done."""
+    with terminate_as_interrupt():
+        require_pipeline_mode(config, "ludic learner")
+        check_config(config)
+        _check_vllm_key(config)
+        return _learn(config, run_dir)
+
+
+def _learn(config: RunConfig, run_dir: str | Path | None) -> Path:
+    console = Console()
+    run, config = open_learner_run(config, run_dir)
+    console.print(f"run directory: [bold]{run.path}[/bold]")
+    started = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        url = config.pipeline.redis_url
+        if url is None:
+            from ludic.training.batching.redis_server import start_redis_server
+
+            server = start_redis_server(run.path / "redis", die_with_parent=True)
+            stack.callback(server.stop)
+            url = server.url
+            console.print(f"redis-server: {url} (AOF in {server.data_dir}, log {server.log_path})")
+        prefix = pipeline_prefix(config, run.path)
+        queue = make_queue(config, url, prefix)
+        stack.callback(queue.close)
+        queue.start_run()  # clears an earlier end of this run (trainer.steps raised on resume)
+        write_pipeline_info(run, url, prefix)
+        console.print(
+            f"pipeline: Redis {url}, prefix {prefix!r}; start actors with: "
+            f"ludic actor {run.config_path} --run-dir {run.path}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        policy, tokenizer = load_policy(config, run.model_dir)
+        if config.warm_start.steps > 0 and not run.has_checkpoint("rl"):
+            _warm_start(config, run, policy, tokenizer, resuming=True, console=console)
+        client = stack.enter_context(
+            inference_backend(config, policy, tokenizer, model_dir=run.model_dir, log_dir=run.path)
+        )
+        _reinforce_from_queue(config, run, policy, tokenizer, client, queue, console)
+        if config.pipeline.redis_url is None:  # our Redis stops with us: let actors leave
+            _wait_for_actors_to_leave(queue, config.pipeline.stop_timeout_s)
+    plot_reward_curve(run.read_metrics(), run.plot_path, title=config.name)
+    summary = _summary(run, time.perf_counter() - started)
+    run.write_summary(summary)
+    print_summary(console, summary, title="ludic pipeline learner summary")
+    return run.path
+
+
+def _reinforce_from_queue(
+    config: RunConfig,
+    run: RunDirectory,
+    policy: torch.nn.Module,
+    tokenizer: Any,
+    client: Any,
+    queue: Any,
+    console: Console,
+) -> None:
+    from ludic.training.batching.pipeline import PipelineBatchSource
+
+    # reward_rl scores completions in a rollout hook, on the actors; the learner only needs
+    # the loss, so it gets no reward model.
+    algorithm = make_algorithm(config, reward_client=_NoRewardModel())
+    source = PipelineBatchSource(
+        queue,
+        max_staleness=config.trainer.staleness,
+        batch_timeout_s=config.pipeline.batch_timeout_s,
+    )
+    title = f"RL ({algorithm.name}, pipeline)"
+    loggers = _loggers(config, run, "rl", title, config.trainer.steps, console)
+    trainer = Trainer(
+        policy,
+        algorithm,
+        source,
+        rl_trainer_config(config, _pad_id(tokenizer)),
+        publisher=_publisher(config, client, queue),
+        checkpoint=_checkpoint_config(config, run, "rl"),
+        loggers=loggers,
+        sample_filter=rl_sample_filter(config, algorithm),
+    )
+    eval_engine = make_engine(
+        config, client, HFChatTemplate(tokenizer), env_overrides=config.env.eval_kwargs
+    )
+
+    def announce() -> None:
+        # The weights of version trainer.step are published: continue the pipeline's
+        # version from here (this also requeues batches a crashed learner had taken and
+        # announces max_staleness), then tell the actors.
+        source.set_version(trainer.step)
+        vllm = config.inference.backend == "vllm"
+        queue.announce_learner(
+            {
+                "version": trainer.step,
+                "steps": config.trainer.steps,
+                "weights": "vllm" if vllm else "redis",
+                "inference_url": client.base_url if vllm else None,
+                "max_staleness": config.trainer.staleness,
+                "run_dir": str(run.path),
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "started_at": time.time(),
+            }
+        )
+        console.print(f"learner: serving version {trainer.step}; waiting for actors' batches")
+
+    with checkpoint_on_failure(trainer, loggers[0], console):
+        _run_rl(
+            config,
+            run,
+            trainer,
+            source,
+            eval_engine,
+            loggers[0],
+            resuming=True,
+            console=console,
+            on_published=announce,
+        )
+    unused = queue.finish_run()
+    queue.withdraw_learner()
+    console.print(
+        f"learner: {trainer.step} steps done; the run is over for the actors"
+        + (f" ({unused} queued batches left untrained, recorded in P:unused)" if unused else "")
+    )
+
+
+def _publisher(config: RunConfig, client: Any, queue: Any) -> Any:
+    """vLLM: the server(s) the actors sample from, through the client's weight-sync
+    group. transformers: Redis (for the actors) and the learner's own in-process copy
+    (for its evaluations)."""
+    if config.inference.backend == "vllm":
+        return ClientPolicyPublisher(client)
+    from ludic.training.batching.redis_weights import RedisWeightPublisher
+
+    return _FanOutPublisher([RedisWeightPublisher(queue), ClientPolicyPublisher(client)])
+
+
+class _FanOutPublisher:
+    """A ``PolicyPublisher`` that publishes to each of ``publishers`` in turn."""
+
+    def __init__(self, publishers: Sequence[Any]) -> None:
+        self.publishers = list(publishers)
+
+    def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        for publisher in self.publishers:
+            publisher.publish(state_dict, version)
+
+
+class _NoRewardModel:
+    """Stands in for the reward client on the learner, which never scores."""
+
+    async def score_batch(self, inputs: Any, *, normalize: bool = True) -> list[float]:
+        raise RuntimeError("the pipeline learner scores nothing; actors run the reward model")
+
+
+def _wait_for_actors_to_leave(queue: Any, timeout_s: float) -> None:
+    """Before a learner-owned Redis stops: wait (at most ``timeout_s``) until no actor
+    holds a batch claim, i.e. every actor saw the end of the run."""
+    deadline = time.monotonic() + timeout_s
+    claims = queue.keys.claims
+    while queue.call("count claims", lambda c: c.hlen(claims)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(0.5)  # an actor between two batches checks the done flag before claiming
+
+
+def _check_vllm_key(config: RunConfig) -> None:
+    """Actors must authenticate to the vLLM server the learner starts."""
+    from ludic.inference.vllm.security import API_KEY_ENV
+
+    v = config.inference.vllm
+    if config.inference.backend != "vllm" or not v.start_server:
+        return
+    if not (v.api_key or os.environ.get(API_KEY_ENV)):
+        raise RunError(
+            "inference.vllm.api_key: the learner starts the vLLM server and the actors must "
+            f"know its key; set ${API_KEY_ENV} (or inference.vllm.api_key) for the learner "
+            "and every actor (`ludic train` does this for you)"
+        )
