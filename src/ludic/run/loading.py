@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from ludic.run.config import RunConfig
+from ludic.run.config import PRESET_FIELDS, RunConfig
 
 
 class ConfigError(ValueError):
@@ -152,5 +152,11 @@ def _close_field(loc: list[str]) -> str:
 
 
 def dump_config(config: RunConfig) -> str:
-    """The resolved config as YAML (what the run directory stores)."""
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    """The resolved config as YAML (what the run directory stores). Loading it gives the
+    same config back: the algorithm fields that go to the preset only when written
+    (``PRESET_FIELDS``) are left out unless they were written, so the saved file can be
+    given as CONFIG (``ludic train``'s pipeline mode starts its processes that way)."""
+    data = config.model_dump(mode="json")
+    unset = set(PRESET_FIELDS) - config.algorithm.model_fields_set
+    data["algorithm"] = {k: v for k, v in data["algorithm"].items() if k not in unset}
+    return yaml.safe_dump(data, sort_keys=False)

@@ -1,0 +1,228 @@
+"""``ludic train`` with ``trainer.mode: pipeline``, ``ludic learner`` and ``ludic actor`` on a
+tiny budget: real processes, a real redis-server, the tiny model on the transformers backend
+(weights through Redis)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from tests.pipeline.helpers import require_redis_server
+
+from ludic import cli
+from ludic.run import job
+from ludic.run.builders import load_policy
+from ludic.run.loading import ConfigError, load_config
+from ludic.training.batching.redis_queue import RedisBatchQueue
+from ludic.training.batching.redis_weights import decode_weights
+from ludic.training.checkpoint import load_checkpoint
+
+pytestmark = pytest.mark.redis
+
+DEMO = Path(job.__file__).parents[1] / "configs" / "arithmetic_demo.yaml"
+TINY = [
+    "warm_start.steps=2",
+    "warm_start.num_demos=8",
+    "warm_start.batch_size=8",
+    "trainer.steps=4",
+    "trainer.prompts_per_step=2",
+    "trainer.checkpoint_every=2",
+    "algorithm.group_size=2",
+    "eval.num_problems=4",
+    "logging.console_every=1",
+    "env.kwargs.num_problems=8",
+    "trainer.mode=pipeline",
+    "trainer.max_staleness=1",
+]
+
+
+def _overrides(out: Path, *extra: str) -> list[str]:
+    return [f"output_dir={out}", *TINY, *extra]
+
+
+def _records(run_dir: Path, phase: str) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().split("\n")[:-1]
+    return [r for r in map(json.loads, lines) if r["phase"] == phase]
+
+
+def _queue(url: str, prefix: str) -> RedisBatchQueue:
+    return RedisBatchQueue(url, prefix=prefix, reconnect_timeout_s=5.0)
+
+
+def _ludic(*argv: str, out: Path, name: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "ludic", *argv],
+        stdout=(out / f"{name}.out").open("w"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+    )
+
+
+def _assert_every_step_trained_once_within_staleness(run_dir: Path, q: RedisBatchQueue) -> None:
+    rl = _records(run_dir, "rl")
+    assert [r["step"] for r in rl] == [1, 2, 3, 4]
+    for r in rl:
+        assert r["policy_version"] == r["step"]
+        assert 0 <= r["staleness/max"] <= 1 and r["dropped/stale"] == 0
+    trained = q.records("trained")
+    assert sorted(r["version"] for r in trained.values()) == [1, 2, 3, 4]
+    assert q.queued() == 0 and q.client.llen(q.processing_key) == 0
+    c = q.counters()
+    assert c["trained_batches"] == 4
+    # every batch an actor pushed was trained, or queued when the run ended
+    assert set(q.records("produced")) == set(trained) | set(q.records("unused"))
+    assert q.is_done() and q.learner_info() is None
+
+
+def test_one_command_pipeline_with_two_actors_trains_every_step_within_max_staleness(
+    redis_server, tmp_path: Path
+) -> None:
+    prefix = f"cli-{time.monotonic_ns()}"
+    config = load_config(
+        DEMO,
+        _overrides(
+            tmp_path,
+            "pipeline.num_actors=2",
+            f"pipeline.redis_url={redis_server.url}",
+            f"pipeline.prefix={prefix}",
+        ),
+    )
+    started = time.monotonic()
+    run_dir = job.train(config)
+    print(f"one-command pipeline run: {time.monotonic() - started:.1f}s")
+    q = _queue(redis_server.url, prefix)
+    _assert_every_step_trained_once_within_staleness(run_dir, q)
+    assert {r["actor_id"] for r in q.records("produced").values()} <= {"actor-0", "actor-1"}
+    assert [r["step"] for r in _records(run_dir, "warm_start")] == [1, 2]
+    assert [r["step"] for r in _records(run_dir, "eval")] == [0, 4]
+    for name in ("learner", "actor-0", "actor-1"):
+        assert (run_dir / "logs" / f"{name}.log").stat().st_size > 0
+    assert "pushed" in (run_dir / "logs" / "actor-0.log").read_text()
+
+    # The weights the actors would load next are the learner's final ones (the checkpoint).
+    tensors, version = decode_weights(q.client.get(q.keys.weights))
+    assert version == 4
+    policy, _ = load_policy(config, run_dir / "model")
+    load_checkpoint(run_dir / "checkpoints" / "rl" / "step_00000004", policy)
+    for name, tensor in policy.state_dict().items():
+        assert torch.equal(tensors[name], tensor), name
+
+
+def test_learner_and_actor_commands_run_as_separate_processes(redis_server, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    common = _overrides(tmp_path, f"pipeline.redis_url={redis_server.url}")
+    learner = _ludic(
+        "learner", str(DEMO), *common, "--run-dir", str(run_dir), out=tmp_path, name="learner"
+    )
+    actor = _ludic(
+        "actor",
+        str(DEMO),
+        *common,
+        "--run-dir",
+        str(run_dir),
+        "--actor-id",
+        "solo",
+        out=tmp_path,
+        name="actor",
+    )
+    try:
+        assert learner.wait(timeout=240) == 0, (tmp_path / "learner.out").read_text()[-3000:]
+        assert actor.wait(timeout=60) == 0, (tmp_path / "actor.out").read_text()[-3000:]
+    finally:
+        for process in (learner, actor):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    q = _queue(redis_server.url, prefix=run_dir.name)  # the default prefix: the run's name
+    _assert_every_step_trained_once_within_staleness(run_dir, q)
+    assert {r["actor_id"] for r in q.records("produced").values()} == {"solo"}
+    assert json.loads((run_dir / "pipeline.json").read_text()) == {
+        "redis_url": redis_server.url,
+        "prefix": run_dir.name,
+    }
+    assert "actor solo: pushed" in (tmp_path / "actor.out").read_text()
+
+
+def test_sigterm_to_the_one_command_run_stops_every_process_and_exits_143(tmp_path: Path) -> None:
+    require_redis_server()
+    parent = _ludic(
+        "train",
+        str(DEMO),
+        *_overrides(tmp_path, "trainer.steps=10000", "warm_start.steps=0", "pipeline.num_actors=2"),
+        out=tmp_path,
+        name="train",
+    )
+    family: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 180
+        run_dir = None
+        while time.monotonic() < deadline:
+            found = list(tmp_path.glob("arithmetic-demo-*/metrics.jsonl"))
+            if found and _records(found[0].parent, "rl"):
+                run_dir = found[0].parent
+                break
+            assert parent.poll() is None, (tmp_path / "train.out").read_text()[-3000:]
+            time.sleep(0.2)
+        assert run_dir is not None, "no RL step within 180s"
+        family = psutil.Process(parent.pid).children(recursive=True)
+        names = " ".join(" ".join(p.cmdline()[:4]) for p in family)
+        assert "redis-server" in names and names.count(" actor") == 2 and " learner" in names
+        parent.send_signal(signal.SIGTERM)
+        assert parent.wait(timeout=120) == 143, (tmp_path / "train.out").read_text()[-3000:]
+        _gone, alive = psutil.wait_procs(family, timeout=10)
+        assert alive == [], [p.cmdline() for p in alive]
+        assert any((run_dir / "checkpoints" / "rl").glob("step_*"))  # the learner checkpointed
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)
+        for p in family:  # never leave a process behind, even when failing
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
+def test_an_actor_without_a_learner_fails_with_a_timeout_error(
+    redis_server, tmp_path: Path, capsys
+) -> None:
+    argv = ["actor", str(DEMO), *_overrides(tmp_path), "--run-dir", str(tmp_path / "none")]
+    started = time.monotonic()
+    assert cli.main([*argv, "pipeline.actor_timeout_s=0.5"]) == 2
+    assert "no pipeline.json after 0.5s" in capsys.readouterr().err
+    code = cli.main(
+        [*argv, "pipeline.actor_timeout_s=0.5", f"pipeline.redis_url={redis_server.url}"]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "error: no learner announced itself" in err and "within 0.5s" in err
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("command", ["learner", "actor"])
+def test_learner_and_actor_need_pipeline_mode(tmp_path: Path, capsys, command: str) -> None:
+    code = cli.main([command, str(DEMO), "--run-dir", str(tmp_path), "trainer.mode=async"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"trainer.mode='async': `ludic {command}` is one side of the actor/learner" in err
+
+
+def test_pipeline_config_errors_name_the_field(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"config: pipeline is set but trainer.mode='sync'"):
+        load_config(DEMO, ["pipeline.num_actors=2"])
+    with pytest.raises(ConfigError, match=r"pipeline.num_actors: .* greater than or equal to 1"):
+        load_config(DEMO, _overrides(tmp_path, "pipeline.num_actors=0"))
+    with pytest.raises(ConfigError, match=r"pipeline.redis_url: not a Redis URL"):
+        load_config(DEMO, _overrides(tmp_path, "pipeline.redis_url=localhost:6379"))
+    with pytest.raises(ConfigError, match=r"max_staleness=0 < publish_every - 1 = 1"):
+        load_config(
+            DEMO, _overrides(tmp_path, "trainer.max_staleness=0", "trainer.publish_every=2")
+        )
+    config = load_config(DEMO, _overrides(tmp_path))
+    assert config.trainer.staleness == 1 and config.pipeline.redis_url is None
