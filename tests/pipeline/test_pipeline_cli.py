@@ -23,6 +23,7 @@ from ludic.run import job
 from ludic.run.builders import load_policy
 from ludic.run.loading import ConfigError, load_config
 from ludic.training.batching.redis_queue import RedisBatchQueue
+from ludic.training.batching.redis_server import start_redis_server
 from ludic.training.batching.redis_weights import decode_weights
 from ludic.training.checkpoint import load_checkpoint
 
@@ -152,41 +153,92 @@ def test_learner_and_actor_commands_run_as_separate_processes(redis_server, tmp_
     assert "actor solo: pushed" in (tmp_path / "actor.out").read_text()
 
 
-def test_sigterm_to_the_one_command_run_stops_every_process_and_exits_143(tmp_path: Path) -> None:
+def _start_long_run(out: Path) -> tuple[subprocess.Popen, Path, list[psutil.Process]]:
+    """``ludic train`` (pipeline, local redis-server, 2 actors) until its first RL step:
+    the parent, the run directory and every process under the parent."""
     require_redis_server()
     parent = _ludic(
         "train",
         str(DEMO),
-        *_overrides(tmp_path, "trainer.steps=10000", "warm_start.steps=0", "pipeline.num_actors=2"),
-        out=tmp_path,
+        *_overrides(out, "trainer.steps=10000", "warm_start.steps=0", "pipeline.num_actors=2"),
+        out=out,
         name="train",
     )
-    family: list[psutil.Process] = []
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        found = list(out.glob("arithmetic-demo-*/metrics.jsonl"))
+        if found and _records(found[0].parent, "rl"):
+            family = psutil.Process(parent.pid).children(recursive=True)
+            names = " ".join(" ".join(p.cmdline()[:4]) for p in family)
+            assert "redis-server" in names and " learner" in names, names
+            assert names.count(" actor") == 2, names
+            return parent, found[0].parent, family
+        if parent.poll() is not None:
+            break
+        time.sleep(0.2)
+    os.killpg(parent.pid, signal.SIGKILL)
+    raise AssertionError(f"no RL step: {(out / 'train.out').read_text()[-3000:]}")
+
+
+def _kill_all(parent: subprocess.Popen, family: list[psutil.Process]) -> None:
+    """Never leave a process behind, even when a test fails."""
+    if parent.poll() is None:
+        os.killpg(parent.pid, signal.SIGKILL)
+    for p in family:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+
+
+def test_kill_9_of_the_one_command_parent_ends_its_children(tmp_path: Path) -> None:
+    parent, _run_dir, family = _start_long_run(tmp_path)
     try:
-        deadline = time.monotonic() + 180
-        run_dir = None
-        while time.monotonic() < deadline:
-            found = list(tmp_path.glob("arithmetic-demo-*/metrics.jsonl"))
-            if found and _records(found[0].parent, "rl"):
-                run_dir = found[0].parent
-                break
-            assert parent.poll() is None, (tmp_path / "train.out").read_text()[-3000:]
-            time.sleep(0.2)
-        assert run_dir is not None, "no RL step within 180s"
-        family = psutil.Process(parent.pid).children(recursive=True)
-        names = " ".join(" ".join(p.cmdline()[:4]) for p in family)
-        assert "redis-server" in names and names.count(" actor") == 2 and " learner" in names
+        parent.kill()  # SIGKILL: nothing runs in the parent; the kernel signals the children
+        parent.wait(timeout=10)
+        _gone, alive = psutil.wait_procs(family, timeout=60)
+        assert alive == [], [p.cmdline() for p in alive]
+    finally:
+        _kill_all(parent, family)
+
+
+def test_sigterm_stops_every_process_of_a_one_command_run_and_resume_finishes_it(
+    tmp_path: Path,
+) -> None:
+    parent, run_dir, family = _start_long_run(tmp_path)
+    try:
         parent.send_signal(signal.SIGTERM)
         assert parent.wait(timeout=120) == 143, (tmp_path / "train.out").read_text()[-3000:]
         _gone, alive = psutil.wait_procs(family, timeout=10)
         assert alive == [], [p.cmdline() for p in alive]
-        assert any((run_dir / "checkpoints" / "rl").glob("step_*"))  # the learner checkpointed
+        checkpoints = sorted((run_dir / "checkpoints" / "rl").glob("step_*"))
+        assert checkpoints, "the learner did not checkpoint on SIGTERM"
     finally:
-        if parent.poll() is None:
-            os.killpg(parent.pid, signal.SIGKILL)
-        for p in family:  # never leave a process behind, even when failing
-            with contextlib.suppress(psutil.Error):
-                p.kill()
+        _kill_all(parent, family)
+
+    # --resume continues from the checkpoint with the queue Redis kept in its AOF.
+    steps = int(checkpoints[-1].name[5:]) + 2
+    resumed = _ludic(
+        "train",
+        str(DEMO),
+        *_overrides(
+            tmp_path, f"trainer.steps={steps}", "warm_start.steps=0", "pipeline.num_actors=2"
+        ),
+        "--resume",
+        str(run_dir),
+        out=tmp_path,
+        name="resume",
+    )
+    assert resumed.wait(timeout=180) == 0, (tmp_path / "resume.out").read_text()[-3000:]
+    assert [r["step"] for r in _records(run_dir, "rl")] == list(range(1, steps + 1))
+    server = start_redis_server(run_dir / "redis")  # read what the run left in Redis
+    try:
+        q = _queue(server.url, prefix=run_dir.name)
+        trained = q.records("trained")
+        assert sorted(r["version"] for r in trained.values())[-2:] == [steps - 1, steps]
+        finished = set(trained) | set(q.records("unused")) | set(q.records("dropped"))
+        assert set(q.records("produced")) == finished  # nothing produced was lost
+        assert q.queued() == 0 and q.client.llen(q.processing_key) == 0
+    finally:
+        server.stop()
 
 
 def test_an_actor_without_a_learner_fails_with_a_timeout_error(
