@@ -278,3 +278,32 @@ def test_pipeline_config_errors_name_the_field(tmp_path: Path) -> None:
         )
     config = load_config(DEMO, _overrides(tmp_path))
     assert config.trainer.staleness == 1 and config.pipeline.redis_url is None
+
+
+@pytest.mark.vllm
+def test_one_command_pipeline_on_vllm_actors_generate_from_the_learners_server(
+    redis_server, tmp_path: Path
+) -> None:
+    pytest.importorskip("vllm", reason="vLLM is not installed")
+    prefix = f"cli-vllm-{time.monotonic_ns()}"
+    config = load_config(
+        DEMO,
+        _overrides(
+            tmp_path,
+            "inference.backend=vllm",
+            "warm_start.steps=0",
+            "trainer.steps=2",
+            "eval.num_problems=2",
+            f"pipeline.redis_url={redis_server.url}",
+            f"pipeline.prefix={prefix}",
+        ),
+    )
+    run_dir = job.train(config)
+    rl = _records(run_dir, "rl")
+    assert [r["step"] for r in rl] == [1, 2]
+    assert all(0 <= r["staleness/max"] <= 1 for r in rl)  # versions from the server's header
+    q = _queue(redis_server.url, prefix)
+    assert sorted(r["version"] for r in q.records("trained").values()) == [1, 2]
+    assert q.client.exists(q.keys.weights) == 0  # weights went to the vLLM server, not Redis
+    assert "weights through vllm" in (run_dir / "logs" / "actor-0.log").read_text()
+    assert (run_dir / "vllm_server.log").is_file()
