@@ -65,6 +65,9 @@ examples:
   ludic train my_run.yaml trainer.lr=1e-5 algorithm.name=gspo
   ludic train my_run.yaml --resume runs/my-run-20250101-120000
   ludic eval my_run.yaml --run-dir runs/my-run-20250101-120000
+  ludic train my_run.yaml trainer.mode=pipeline pipeline.num_actors=4
+  ludic learner my_run.yaml trainer.mode=pipeline pipeline.redis_url=redis://host:6379/0
+  ludic actor runs/my-run-20250101-120000/config.yaml --run-dir runs/my-run-20250101-120000
 
 exit codes: 0 ok, 1 unexpected error, 2 bad config or input, 130 interrupted (Ctrl-C),
 143 terminated (SIGTERM; both save a checkpoint).
@@ -285,7 +288,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "Train a policy: optional SFT warm start, then RL with the configured algorithm.",
         details=(
             "Creates OUTPUT_DIR/NAME-TIMESTAMP (config, metrics.jsonl, checkpoints) and\n"
-            "prints it at the end. Ctrl-C saves a checkpoint; continue with --resume."
+            "prints it at the end. Ctrl-C saves a checkpoint; continue with --resume.\n"
+            "With trainer.mode=pipeline it runs Redis, `ludic learner` and\n"
+            "pipeline.num_actors `ludic actor` processes (their logs in RUN_DIR/logs)."
         ),
         examples=(
             "  ludic train my_run.yaml\n"

@@ -91,8 +91,9 @@ def _act(config: RunConfig, run_path: Path, actor_id: str) -> int:
         )
         with contextlib.ExitStack() as stack:
             client, tokenizer, policy_version = _inference(config, run, learner, queue, stack)
-            log_dir = run.path / "logs" / actor_id
-            log_dir.mkdir(parents=True, exist_ok=True)
+            log_dir = run.path / "logs" / actor_id  # a reward server's log, if one starts
+            if config.reward is not None:
+                log_dir.mkdir(parents=True, exist_ok=True)
             reward_client = stack.enter_context(reward_backend(config, log_dir=log_dir))
             algorithm = make_algorithm(config, reward_client=reward_client)
             engine = make_engine(config, client, HFChatTemplate(tokenizer))

@@ -56,7 +56,7 @@ def launch_pipeline(config: RunConfig, *, resume: str | Path | None = None) -> P
     (``job.train`` does), so SIGTERM stops every child as Ctrl-C does."""
     console = Console()
     run, config = open_run(config, resume=resume, resumable=PIPELINE_RESUMABLE)
-    console.print(f"run directory: [bold]{run.path}[/bold]")
+    console.print(f"run directory: [bold]{run.path}[/bold]", highlight=False, soft_wrap=True)
     logs = run.path / "logs"
     logs.mkdir(exist_ok=True)
     p = config.pipeline

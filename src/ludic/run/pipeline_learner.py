@@ -90,7 +90,7 @@ def run_learner(config: RunConfig, *, run_dir: str | Path | None = None) -> Path
 def _learn(config: RunConfig, run_dir: str | Path | None) -> Path:
     console = Console()
     run, config = open_learner_run(config, run_dir)
-    console.print(f"run directory: [bold]{run.path}[/bold]")
+    console.print(f"run directory: [bold]{run.path}[/bold]", highlight=False, soft_wrap=True)
     started = time.perf_counter()
     with contextlib.ExitStack() as stack:
         url = config.pipeline.redis_url
@@ -100,7 +100,11 @@ def _learn(config: RunConfig, run_dir: str | Path | None) -> Path:
             server = start_redis_server(run.path / "redis", die_with_parent=True)
             stack.callback(server.stop)
             url = server.url
-            console.print(f"redis-server: {url} (AOF in {server.data_dir}, log {server.log_path})")
+            console.print(
+                f"redis-server: {url} (AOF in {server.data_dir}, log {server.log_path})",
+                highlight=False,
+                soft_wrap=True,
+            )
         prefix = pipeline_prefix(config, run.path)
         queue = make_queue(config, url, prefix)
         stack.callback(queue.close)
@@ -200,7 +204,8 @@ def _reinforce_from_queue(
     queue.withdraw_learner()
     console.print(
         f"learner: {trainer.step} steps done; the run is over for the actors"
-        + (f" ({unused} queued batches left untrained, recorded in P:unused)" if unused else "")
+        + (f" ({unused} queued batches left untrained, recorded in P:unused)" if unused else ""),
+        soft_wrap=True,
     )
 
 
