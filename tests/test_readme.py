@@ -13,5 +13,7 @@ def test_readme_tour_runs_and_publishes_each_step() -> None:
     assert len(blocks) >= 4, "the README tour lost its code blocks"
     namespace: dict = {"__name__": "readme_tour"}
     exec(compile("\n".join(blocks), str(README), "exec"), namespace)
-    assert namespace["client"].policy_version == 2
     assert len(namespace["metrics"]) == 2
+    # The async snippet's new trainer counts from 0 again: versions 1, 2, 3.
+    assert [m["policy_version"] for m in namespace["history"]] == [1, 2, 3]
+    assert namespace["client"].policy_version == 3

@@ -276,13 +276,8 @@ def make_decoupled_ppo(
     return needs no groups; with several samples per prompt prefer
     ``make_decoupled_grpo``, whose group baseline has lower variance.
     """
-    loss = DecoupledClippedSurrogateLoss(
-        clip_eps_low=clip_eps_low,
-        clip_eps_high=clip_eps_high,
-        behaviour_weight_cap=behaviour_weight_cap,
-        behaviour_weight_mode=behaviour_weight_mode,
-        dual_clip_c=dual_clip_c,
-        aggregation=TokenAggregation.TOKEN_MEAN,
+    loss = _token_mean_decoupled_loss(
+        clip_eps_low, clip_eps_high, dual_clip_c, behaviour_weight_cap, behaviour_weight_mode
     )
     return RLAlgorithm(
         "decoupled_ppo",
@@ -306,7 +301,20 @@ def make_decoupled_grpo(
     ``make_grpo``; loss ``DecoupledClippedSurrogateLoss`` as ``make_decoupled_ppo``;
     aggregation TOKEN_MEAN. Needs proximal logprobs."""
     credit = _group_credit("make_decoupled_grpo", group_size, normalize_std)
-    loss = DecoupledClippedSurrogateLoss(
+    loss = _token_mean_decoupled_loss(
+        clip_eps_low, clip_eps_high, dual_clip_c, behaviour_weight_cap, behaviour_weight_mode
+    )
+    return RLAlgorithm("decoupled_grpo", credit, loss)
+
+
+def _token_mean_decoupled_loss(
+    clip_eps_low: float,
+    clip_eps_high: float,
+    dual_clip_c: float | None,
+    behaviour_weight_cap: float | None,
+    behaviour_weight_mode: BehaviourWeightMode,
+) -> DecoupledClippedSurrogateLoss:
+    return DecoupledClippedSurrogateLoss(
         clip_eps_low=clip_eps_low,
         clip_eps_high=clip_eps_high,
         behaviour_weight_cap=behaviour_weight_cap,
@@ -314,7 +322,6 @@ def make_decoupled_grpo(
         dual_clip_c=dual_clip_c,
         aggregation=TokenAggregation.TOKEN_MEAN,
     )
-    return RLAlgorithm("decoupled_grpo", credit, loss)
 
 
 def make_reward_rl(

@@ -73,6 +73,31 @@ def _sequence_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1.0)
 
 
+def clipped_token_stats(
+    loss: torch.Tensor,
+    ratio: torch.Tensor,
+    log_ratio: torch.Tensor,
+    mask: torch.Tensor,
+    clip_active: torch.Tensor,
+    dual_active: torch.Tensor | None,
+    log_ratio_clamp: float,
+) -> dict[str, float]:
+    """The stats of a per-token clipped surrogate: loss, ratio_mean, clip_frac, approx_kl
+    (k3 estimate of KL(pi_old || pi_theta) on the clamped log-ratio) and, with dual clip,
+    dual_clip_frac."""
+    with torch.no_grad():
+        k3 = (ratio - 1.0) - log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
+    stats = {
+        "loss": float(loss.detach()),
+        "ratio_mean": masked_mean(ratio, mask),
+        "clip_frac": masked_mean(clip_active.to(mask.dtype), mask),
+        "approx_kl": masked_mean(k3, mask),
+    }
+    if dual_active is not None:
+        stats["dual_clip_frac"] = masked_mean(dual_active.to(mask.dtype), mask)
+    return stats
+
+
 @dataclass(frozen=True)
 class TokenClippedSurrogateLoss:
     """Per-token clipped surrogate: PPO (arXiv:1707.06347, eq. 7) as used by GRPO
@@ -122,17 +147,9 @@ class TokenClippedSurrogateLoss:
         loss = aggregate_tokens(
             per_token, inputs, self.aggregation, constant_normalizer=self.constant_normalizer
         )
-        with torch.no_grad():
-            clamp = self.log_ratio_clamp
-            k3 = (ratio - 1.0) - log_ratio.clamp(-clamp, clamp)
-        stats = {
-            "loss": float(loss.detach()),
-            "ratio_mean": masked_mean(ratio, mask),
-            "clip_frac": masked_mean(clip_active.to(mask.dtype), mask),
-            "approx_kl": masked_mean(k3, mask),
-        }
-        if dual_active is not None:
-            stats["dual_clip_frac"] = masked_mean(dual_active.to(mask.dtype), mask)
+        stats = clipped_token_stats(
+            loss, ratio, log_ratio, mask, clip_active, dual_active, self.log_ratio_clamp
+        )
         return LossOutput(loss=loss, stats=stats)
 
 

@@ -28,7 +28,7 @@ from ludic.training.losses.base import (
     require_old_logprobs,
     require_proximal_logprobs,
 )
-from ludic.training.losses.clipped import clipped_token_objective
+from ludic.training.losses.clipped import clipped_token_objective, clipped_token_stats
 
 BehaviourWeightMode = Literal["truncate", "mask"]
 BEHAVIOUR_WEIGHT_MODES: tuple[str, ...] = ("truncate", "mask")
@@ -130,17 +130,9 @@ class DecoupledClippedSurrogateLoss:
             self.aggregation,
             constant_normalizer=self.constant_normalizer,
         )
-        with torch.no_grad():
-            clamp = self.log_ratio_clamp
-            k3 = (ratio - 1.0) - log_ratio.clamp(-clamp, clamp)
-        stats = {
-            "loss": float(loss.detach()),
-            "ratio_mean": masked_mean(ratio, mask),
-            "clip_frac": masked_mean(clip_active.to(mask.dtype), mask),
-            "behaviour_weight_mean": masked_mean(weight, mask),
-            "behaviour_weight_capped_frac": masked_mean(capped.to(mask.dtype), mask),
-            "approx_kl": masked_mean(k3, mask),
-        }
-        if dual_active is not None:
-            stats["dual_clip_frac"] = masked_mean(dual_active.to(mask.dtype), mask)
+        stats = clipped_token_stats(
+            loss, ratio, log_ratio, mask, clip_active, dual_active, self.log_ratio_clamp
+        )
+        stats["behaviour_weight_mean"] = masked_mean(weight, mask)
+        stats["behaviour_weight_capped_frac"] = masked_mean(capped.to(mask.dtype), mask)
         return LossOutput(loss=loss, stats=stats)
