@@ -119,23 +119,14 @@ def test_one_command_pipeline_with_two_actors_trains_every_step_within_max_stale
         assert torch.equal(tensors[name], tensor), name
 
 
-def test_learner_and_actor_commands_run_as_separate_processes(redis_server, tmp_path: Path) -> None:
+def test_learner_and_actor_commands_run_as_separate_processes(tmp_path: Path) -> None:
+    """No pipeline.redis_url: the learner starts its own redis-server and the actor finds
+    it through RUN_DIR/pipeline.json (both started at once: the actor waits)."""
+    require_redis_server()
     run_dir = tmp_path / "run"
-    common = _overrides(tmp_path, f"pipeline.redis_url={redis_server.url}")
-    learner = _ludic(
-        "learner", str(DEMO), *common, "--run-dir", str(run_dir), out=tmp_path, name="learner"
-    )
-    actor = _ludic(
-        "actor",
-        str(DEMO),
-        *common,
-        "--run-dir",
-        str(run_dir),
-        "--actor-id",
-        "solo",
-        out=tmp_path,
-        name="actor",
-    )
+    common = [str(DEMO), *_overrides(tmp_path), "--run-dir", str(run_dir)]
+    learner = _ludic("learner", *common, out=tmp_path, name="learner")
+    actor = _ludic("actor", *common, "--actor-id", "solo", out=tmp_path, name="actor")
     try:
         assert learner.wait(timeout=240) == 0, (tmp_path / "learner.out").read_text()[-3000:]
         assert actor.wait(timeout=60) == 0, (tmp_path / "actor.out").read_text()[-3000:]
@@ -143,14 +134,16 @@ def test_learner_and_actor_commands_run_as_separate_processes(redis_server, tmp_
         for process in (learner, actor):
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
-    q = _queue(redis_server.url, prefix=run_dir.name)  # the default prefix: the run's name
-    _assert_every_step_trained_once_within_staleness(run_dir, q)
-    assert {r["actor_id"] for r in q.records("produced").values()} == {"solo"}
-    assert json.loads((run_dir / "pipeline.json").read_text()) == {
-        "redis_url": redis_server.url,
-        "prefix": run_dir.name,
-    }
     assert "actor solo: pushed" in (tmp_path / "actor.out").read_text()
+    info = json.loads((run_dir / "pipeline.json").read_text())
+    assert info["prefix"] == run_dir.name  # the default prefix: the run's name
+    server = start_redis_server(run_dir / "redis")  # what the learner's Redis kept (AOF)
+    try:
+        q = _queue(server.url, prefix=run_dir.name)
+        _assert_every_step_trained_once_within_staleness(run_dir, q)
+        assert {r["actor_id"] for r in q.records("produced").values()} == {"solo"}
+    finally:
+        server.stop()
 
 
 def _start_long_run(out: Path) -> tuple[subprocess.Popen, Path, list[psutil.Process]]:

@@ -150,3 +150,21 @@ def test_weight_sync_backend_follows_the_device_and_nccl_needs_cuda() -> None:
     assert load_config(None, ["model.device=cuda"]).sync_backend == "nccl"
     with pytest.raises(ConfigError, match="sync_backend=nccl needs model.device=cuda"):
         load_config(None, ["inference.vllm.sync_backend=nccl"])
+
+
+def test_a_saved_config_loads_back_as_the_same_config(tmp_path: Path) -> None:
+    """RUN_DIR/config.yaml is a valid CONFIG (the pipeline's processes start from it):
+    preset fields left unset stay unset, so the preset's own defaults still apply."""
+    from ludic.run.builders import make_algorithm
+
+    for overrides in (
+        ["algorithm.name=grpo"],
+        ["algorithm.name=gspo", "algorithm.clip_eps_high=0.2"],
+    ):
+        config = load_config(None, overrides)
+        saved = tmp_path / "config.yaml"
+        saved.write_text(dump_config(config))
+        loaded = load_config(saved)
+        assert loaded == config
+        assert loaded.algorithm.model_fields_set & {"clip_eps_low", "dual_clip_c"} == set()
+        make_algorithm(loaded)  # grpo refuses e.g. behaviour_weight_cap when it is "set"
