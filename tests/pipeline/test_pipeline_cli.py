@@ -300,3 +300,34 @@ def test_one_command_pipeline_on_vllm_actors_generate_from_the_learners_server(
     assert q.client.exists(q.keys.weights) == 0  # weights went to the vLLM server, not Redis
     assert "weights through vllm" in (run_dir / "logs" / "actor-0.log").read_text()
     assert (run_dir / "vllm_server.log").is_file()
+
+
+def test_a_failing_learner_fails_the_one_command_run_with_its_error(
+    redis_server, tmp_path: Path
+) -> None:
+    from ludic.run.pipeline_launch import PipelineProcessError
+
+    config = load_config(
+        DEMO,
+        _overrides(
+            tmp_path,
+            "warm_start.steps=0",
+            "pipeline.batch_timeout_s=0.01",  # no actor can deliver a batch that fast
+            f"pipeline.redis_url={redis_server.url}",
+            f"pipeline.prefix=cli-fail-{time.monotonic_ns()}",
+        ),
+    )
+    with pytest.raises(
+        PipelineProcessError, match=r"learner exited with code 1: error: .*no batch in"
+    ):
+        job.train(config)
+    run_dir = next(tmp_path.glob("arithmetic-demo-*"))
+    assert "TimeoutError" in (run_dir / "logs" / "learner.log").read_text()
+    left = [p for p in psutil.Process().children(recursive=True) if "ludic" in _cmdline(p)]
+    assert left == []  # the actors were stopped
+
+
+def _cmdline(process: psutil.Process) -> str:
+    with contextlib.suppress(psutil.Error):
+        return " ".join(process.cmdline())
+    return ""

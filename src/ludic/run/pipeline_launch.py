@@ -105,14 +105,20 @@ def launch_pipeline(config: RunConfig, *, resume: str | Path | None = None) -> P
 
 
 def _child_env(config: RunConfig) -> dict[str, str]:
-    """The children's environment: unbuffered output, and with a vLLM server that the
-    learner starts, an API key that the learner and the actors share."""
+    """The children's environment: unbuffered output and, with the vLLM backend, the
+    server's API key for the learner and the actors: ``inference.vllm.api_key`` (never
+    saved in config.yaml, which the children read), else ``$LUDIC_API_KEY``, else a fresh
+    key for a server the learner starts. The environment keeps it off command lines."""
     from ludic.inference.vllm.security import API_KEY_ENV
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     v = config.inference.vllm
-    if config.inference.backend == "vllm" and v.start_server and not v.api_key:
-        env.setdefault(API_KEY_ENV, secrets.token_urlsafe(32))
+    if config.inference.backend == "vllm":
+        key = v.api_key or env.get(API_KEY_ENV)
+        if not key and v.start_server:
+            key = secrets.token_urlsafe(32)
+        if key:
+            env[API_KEY_ENV] = key
     return env
 
 
