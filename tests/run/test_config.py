@@ -123,3 +123,20 @@ def test_weight_sync_backend_follows_the_device_and_nccl_needs_cuda() -> None:
     assert load_config(None, ["model.device=cuda"]).sync_backend == "nccl"
     with pytest.raises(ConfigError, match="sync_backend=nccl needs model.device=cuda"):
         load_config(None, ["inference.vllm.sync_backend=nccl"])
+
+
+def test_partial_rollouts_need_a_backend_that_can_abort(tmp_path: Path) -> None:
+    config = load_config(
+        None, ["inference.backend=vllm", "inference.vllm.partial_rollouts=continue"]
+    )
+    assert config.inference.vllm.partial_rollouts == "continue"
+    assert load_config(None).inference.vllm.partial_rollouts == "off"
+    (tmp_path / "off.yaml").write_text("inference: {vllm: {partial_rollouts: off}}\n")
+    assert load_config(tmp_path / "off.yaml").inference.vllm.partial_rollouts == "off"
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["inference.vllm.partial_rollouts=restart"])
+    text = str(err.value)
+    assert "inference.vllm.partial_rollouts=restart needs inference.backend=vllm" in text
+    assert "transformers backend cannot abort" in text and "\n" not in text
+    with pytest.raises(ConfigError, match="partial_rollouts: Input should be 'off'"):
+        load_config(None, ["inference.backend=vllm", "inference.vllm.partial_rollouts=resume"])
