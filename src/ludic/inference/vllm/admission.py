@@ -84,10 +84,22 @@ class AdmissionGate:
         """Adds past the gate that vLLM has not yet handed to the engine core."""
         self.held = 0
         """Adds waiting at the closed gate."""
+        self.admitted = 0
+        """Adds handed to the engine since start (a counter)."""
 
     @property
     def is_open(self) -> bool:
         return self._open.is_set()
+
+    def status(self) -> dict[str, Any]:
+        """``GET /admission``: ``open``, ``held`` (waiting at the gate), ``adding`` (past
+        the gate, not yet in the engine) and ``admitted`` (in the engine since start)."""
+        return {
+            "open": self.is_open,
+            "held": self.held,
+            "adding": self.adding,
+            "admitted": self.admitted,
+        }
 
     async def close(self, timeout_s: float) -> None:
         """Close the gate and wait until no add is in progress. After ``timeout_s`` the
@@ -139,6 +151,7 @@ class AdmissionGate:
                 queue = await original(*args, **kwargs)
             finally:
                 self.done()
+            self.admitted += 1
             admission = _ADMISSION.get()
             if admission is not None:
                 admission.versions.append(admitted)

@@ -333,12 +333,12 @@ def make_control_router(
         return {"status": "resumed"}
 
     @router.get("/is_paused")
-    async def is_paused() -> dict[str, Any]:
-        engine_paused = bool(await engine.is_paused())
-        return {
-            "is_paused": engine_paused or not state.gate.is_open,
-            "held_requests": state.gate.held,
-        }
+    async def is_paused() -> dict[str, bool]:
+        return {"is_paused": not state.gate.is_open or bool(await engine.is_paused())}
+
+    @router.get("/admission")
+    async def admission() -> dict[str, Any]:
+        return state.gate.status()
 
     return router
 

@@ -36,8 +36,9 @@ the reward server (``ludic.inference.vllm.reward_server``: ``make_control_router
                                 finish (``wait``) or freeze them (``keep``). New requests
                                 wait at the gate until ``/resume``; 503 if adds stay stuck
 ``POST /resume``                resume the engine and reopen the gate (idempotent)
-``GET  /is_paused``             ``{"is_paused": bool, "held_requests": N}`` (N waiting at
-                                the gate)
+``GET  /is_paused``             ``{"is_paused": bool}``: the gate is closed or the engine paused
+``GET  /admission``             ``{"open", "held", "adding", "admitted"}``: the admission gate
+                                (requests waiting at it, being added, added since start)
 ==============================  ==========================================================
 
 Background tasks run one at a time, in arrival order; a failure is logged and recorded (the
