@@ -30,7 +30,7 @@ the reward server (``ludic.inference.vllm.reward_server``: ``make_control_router
 ``POST /get_num_background_tasks``  ``{"num_background_tasks", "error_count", "last_error",
                                 "version"}``: poll until 0, then compare ``error_count``
 ``POST /reset_prefix_cache``    drop cached KV blocks
-``POST /pause``                  close the admission gate, wait (at most the cap) until every
+``POST /pause``                 close the admission gate, wait (at most the cap) until every
                                 admitted request is in the engine, then pause it: abort
                                 in-flight requests (``?mode=abort``, default), let them
                                 finish (``wait``) or freeze them (``keep``). New requests
