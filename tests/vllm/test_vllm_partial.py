@@ -46,7 +46,8 @@ from ludic.inference.request import CompletionRequest, InferenceSpec, SamplingSp
 from ludic.inference.vllm.client import VLLMChatClient, VLLMServerError  # noqa: E402
 from ludic.inference.vllm.http import VERSION_END_HEADER, VERSION_HEADER  # noqa: E402
 
-LONG = 256  # 1.5-5 s of decoding on this module's model (2 cores, idle to loaded)
+LONG = 900  # 5-15 s of decoding on this module's model (2 cores, idle to loaded): a pause sent
+# after the first tokens lands mid-generation even on an idle machine
 CLOCK = 8
 ATTEMPTS = 3
 LOGPROB_TOL = 5e-4
