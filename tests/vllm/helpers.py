@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 API_KEY = "ludic-test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PROMPT = (72, 101, 108, 108, 111, 256, 257)  # "Hello" + two control tokens
 MAX_ABS_LOGPROB_DIFF = 1e-4
 
@@ -22,6 +25,8 @@ class ServedPolicy:
     mirror: Any  # transformers Qwen2ForCausalLM holding the served weights
     tokenizer: Any
     model_dir: Path
+    logprob_tol: float = MAX_ABS_LOGPROB_DIFF
+    """Largest server vs mirror logprob difference :meth:`assert_parity` accepts."""
 
     def complete(self, prompt=PROMPT, **spec_kwargs: Any):
         from ludic.inference.request import CompletionRequest, InferenceSpec, SamplingSpec
@@ -51,7 +56,7 @@ class ServedPolicy:
         greedy, ref = self.reference(prompt, trace.completion_token_ids)
         assert list(trace.completion_token_ids) == greedy
         diff = max(abs(a - b) for a, b in zip(trace.completion_logprobs, ref))
-        assert diff <= MAX_ABS_LOGPROB_DIFF, f"max |logprob diff| = {diff}"
+        assert diff <= self.logprob_tol, f"max |logprob diff| = {diff}"
         return response
 
 
@@ -69,3 +74,79 @@ def assert_all_gone(pids: list[int], timeout_s: float = 10.0) -> None:
     while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, f"orphan processes left after stop(): {left}"
+
+
+async def until_generating(url: str, timeout_s: float = 30.0) -> None:
+    """Return as soon as the server has produced a generated token (a busy CPU may delay
+    the start, a fast one must not be given time to finish)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(base_url=url, headers=AUTH) as http:
+        before = _generation_tokens((await http.get("/metrics")).text)
+        while time.monotonic() < deadline:
+            if _generation_tokens((await http.get("/metrics")).text) > before:
+                return
+            await asyncio.sleep(0.01)
+    raise TimeoutError("the long requests never started generating")
+
+
+def _generation_tokens(metrics: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("vllm:generation_tokens_total")
+    )
+
+
+def perturb(module: Any, seed: int, scale: float = 0.05) -> None:
+    """Add seeded Gaussian noise to every parameter of ``module`` (a new policy)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale)
+
+
+async def after_steps(client: Any, steps: int) -> None:
+    """Return once the engine has run ``steps`` more decode steps: a greedy request of
+    ``steps`` tokens (``ignore_eos``) has finished. A request already running when this
+    is called has by then generated at least ``steps - 1`` tokens (continuous batching
+    decodes both in the same steps); a cheap, exact clock, where ``/metrics`` can lag by
+    more than a whole short generation."""
+    from ludic.inference.request import CompletionRequest, InferenceSpec, SamplingSpec
+
+    sampling = SamplingSpec(temperature=0.0, max_tokens=steps)
+    spec = InferenceSpec(sampling=sampling, extra={"ignore_eos": True})
+    response = await client.complete(CompletionRequest(PROMPT[:3], spec))
+    assert len(response.trace.completion_token_ids) == steps, response.finish_reason
+
+
+@contextlib.contextmanager
+def policy_server(
+    root: Path, logprob_tol: float = MAX_ABS_LOGPROB_DIFF, **model_config: int
+) -> Iterator[ServedPolicy]:
+    """A ludic policy server on a tiny Qwen2 (``model_config``: ``save_tiny_model``'s
+    sizes), with a client in a weight-sync group and the mirror; everything is stopped
+    (no process left) on exit."""
+    import psutil
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ludic.inference.vllm.client import VLLMChatClient
+    from ludic.inference.vllm.process import start_vllm_server
+    from ludic.models.tiny import build_tiny_tokenizer, save_tiny_model
+
+    model_dir = save_tiny_model(root / "model", **model_config)
+    server = start_vllm_server(model_dir, api_key=API_KEY, log_path=root / "server.log")
+    client = VLLMChatClient(server.url, api_key=API_KEY, timeout_s=60.0)
+    mirror = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    try:
+        client.init_weight_sync(master_port=server.group_port)
+        yield ServedPolicy(server, client, mirror, build_tiny_tokenizer(), model_dir, logprob_tol)
+    finally:
+        client.close()
+        pids = [server.pid, *(p.pid for p in psutil.Process(server.pid).children(recursive=True))]
+        server.stop()
+        assert_all_gone(pids)

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed")
 
 import httpx  # noqa: E402
-from tests.vllm.helpers import API_KEY, PROMPT  # noqa: E402
+from tests.vllm.helpers import API_KEY, PROMPT, until_generating  # noqa: E402
 
 from ludic.inference.request import CompletionRequest, InferenceSpec, SamplingSpec  # noqa: E402
 from ludic.inference.vllm.client import VLLMChatClient, VLLMServerError  # noqa: E402
@@ -101,29 +101,6 @@ def test_invalid_max_think_is_a_400(served):
     assert info.value.status_code == 400
 
 
-async def _until_generating(url: str, timeout_s: float = 30.0) -> None:
-    """Return as soon as the server has produced a generated token (a busy CPU may delay
-    the start, a fast one must not be given time to finish)."""
-    deadline = time.monotonic() + timeout_s
-    async with httpx.AsyncClient(
-        base_url=url, headers={"Authorization": f"Bearer {API_KEY}"}
-    ) as http:
-        before = _generation_tokens((await http.get("/metrics")).text)
-        while time.monotonic() < deadline:
-            if _generation_tokens((await http.get("/metrics")).text) > before:
-                return
-            await asyncio.sleep(0.01)
-    raise TimeoutError("the long requests never started generating")
-
-
-def _generation_tokens(metrics: str) -> float:
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in metrics.splitlines()
-        if line.startswith("vllm:generation_tokens_total")
-    )
-
-
 def test_pause_aborts_in_flight_requests_and_resume_restores_service(served):
     control = served.client.control
     max_tokens = 1024 - len(PROMPT)  # the tiny model's whole context: as long as can be
@@ -138,7 +115,7 @@ def test_pause_aborts_in_flight_requests_and_resume_restores_service(served):
             ),
         )
         in_flight = [asyncio.create_task(served.client.complete(long)) for _ in range(n_long)]
-        await _until_generating(served.server.url)
+        await until_generating(served.server.url)
         await asyncio.to_thread(control.pause)
         try:
             aborted = await asyncio.wait_for(asyncio.gather(*in_flight), timeout=30)

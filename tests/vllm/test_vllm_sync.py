@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed")
 
 import torch  # noqa: E402
+from tests.vllm.helpers import perturb  # noqa: E402
 
 from ludic.distributed.weight_transfer import (  # noqa: E402
     ModelWeightExtractor,
@@ -18,13 +19,6 @@ from ludic.distributed.weight_transfer import (  # noqa: E402
 )
 from ludic.inference.vllm.client import VLLMServerError  # noqa: E402
 from ludic.training.flat_parameters import flatten_parameters  # noqa: E402
-
-
-def perturb(module: torch.nn.Module, seed: int, scale: float = 0.05) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * scale)
 
 
 def test_full_sync_matches_transformers_on_the_new_weights(served):

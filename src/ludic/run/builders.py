@@ -142,7 +142,8 @@ def inference_backend(
     * ``transformers``: an in-process copy of the policy.
     * ``vllm``: a ludic vLLM server (started as a subprocess on ``model.path`` or the run's
       tiny model, unless ``inference.vllm.start_server`` is false), joined by a weight-sync
-      group over ``inference.vllm.sync_backend``.
+      group over ``inference.vllm.sync_backend``; ``inference.vllm.partial_rollouts``
+      sets what the client does with completions a publish aborts.
     """
     backend = config.inference.backend
     if backend == "transformers":
@@ -165,7 +166,12 @@ def _vllm_backend(config: RunConfig, *, model_dir: Path, log_dir: Path) -> Itera
         model=config.model.path or model_dir,
         cuda=config.model.device.startswith("cuda"),
         log_dir=log_dir,
-        connect=lambda url, timeout_s, key: VLLMChatClient(url, timeout_s=timeout_s, api_key=key),
+        connect=lambda url, timeout_s, key: VLLMChatClient(
+            url,
+            timeout_s=timeout_s,
+            api_key=key,
+            partial_rollouts=config.inference.vllm.partial_rollouts,
+        ),
     ) as client:
         yield client
 

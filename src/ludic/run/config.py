@@ -12,7 +12,14 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from ludic.run.registries import ALGORITHMS, ENVS, PARSERS, check_name
 
@@ -98,6 +105,17 @@ class VLLMConfig(_Section):
     """The server's API key (every route but /health needs it). null: $LUDIC_API_KEY if
     set, else a fresh random key for a server ludic starts (none for a running one).
     Never saved to the run directory nor shown in logs."""
+    partial_rollouts: Literal["off", "continue", "restart"] = "off"
+    """What happens to a completion aborted by a weight update: off (kept as it is,
+    finish reason "abort"), continue (continued from the tokens generated so far; per-token
+    policy versions show the switch) or restart (sent again). Any mode but off makes each
+    publish pause the server (abort in flight, load, resume); see
+    ``ludic.inference.vllm.partial``."""
+
+    @field_validator("partial_rollouts", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML 1.1 reads a bare `off` as false
 
 
 class InferenceConfig(_Section):
@@ -105,6 +123,17 @@ class InferenceConfig(_Section):
     """transformers: in-process, embedded; vllm: a vLLM server with live weight sync."""
     max_batch_size: int = Field(64, ge=1)
     vllm: VLLMConfig = VLLMConfig()
+
+    @model_validator(mode="after")
+    def _partial_rollouts_need_vllm(self) -> InferenceConfig:
+        if self.backend != "vllm" and self.vllm.partial_rollouts != "off":
+            raise ValueError(
+                f"inference.vllm.partial_rollouts={self.vllm.partial_rollouts} needs "
+                f"inference.backend=vllm: the {self.backend} backend cannot abort a generation "
+                "when weights are published; set inference.backend: vllm or "
+                "inference.vllm.partial_rollouts: off"
+            )
+        return self
 
 
 class SamplingConfig(_Section):

@@ -6,6 +6,8 @@
 * ``worker``: the worker extension that joins the trainer's group and loads weights;
 * ``client`` / ``reward_client``: ``VLLMChatClient`` and ``VLLMRewardClient``;
 * ``http``: the HTTP plumbing both clients share; ``weight_sync``: their weight-sync session;
+* ``admission``: exact policy versions per request (the admission gate, version headers);
+* ``partial``: continuing or restarting completions aborted by a weight update;
 * ``process``: start a server as a subprocess and wait for it (``start_vllm_server``);
 * ``logits_processors``: the ``max_think`` budget.
 
@@ -21,6 +23,7 @@ _EXPORTS: dict[str, str] = {
     "VLLMRewardClient": "ludic.inference.vllm.reward_client",
     "VLLMConnection": "ludic.inference.vllm.weight_sync",
     "VLLMServerError": "ludic.inference.vllm.http",
+    "PartialRolloutError": "ludic.inference.vllm.partial",
     "start_vllm_server": "ludic.inference.vllm.process",
     "wait_for_vllm_health": "ludic.inference.vllm.process",
 }

@@ -8,11 +8,16 @@
   process group as rank 0; :meth:`VLLMChatClient.sync_weights` then pushes a state dict
   chunk by chunk (HTTP announces each chunk, the group moves the bytes) and waits until
   every worker has loaded it.
+* The publish cycle (``sync_weights(..., pause=True)``, the default with partial
+  rollouts on): pause the server (abort what is in flight; new requests wait), push the
+  weights (the server resets its prefix cache once they are loaded), resume, the resume
+  guaranteed even when the push fails. Aborted completions are continued or restarted
+  (``partial_rollouts``, see ``ludic.inference.vllm.partial``).
 
-    client = VLLMChatClient("http://127.0.0.1:8000")
+    client = VLLMChatClient("http://127.0.0.1:8000", partial_rollouts="continue")
     client.init_weight_sync()                      # gloo on CPU, nccl on GPU
     response = await client.complete(CompletionRequest(prompt_token_ids=ids))
-    client.sync_weights(model.state_dict(), version=1)
+    client.sync_weights(model.state_dict(), version=1)   # pause, push, resume
 
 Every HTTP call is bounded by ``timeout_s``; connection failures are retried
 ``max_retries`` times (httpx transport retries, exponential backoff), nothing else
@@ -22,6 +27,7 @@ is retried. A dead server raises ``ConnectionError`` / ``TimeoutError``, never h
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -31,13 +37,23 @@ from ludic.inference.request import CompletionRequest
 from ludic.inference.sampling import to_openai_params
 from ludic.inference.vllm.http import (  # noqa: F401 (re-exported)
     KEEPALIVE_EXPIRY_S,
+    VERSION_END_HEADER,
     VERSION_HEADER,
     AsyncHTTP,
     VLLMControlPlane,
     VLLMServerError,
 )
+from ludic.inference.vllm.partial import (
+    DEFAULT_MAX_CONTINUATIONS,
+    PartialRolloutError,
+    PartialRollouts,
+    Segment,
+    check_partial_rollouts,
+    next_request,
+    stitch,
+)
 from ludic.inference.vllm.weight_sync import VLLMConnection
-from ludic.types import FINISH_REASONS, ChatResponse, TokenTrace
+from ludic.types import FINISH_REASONS, ChatResponse
 
 FINISH_REASON_MAP: dict[str, str] = {
     "stop": "stop",
@@ -62,10 +78,18 @@ class VLLMChatClient:
         max_retries: connection failures (the request never reached the server) are
             retried this many times, with httpx's exponential backoff.
         max_connections: concurrent completion requests kept open.
+        partial_rollouts: what :meth:`complete` does with a completion aborted by a
+            weight update (``ludic.inference.vllm.partial``): ``"off"`` (return it as it
+            is), ``"continue"`` (continue from the tokens generated so far) or
+            ``"restart"`` (send it again). With a mode on, :meth:`sync_weights` pauses
+            the server by default.
+        max_continuations: aborts one completion may go through before
+            ``PartialRolloutError``.
 
-    ``TokenTrace.policy_version`` is the server's runtime version when it received the
-    request (the ``x-ludic-policy-version`` header); a sync that lands while a request is
-    being generated is not reflected in it.
+    ``TokenTrace.policy_version`` is the version at which the server admitted the request
+    (``x-ludic-policy-version``); a continued completion carries one version per token
+    (``TokenTrace.completion_versions``). A request sent while the server is paused waits
+    there until it resumes: ``timeout_s`` must cover a publish cycle.
     """
 
     def __init__(
@@ -79,7 +103,14 @@ class VLLMChatClient:
         timeout_s: float = 60.0,
         max_retries: int = 3,
         max_connections: int = 256,
+        partial_rollouts: PartialRollouts = "off",
+        max_continuations: int = DEFAULT_MAX_CONTINUATIONS,
     ) -> None:
+        check_partial_rollouts(partial_rollouts, "VLLMChatClient.partial_rollouts")
+        if max_continuations < 0:
+            raise ValueError(f"VLLMChatClient.max_continuations={max_continuations}; need >= 0")
+        self.partial_rollouts = partial_rollouts
+        self.max_continuations = max_continuations
         self.base_url = (base_url or f"http://{host}:{port}").rstrip("/")
         self.model = model
         self.api_key = api_key
@@ -97,23 +128,48 @@ class VLLMChatClient:
 
     # ---- ChatClient: generation ----------------------------------------------------
     async def complete(self, request: CompletionRequest) -> ChatResponse:
+        """One completion; an aborted one is continued or restarted according to
+        ``partial_rollouts`` (at most ``max_continuations`` times)."""
+        mode = self.partial_rollouts
+        attempts: list[Segment] = []
+        kept: list[Segment] = []
+        generated: tuple[int, ...] = ()
+        while True:
+            sent = next_request(request, mode, generated)
+            segment = await self._generate(sent)
+            attempts.append(segment)
+            kept = [*kept, segment] if mode == "continue" else [segment]
+            if not segment.aborted or mode == "off":
+                return stitch(request, kept, attempts)
+            if len(attempts) > self.max_continuations:
+                raise PartialRolloutError(
+                    f"{self.base_url}: a completion was aborted {len(attempts)} times "
+                    f"(partial_rollouts={mode!r}, max_continuations={self.max_continuations}): "
+                    "the server was paused for weight updates more often than it could "
+                    "finish; raise max_continuations or publish less often"
+                )
+            if mode == "continue":
+                generated = (*generated, *(segment.token_ids or ()))
+                if len(generated) >= request.sampling.max_tokens:  # the budget is spent
+                    kept[-1] = attempts[-1] = replace(
+                        segment, finish_reason="length", aborted=False
+                    )
+                    return stitch(request, kept, attempts)
+
+    async def _generate(self, request: CompletionRequest) -> Segment:
         body: dict[str, Any] = {
             "model": self.model or await self._served_model(),
             "prompt": [int(t) for t in request.prompt_token_ids],
             **to_openai_params(request.inference),
         }
         response = await self.http.post("/v1/completions", body)
-        return self._to_chat_response(request, response)
+        return self._segment(request, response)
 
-    def _to_chat_response(
-        self, request: CompletionRequest, response: httpx.Response
-    ) -> ChatResponse:
+    def _segment(self, request: CompletionRequest, response: httpx.Response) -> Segment:
         data = response.json()
         choice = data["choices"][0]
-        finish = _finish_reason(choice.get("finish_reason"))
-        version_header = response.headers.get(VERSION_HEADER)
-        version = int(version_header) if version_header is not None else None
-        trace = None
+        raw_finish = choice.get("finish_reason")
+        token_ids = logprobs = None
         if request.returns.return_token_ids:
             token_ids = choice.get("token_ids")
             if token_ids is None:
@@ -121,7 +177,6 @@ class VLLMChatClient:
                     f"{self.base_url}/v1/completions returned no token_ids; the server must "
                     "be vLLM >= 0.10 (return_token_ids) - start it with ludic.inference.vllm.server"
                 )
-            logprobs = None
             if request.returns.return_logprobs:
                 logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
                 if logprobs is None or any(lp is None for lp in logprobs):
@@ -129,16 +184,15 @@ class VLLMChatClient:
                         f"{self.base_url}/v1/completions returned no chosen-token logprobs "
                         f"(got {logprobs!r}) although logprobs=0 was requested"
                     )
-            trace = TokenTrace(
-                prompt_token_ids=request.prompt_token_ids,
-                completion_token_ids=tuple(int(t) for t in token_ids),
-                completion_logprobs=None if logprobs is None else tuple(map(float, logprobs)),
-                finish_reason=finish,
-                policy_version=version,
-            )
-        meta = {"id": data.get("id"), "policy_version": version}
-        return ChatResponse(
-            text=choice.get("text") or "", finish_reason=finish, trace=trace, meta=meta
+        return Segment(
+            id=data.get("id"),
+            text=choice.get("text") or "",
+            token_ids=None if token_ids is None else tuple(int(t) for t in token_ids),
+            logprobs=None if logprobs is None else tuple(map(float, logprobs)),
+            finish_reason=_finish_reason(raw_finish),
+            aborted=raw_finish == "abort",  # not "repetition", which ludic also calls abort
+            version=_header_int(response, VERSION_HEADER),
+            version_end=_header_int(response, VERSION_END_HEADER),
         )
 
     async def _served_model(self) -> str:
@@ -181,11 +235,33 @@ class VLLMChatClient:
         """The weight-transfer sender (rank 0 of the group) after ``init_weight_sync``."""
         return self.weight_sync.sender
 
-    def sync_weights(self, params: Mapping[str, torch.Tensor], *, version: int) -> str:
+    def sync_weights(
+        self, params: Mapping[str, torch.Tensor], *, version: int, pause: bool | None = None
+    ) -> str:
         """Push ``params`` (HF names -> tensors; a subset is fine) as policy ``version``;
-        returns once every worker has loaded them, raises otherwise."""
-        self.weight_sync.publish(params, version=version)
-        return f"synced {len(params)} tensors to {self.base_url} as version {version}"
+        returns once every worker has loaded them, raises otherwise.
+
+        ``pause`` (default: on when ``partial_rollouts`` is not ``"off"``): the publish
+        cycle. ``POST /pause?mode=abort`` first (in-flight requests end with finish reason
+        ``"abort"``; new ones wait at the server), then the push (the server resets its
+        prefix cache once the last chunk is loaded), then ``POST /resume``, which is sent
+        whatever happened before it. Without a pause, requests in flight may straddle the
+        update (their ``x-ludic-policy-version-end`` shows it).
+        """
+        if pause is None:
+            pause = self.partial_rollouts != "off"
+        if not pause:
+            self.weight_sync.publish(params, version=version)
+            return f"synced {len(params)} tensors to {self.base_url} as version {version}"
+        try:
+            self.control.pause("abort")
+            self.weight_sync.publish(params, version=version)
+        finally:  # a failed pause or push must not leave the server paused
+            self.control.resume()
+        return (
+            f"synced {len(params)} tensors to {self.base_url} as version {version} "
+            "(paused: in-flight requests aborted)"
+        )
 
     def get_policy_version(self) -> int:
         """The server's runtime version (bumped by every completed sync)."""
@@ -204,6 +280,18 @@ class VLLMChatClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _header_int(response: httpx.Response, name: str) -> int | None:
+    value = response.headers.get(name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise VLLMServerError(
+            f"{response.request.url}: header {name}={value[:64]!r} is not an integer"
+        ) from None
 
 
 def _finish_reason(reason: str | None) -> str | None:

@@ -2,6 +2,10 @@
 weight sync (``/init_communicator``, ``/update_param_batch``, ``/close_communicator``),
 prefix cache and pause/resume. The route table is in ``ludic.inference.vllm.server``.
 
+``/pause`` closes the admission gate (``ludic.inference.vllm.admission``) before it pauses
+the engine and ``/resume`` reopens it after resuming, so a request's version label is the
+version of the weights that generate it.
+
 No control operation can hold the plane forever:
 
 * ``/init_communicator`` names a loopback ``master_addr`` (or one of ``--weight-sync-hosts``)
@@ -33,6 +37,7 @@ from ludic.distributed.weight_transfer.base import (
     TorchDistributedWeightSyncInfo,
     request_from_dict,
 )
+from ludic.inference.vllm.admission import AdmissionGate
 from ludic.inference.vllm.security import (
     DEFAULT_SYNC_TIMEOUT_CAP_S,
     capped_timeout,
@@ -47,6 +52,9 @@ LOCK_TIMEOUT_S = 10.0
 """How long ``/close_communicator`` waits for the operation holding the control plane."""
 JOIN_POLL_S = 0.2
 GRACE_S = 5.0  # on top of the cap: the engine round trips around a worker's own timeout
+PAUSE_MODES = ("abort", "wait", "keep")
+"""``/pause?mode=``: abort in-flight requests (the publish cycle), wait for them to finish,
+or keep them frozen until ``/resume``."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,10 @@ class ControlState:
     join_task: asyncio.Task[None] | None = None  # a pending /init_communicator
     busy: dict[object, tuple[str, float, float]] = field(default_factory=dict)
     """Operations in flight: token -> (what, started (monotonic), cap_s)."""
+    gate: AdmissionGate = field(default_factory=AdmissionGate)
+    """Open while serving; closed from ``/pause`` to ``/resume``."""
+    pause_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """One ``/pause`` or ``/resume`` at a time (a resume never lands inside a pause)."""
 
     def record_error(self, what: str, err: BaseException) -> None:
         self.error_count += 1
@@ -293,21 +305,40 @@ def make_control_router(
 
     @router.post("/pause")
     async def pause(mode: str = Query("abort")) -> JSONResponse:
-        if mode not in ("abort", "wait", "keep"):
+        if mode not in PAUSE_MODES:
             raise HTTPException(
-                HTTPStatus.BAD_REQUEST, f"mode={mode!r}; expected abort, wait or keep"
+                HTTPStatus.BAD_REQUEST, f"mode={mode[:64]!r}; expected one of {PAUSE_MODES}"
             )
-        await engine.pause_generation(mode=mode)
+        async with state.pause_lock:
+            try:  # nothing new is admitted; every admitted request reaches the engine
+                await state.gate.close(cap)
+            except TimeoutError as e:
+                raise HTTPException(
+                    HTTPStatus.SERVICE_UNAVAILABLE, f"not paused: {e}; the server keeps serving"
+                ) from None
+            try:
+                await engine.pause_generation(mode=mode)
+            except BaseException:
+                state.gate.reopen()
+                raise
         return JSONResponse({"status": "paused", "mode": mode})
 
     @router.post("/resume")
     async def resume() -> dict[str, str]:
-        await engine.resume_generation()
+        async with state.pause_lock:
+            try:
+                await engine.resume_generation()
+            finally:  # held requests go on (and see the version now current)
+                state.gate.reopen()
         return {"status": "resumed"}
 
     @router.get("/is_paused")
     async def is_paused() -> dict[str, bool]:
-        return {"is_paused": bool(await engine.is_paused())}
+        return {"is_paused": not state.gate.is_open or bool(await engine.is_paused())}
+
+    @router.get("/admission")
+    async def admission() -> dict[str, Any]:
+        return state.gate.status()
 
     return router
 

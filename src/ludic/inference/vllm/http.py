@@ -24,8 +24,12 @@ from ludic.distributed.weight_transfer.base import (
 )
 
 VERSION_HEADER = "x-ludic-policy-version"
-"""Response header set by ludic's servers: the served model's runtime version when the
-request arrived (policy and reward servers alike)."""
+"""Response header set by ludic's servers (policy and reward alike): the runtime version at
+which the engine admitted the request (see ``ludic.inference.vllm.admission``)."""
+VERSION_END_HEADER = "x-ludic-policy-version-end"
+"""Response header: the runtime version when the response started. Greater than
+:data:`VERSION_HEADER` when a weight sync landed while the request was being served
+without a pause (its tokens may then straddle the two versions)."""
 
 
 class VLLMServerError(RuntimeError):

@@ -4,8 +4,10 @@
         [--api-key KEY] [any vLLM engine argument]
 
 Generation is vLLM's own ``/v1/completions`` (token-in: ``prompt`` as token ids). Every
-response carries the header ``x-ludic-policy-version`` (the runtime version when the
-request arrived). ludic adds the control plane below, which this module also provides to
+response carries the headers ``x-ludic-policy-version`` (the runtime version at which the
+engine admitted the request) and ``x-ludic-policy-version-end`` (the version when the
+response started; see ``ludic.inference.vllm.admission``). ludic adds the control plane
+below, which this module also provides to
 the reward server (``ludic.inference.vllm.reward_server``: ``make_control_router``,
 ``install_routes``, ``prepare_args``, ``parse_args``, ``serve``):
 
@@ -28,9 +30,15 @@ the reward server (``ludic.inference.vllm.reward_server``: ``make_control_router
 ``POST /get_num_background_tasks``  ``{"num_background_tasks", "error_count", "last_error",
                                 "version"}``: poll until 0, then compare ``error_count``
 ``POST /reset_prefix_cache``    drop cached KV blocks
-``POST /pause``, ``/resume``    ``/pause`` aborts in-flight requests (``?mode=abort``, default;
-                                or ``wait`` / ``keep``) and holds new ones until ``/resume``
-``GET  /is_paused``             ``{"is_paused": bool}``
+``POST /pause``                 close the admission gate, wait (at most the cap) until every
+                                admitted request is in the engine, then pause it: abort
+                                in-flight requests (``?mode=abort``, default), let them
+                                finish (``wait``) or freeze them (``keep``). New requests
+                                wait at the gate until ``/resume``; 503 if adds stay stuck
+``POST /resume``                resume the engine and reopen the gate (idempotent)
+``GET  /is_paused``             ``{"is_paused": bool}``: the gate is closed or the engine paused
+``GET  /admission``             ``{"open", "held", "adding", "admitted"}``: the admission gate
+                                (requests waiting at it, being added, added since start)
 ==============================  ==========================================================
 
 Background tasks run one at a time, in arrival order; a failure is logged and recorded (the
@@ -66,6 +74,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI
 from starlette.middleware import Middleware
 
+from ludic.inference.vllm.admission import VersionHeaderMiddleware
 from ludic.inference.vllm.control import (
     SERVER_TYPES,
     ControlPolicy,
@@ -109,8 +118,9 @@ def install_routes(
     app: FastAPI, router: APIRouter, state: ControlState, api_key: str | None = None
 ) -> None:
     """Add ``router``, replacing vLLM routes with the same path (e.g. ``/health``), tag
-    every response with the runtime version and, with ``api_key``, require it on every
-    route but ``/health`` (:class:`~ludic.inference.vllm.security.ApiKeyMiddleware`)."""
+    every response with its policy versions (:class:`VersionHeaderMiddleware`) and, with
+    ``api_key``, require it on every route but ``/health``
+    (:class:`~ludic.inference.vllm.security.ApiKeyMiddleware`)."""
     ours = {getattr(r, "path", None) for r in router.routes}
     app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in ours]
     app.include_router(router)
@@ -120,27 +130,6 @@ def install_routes(
     if api_key:  # outermost: nothing runs before the key is checked
         app.user_middleware.insert(0, Middleware(ApiKeyMiddleware, api_key=api_key))
     app.middleware_stack = app.build_middleware_stack()
-
-
-class VersionHeaderMiddleware:
-    """Adds ``x-ludic-policy-version``: the runtime version when the request arrived."""
-
-    def __init__(self, app: Any, state: ControlState) -> None:
-        self.app = app
-        self.state = state
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        version = str(self.state.version).encode()
-
-        async def send_with_version(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                message.setdefault("headers", [])
-                message["headers"] = [*message["headers"], (VERSION_HEADER.encode(), version)]
-            await send(message)
-
-        await self.app(scope, receive, send_with_version)
 
 
 # ------------------------------------------------------------------------------ main
@@ -294,6 +283,8 @@ async def run_server(
         app = build_app(args, supported_tasks, engine.model_config)
         await init_app_state(engine, app.state, args, supported_tasks)
         state = ControlState()
+        # this engine instance's adds pass the admission gate and record their version
+        state.gate.install(engine, lambda: state.version)
         router = make_control_router(engine, state, server_type, policy)
         context = ServerContext(engine, state, args, tuple(supported_tasks), api_key)
         for make_router in extra_routers:

@@ -1,0 +1,193 @@
+"""Exact policy versions per request: the admission gate and the version headers.
+
+A completion is labelled with the runtime version at which the engine *admitted* it, not
+the one at which the HTTP request arrived. Both servers (policy and reward) wrap the one
+engine instance they build (``AsyncLLM``; not the class, and not globally):
+
+* :meth:`AdmissionGate.install` replaces ``engine.add_request`` with a wrapper (an
+  instance attribute, which ``AsyncLLM.generate`` / ``encode`` call as ``self.add_request``).
+  The wrapper waits while the gate is closed, reads the runtime version, counts itself as
+  an add in progress until vLLM's own ``add_request`` has handed the request to the engine
+  core, and records the version in the HTTP request's :class:`Admission`.
+* ``POST /pause`` closes the gate, waits (bounded) until no add is in progress and only
+  then pauses the engine: every admitted request is in the engine when the pause (in
+  ``abort`` mode) aborts it, and nothing is admitted until ``POST /resume`` reopens the
+  gate. A request that arrives meanwhile waits at the gate and is admitted after the weight
+  update with the new version. (vLLM alone would hold such a request in its scheduler and
+  run it with the new weights, while its version was read before the pause.)
+* :class:`VersionHeaderMiddleware` puts the admission version in
+  ``x-ludic-policy-version`` and the version at response time in
+  ``x-ludic-policy-version-end``. Under the pause protocol every token of a completion
+  comes from the weights of its start version (any update aborts what is in flight
+  first). If a sync landed *without* a pause, end > start: the tokens may straddle the two
+  versions, and clients label them conservatively with the start (older) version.
+
+The :class:`Admission` of an HTTP request travels in a context variable set by the
+middleware: vLLM runs a request's ``add_request`` in the task that serves the request (or
+in tasks it creates, which copy the context), so no request id has to be rewritten or
+looked up. Requests whose engine add happens after the response has started (streamed
+responses) fall back to the version at response start; ludic's clients do not stream.
+Later chunks of vLLM's streaming-input requests are added without passing the gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ludic.inference.vllm.http import VERSION_END_HEADER, VERSION_HEADER
+
+__all__ = [
+    "Admission",
+    "AdmissionGate",
+    "VersionHeaderMiddleware",
+    "current_admission",
+]
+
+
+@dataclass
+class Admission:
+    """The runtime versions at which one HTTP request's engine adds were admitted (one per
+    ``add_request``: one for a plain completion, more for several prompts)."""
+
+    versions: list[int] = field(default_factory=list)
+
+
+_ADMISSION: contextvars.ContextVar[Admission | None] = contextvars.ContextVar(
+    "ludic_admission", default=None
+)
+
+
+def current_admission() -> Admission | None:
+    """The :class:`Admission` of the HTTP request being served, if any."""
+    return _ADMISSION.get()
+
+
+class AdmissionGate:
+    """Holds engine adds while closed and counts the adds in progress.
+
+    Open while serving. :meth:`close` closes it and waits until every add that passed it
+    has reached the engine; :meth:`reopen` lets the held adds through (each reads the
+    runtime version only then).
+    """
+
+    def __init__(self) -> None:
+        self._open = asyncio.Event()
+        self._open.set()
+        self._idle = asyncio.Event()  # set while no add is in progress
+        self._idle.set()
+        self.adding = 0
+        """Adds past the gate that vLLM has not yet handed to the engine core."""
+        self.held = 0
+        """Adds waiting at the closed gate."""
+        self.admitted = 0
+        """Adds handed to the engine since start (a counter)."""
+
+    @property
+    def is_open(self) -> bool:
+        return self._open.is_set()
+
+    def status(self) -> dict[str, Any]:
+        """``GET /admission``: ``open``, ``held`` (waiting at the gate), ``adding`` (past
+        the gate, not yet in the engine) and ``admitted`` (in the engine since start)."""
+        return {
+            "open": self.is_open,
+            "held": self.held,
+            "adding": self.adding,
+            "admitted": self.admitted,
+        }
+
+    async def close(self, timeout_s: float) -> None:
+        """Close the gate and wait until no add is in progress. After ``timeout_s`` the
+        gate is reopened and ``TimeoutError`` raised (an add stuck that long means the
+        engine is stuck; a pause then would not cover it)."""
+        self._open.clear()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            self.reopen()
+            raise TimeoutError(
+                f"{self.adding} engine add(s) still in progress after {timeout_s:.0f}s"
+            ) from None
+
+    def reopen(self) -> None:
+        self._open.set()
+
+    async def admit(self, version: Callable[[], int]) -> int:
+        """Wait while the gate is closed, then count an add in progress (the caller must
+        call :meth:`done`) and return the runtime version it is admitted at."""
+        while not self._open.is_set():
+            self.held += 1
+            try:
+                await self._open.wait()
+            finally:
+                self.held -= 1
+        # no await from here on: a pause that closes the gate now sees this add counted
+        self.adding += 1
+        self._idle.clear()
+        return version()
+
+    def done(self) -> None:
+        self.adding -= 1
+        if self.adding == 0:
+            self._idle.set()
+
+    def install(self, engine: Any, version: Callable[[], int]) -> None:
+        """Wrap ``engine.add_request`` (on this engine instance only) so that every add
+        passes the gate and records its admission version in the request's
+        :class:`Admission`. Idempotent."""
+        original = engine.add_request
+        if getattr(original, "_ludic_gated", False):
+            return
+
+        @functools.wraps(original)
+        async def add_request(*args: Any, **kwargs: Any) -> Any:
+            admitted = await self.admit(version)
+            try:
+                queue = await original(*args, **kwargs)
+            finally:
+                self.done()
+            self.admitted += 1
+            admission = _ADMISSION.get()
+            if admission is not None:
+                admission.versions.append(admitted)
+            return queue
+
+        add_request._ludic_gated = True  # type: ignore[attr-defined]
+        engine.add_request = add_request
+
+
+class VersionHeaderMiddleware:
+    """Adds ``x-ludic-policy-version`` (the oldest admission version of the request, or
+    the version at response start when nothing was admitted before it) and
+    ``x-ludic-policy-version-end`` (the version at response start) to every response."""
+
+    def __init__(self, app: Any, state: Any) -> None:
+        self.app = app
+        self.state = state  # ControlState: .version
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        admission = Admission()
+        token = _ADMISSION.set(admission)
+
+        async def send_with_versions(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                end = self.state.version
+                start = min(admission.versions) if admission.versions else end
+                message["headers"] = [
+                    *message.get("headers", []),
+                    (VERSION_HEADER.encode(), str(start).encode()),
+                    (VERSION_END_HEADER.encode(), str(end).encode()),
+                ]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_versions)
+        finally:
+            _ADMISSION.reset(token)
