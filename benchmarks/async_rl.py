@@ -124,12 +124,8 @@ def run_mode(mode: str, args: argparse.Namespace, model_dir: Path, client: VLLMC
     curve: list[tuple[float, float]] = []
     start = time.perf_counter()
 
-    async def train() -> list[dict[str, float]]:
-        run = trainer.train_async if mode == "async" else trainer.train
-        history = await run(args.steps)
-        return history
-
-    history = asyncio.run(train())
+    train = trainer.train_async if mode == "async" else trainer.train
+    history = asyncio.run(train(args.steps))
     wall = time.perf_counter() - start
     elapsed = 0.0
     for m in history:  # steps end one after another; rebuild the clock from the step times

@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from tests.faults.helpers import DEMO, TINY
 from tests.pipeline.helpers import require_redis_server
 
 from ludic import cli
@@ -30,21 +31,8 @@ from ludic.training.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.redis
 
-DEMO = Path(job.__file__).parents[1] / "configs" / "arithmetic_demo.yaml"
-TINY = [
-    "warm_start.steps=2",
-    "warm_start.num_demos=8",
-    "warm_start.batch_size=8",
-    "trainer.steps=4",
-    "trainer.prompts_per_step=2",
-    "trainer.checkpoint_every=2",
-    "algorithm.group_size=2",
-    "eval.num_problems=4",
-    "logging.console_every=1",
-    "env.kwargs.num_problems=8",
-    "trainer.mode=pipeline",
-    "trainer.max_staleness=1",
-]
+# The faults tests' tiny budget (DEMO, TINY), in pipeline mode.
+TINY = [*TINY, "trainer.mode=pipeline", "trainer.max_staleness=1"]
 
 
 def _overrides(out: Path, *extra: str) -> list[str]:

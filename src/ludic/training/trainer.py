@@ -140,7 +140,6 @@ class Trainer(HasTrainingCore):
         self.reference_model = self._prepare_reference(reference_model)
         self.metric_reducers = tuple(metric_reducers)
         self._concurrent = bool(getattr(batch_source, "is_concurrent", False))
-        self._version_announced = False
         self.core = TrainingCore(
             self.model,
             config,
@@ -159,8 +158,7 @@ class Trainer(HasTrainingCore):
         Once its batch is in hand, the step runs to its end (log and checkpoint included)
         even if the caller is cancelled meanwhile (Ctrl-C): the cancellation is raised
         after it, so the weights never get ahead of the metrics and checkpoints."""
-        if not self._version_announced:
-            self._announce_version()
+        self._announce_version()  # idempotent; the first call sets the source's base
         t_start = time.perf_counter()
         batch, raw_batches, selection = await self._next_batch()
         waited = time.perf_counter() - t_start
@@ -461,7 +459,6 @@ class Trainer(HasTrainingCore):
     def _announce_version(self) -> None:
         """Tell the batch source (``on_policy_version``) the newest version the inference
         side serves: the last published one (the step itself without a publisher)."""
-        self._version_announced = True
         announce = getattr(self.batch_source, "on_policy_version", None)
         if announce is not None:
             version = self.step if self.publisher is None else self._published_version

@@ -142,10 +142,6 @@ class AsyncBatchSource:
         await self._cancel_pending()
 
     # ---------------------------------------------------------------- the producer
-    @property
-    def started_batches(self) -> int:
-        return self._started
-
     def _admitted(self) -> bool:
         base = self._base_version if self._base_version is not None else self._version
         return self._started <= self._version - base + self.max_staleness
