@@ -97,14 +97,19 @@ def append_jsonl(path: str | Path, *records: Any, fsync: bool = True) -> None:
 
 
 def rewrite_jsonl(path: str | Path, records: Iterable[Any]) -> None:
-    """Replace ``path`` with ``records``, one per line, atomically: a temporary file in the
-    same folder is written, fsynced and renamed over ``path`` (``os.replace``)."""
+    """Replace ``path`` with ``records``, one per line, atomically (:func:`write_atomic`)."""
+    write_atomic(path, "".join(json.dumps(record) + "\n" for record in records))
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically: a temporary file in the same folder is
+    written, fsynced and renamed over ``path`` (``os.replace``), then the folder is
+    fsynced; a reader sees the old content or the new one, never a torn file."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for record in records:
-                f.write(json.dumps(record) + "\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

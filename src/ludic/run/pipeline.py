@@ -15,11 +15,11 @@ an actor given only the run directory finds the queue.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
+from ludic.jsonl import write_atomic
 from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
 from ludic.run.job import RESUMABLE_CHANGES
@@ -85,10 +85,8 @@ def make_queue(config: RunConfig, url: str, prefix: str) -> Any:
 
 def write_pipeline_info(run: RunDirectory, redis_url: str, prefix: str) -> None:
     """``RUN_DIR/pipeline.json``: where the run's queue is (written atomically)."""
-    path = run.path / PIPELINE_INFO
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"redis_url": redis_url, "prefix": prefix}, indent=2) + "\n")
-    os.replace(tmp, path)
+    info = {"redis_url": redis_url, "prefix": prefix}
+    write_atomic(run.path / PIPELINE_INFO, json.dumps(info, indent=2) + "\n")
 
 
 def wait_for_redis_url(run_path: Path, timeout_s: float) -> str:
@@ -104,7 +102,15 @@ def wait_for_redis_url(run_path: Path, timeout_s: float) -> str:
                 "run directory it prints, or set pipeline.redis_url"
             )
         time.sleep(0.2)
-    return str(json.loads(path.read_text())["redis_url"])
+    try:
+        url = json.loads(path.read_text())["redis_url"]
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise RunError(
+            f"{path}: not a pipeline info file ({type(e).__name__}: {e}); it holds "
+            '{"redis_url": ..., "prefix": ...} written by `ludic learner`; delete it and '
+            "restart the learner, or set pipeline.redis_url"
+        ) from None
+    return str(url)
 
 
 def open_learner_run(

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ludic.jsonl import append_jsonl, read_jsonl, rewrite_jsonl
+from ludic.jsonl import append_jsonl, read_jsonl, rewrite_jsonl, write_atomic
 from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
 from ludic.run.loading import ConfigError, dump_config, read_config_file, validate_config
@@ -94,9 +93,7 @@ class RunDirectory:
     # ---- config ------------------------------------------------------------------------
     def save_config(self, config: RunConfig) -> None:
         """Write ``config.yaml`` atomically (a pipeline actor may be reading it)."""
-        tmp = self.config_path.with_suffix(".yaml.tmp")
-        tmp.write_text(dump_config(config))
-        os.replace(tmp, self.config_path)
+        write_atomic(self.config_path, dump_config(config))
 
     def load_config(self) -> RunConfig:
         try:
