@@ -230,3 +230,25 @@ def test_a_restarted_learner_continues_from_the_version_in_redis(redis_server, t
     assert again.version == 2
     again.set_version(7)
     assert q.version() == 7
+
+
+@pytest.mark.parametrize("side", ["learner", "actor"])
+def test_cancelled_while_redis_is_down_the_event_loop_exits_at_once(side: str) -> None:
+    # asyncio.run waits for worker threads before returning: without the interrupt a
+    # cancelled call would keep retrying the dead Redis for reconnect_timeout_s (60 s).
+    from ludic.distributed.weight_transfer.groups import free_port
+    from ludic.training.batching.redis_queue import RedisBatchQueue
+
+    dead = RedisBatchQueue(f"redis://127.0.0.1:{free_port()}/0", prefix="p", reconnect_timeout_s=60)
+    if side == "learner":
+        waiting = PipelineBatchSource(dead, max_staleness=1).next_batch()
+    else:
+        waiting = run_pipeline_actor(rollout_source(), dead, actor_id="a", max_staleness=1)
+
+    async def cancelled_after_half_a_second() -> None:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(waiting, timeout=0.5)
+
+    started = time.monotonic()
+    asyncio.run(cancelled_after_half_a_second())
+    assert time.monotonic() - started < 3.0

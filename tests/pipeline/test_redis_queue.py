@@ -12,6 +12,7 @@ from ludic.training.batching.redis_queue import (
     PipelineConnectionError,
     PipelineStateError,
     QueueFullError,
+    QueueInterrupted,
     RedisBatchQueue,
 )
 
@@ -190,3 +191,55 @@ def test_an_unreachable_redis_raises_a_clear_connection_error_after_the_timeout(
         q.push("b0", b"x")
     assert 0.5 <= time.monotonic() - started < 3.0
     assert isinstance(PipelineConnectionError("x"), ConnectionError)
+
+
+def _in_thread(fn) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as err:  # noqa: BLE001 - recorded for the test
+            errors.append(err)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, errors
+
+
+def _interrupt_after(q: RedisBatchQueue, thread: threading.Thread, wait_s: float = 0.5) -> float:
+    time.sleep(wait_s)
+    assert thread.is_alive()  # still waiting when interrupted
+    started = time.monotonic()
+    q.interrupt()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    return time.monotonic() - started
+
+
+def test_interrupt_ends_a_retry_against_a_dead_redis_at_once() -> None:
+    from ludic.distributed.weight_transfer.groups import free_port
+
+    q = RedisBatchQueue(f"redis://127.0.0.1:{free_port()}/0", prefix="p", reconnect_timeout_s=60)
+    thread, errors = _in_thread(lambda: q.push("b0", b"x"))
+    assert _interrupt_after(q, thread) < 2.0
+    assert len(errors) == 1 and isinstance(errors[0], QueueInterrupted), errors
+    assert "push batch b0: interrupted" in str(errors[0])
+
+
+@pytest.mark.parametrize("waiting", ["take", "push"])
+def test_interrupt_ends_a_wait_on_an_empty_or_full_queue_and_later_calls_work(
+    redis_server, waiting: str
+) -> None:
+    q = new_queue(redis_server, max_queued=1)
+    if waiting == "take":
+        thread, errors = _in_thread(lambda: q.take(timeout_s=60))
+    else:
+        q.push("b0", b"x")
+        thread, errors = _in_thread(lambda: q.push("b1", b"y", timeout_s=60))
+    assert _interrupt_after(q, thread) < 2.0
+    assert len(errors) == 1 and isinstance(errors[0], QueueInterrupted), errors
+    if waiting == "push":
+        assert q.queued() == 1 and "b1" not in q.records("produced")  # nothing half-pushed
+        assert q.take(timeout_s=1.0).batch_id == "b0"
+    assert q.push("b2", b"z") is True  # the handle works after an interrupt

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ludic.run import job
+from ludic.run import job, phases
 from ludic.run.builders import RunError
 from ludic.run.loading import load_config
 
@@ -116,7 +116,7 @@ def test_interrupt_then_resume_continues_like_an_uninterrupted_run(
 def test_ctrl_c_during_the_final_evaluation_still_checkpoints_the_last_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_evaluate, calls = job._evaluate, []
+    real_evaluate, calls = phases.evaluate_policy, []
 
     async def interrupted_on_the_final_eval(config, engine):
         calls.append(1)
@@ -124,7 +124,7 @@ def test_ctrl_c_during_the_final_evaluation_still_checkpoints_the_last_step(
             raise KeyboardInterrupt
         return await real_evaluate(config, engine)
 
-    monkeypatch.setattr(job, "_evaluate", interrupted_on_the_final_eval)
+    monkeypatch.setattr(phases, "evaluate_policy", interrupted_on_the_final_eval)
     config = _config(tmp_path, "trainer.steps=3", "trainer.checkpoint_every=100")
     with pytest.raises(KeyboardInterrupt):
         job.train(config)

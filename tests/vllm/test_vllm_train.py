@@ -44,3 +44,50 @@ def test_train_with_the_vllm_backend_syncs_every_step(tmp_path: Path) -> None:
         versions = {s["trace"]["policy_version"] for s in sample["steps"] if s["kind"] == "agent"}
         assert versions == {sample["step"] - 1}
     assert (run_dir / "vllm_server.log").is_file()
+
+
+def test_async_train_on_vllm_continues_aborted_completions_within_max_staleness(
+    tmp_path: Path,
+) -> None:
+    # No warm start: the random tiny model writes long completions (up to max_tokens), so
+    # each publish (pause, abort, sync, resume) lands while the next batch is generating.
+    config = load_config(
+        DEMO,
+        [
+            f"output_dir={tmp_path}",
+            "inference.backend=vllm",
+            "inference.vllm.partial_rollouts=continue",
+            "trainer.mode=async",
+            "trainer.max_staleness=1",
+            "warm_start.steps=0",
+            "trainer.steps=6",
+            "trainer.prompts_per_step=2",
+            "algorithm.group_size=4",
+            "sampling.max_tokens=192",
+            "eval.num_problems=2",
+            "logging.console_every=1",
+            "logging.num_sample_rollouts=8",
+            "env.kwargs.num_problems=8",
+        ],
+    )
+    run_dir = job.train(config)
+
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in lines if r["phase"] == "rl"]
+    assert [r["step"] for r in rl] == [1, 2, 3, 4, 5, 6]
+    for r in rl:  # step s trains with version s - 1: nothing older than s - 1 - 1
+        assert 0 <= r["staleness/max"] <= 1 and r["dropped/stale"] == 0, r
+        assert r["policy_version"] == r["step"]
+    switched = 0
+    samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    for sample in samples:
+        for s in (s for s in sample["steps"] if s["kind"] == "agent"):
+            trace = s["trace"]
+            versions = trace["completion_versions"]
+            assert len(versions) == len(trace["completion_token_ids"])
+            assert versions == sorted(versions) and versions[0] == trace["policy_version"]
+            assert sample["step"] - 2 <= versions[0] and versions[-1] <= sample["step"] - 1
+            switched += versions[0] != versions[-1]
+    # Completions continued across a publish, and trained with their span logged.
+    assert switched >= 1
+    assert max(r["staleness/version_span_max"] for r in rl) >= 1

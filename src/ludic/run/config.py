@@ -1,80 +1,49 @@
 """The typed run configuration behind ``ludic train CONFIG``.
 
 One frozen pydantic model per component, nested into :class:`RunConfig`. Unknown fields
-are errors; every field is documented here, so this file is the reference for config
-files. Values that name registered parts (env kinds, parsers, algorithms) are checked
+are errors; every field is documented here (the sections shared with reward-model runs,
+such as ``model.tiny``, ``model.lora`` and ``inference.vllm``, in
+:mod:`ludic.run.config_common`; ``reward_model`` and ``reward`` in
+:mod:`ludic.run.config_reward`), so these files are the reference for config files. Values that name registered parts (env kinds, parsers, algorithms) are checked
 against the registries in :mod:`ludic.run.registries`.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    field_validator,
-    model_validator,
+from pydantic import Field, field_validator, model_validator
+
+from ludic.run.config_common import (
+    AlgorithmName,
+    Device,
+    EnvKind,
+    LoraConfig,
+    ParserName,
+    Section,
+    TinyModelConfig,
+    VLLMConfig,
+)
+from ludic.run.config_reward import (
+    PreferenceDataConfig,
+    RewardModelSection,
+    RewardSection,
+    SyntheticPreferencesConfig,
 )
 
-from ludic.run.registries import ALGORITHMS, ENVS, PARSERS, check_name
+__all__ = [
+    "LoraConfig",
+    "PreferenceDataConfig",
+    "RewardModelSection",
+    "RewardSection",
+    "RunConfig",
+    "SyntheticPreferencesConfig",
+    "TinyModelConfig",
+    "VLLMConfig",
+]
 
 
-def _registered(kind: str, registry: Mapping[str, str]) -> AfterValidator:
-    return AfterValidator(lambda name: check_name(kind, name, registry))
-
-
-def _device(name: str) -> str:
-    if not re.fullmatch(r"(cpu|cuda|mps|xpu)(:\d+)?", name):
-        raise ValueError("not a device; use cpu, cuda, cuda:N, mps or xpu")
-    return name
-
-
-Device = Annotated[str, AfterValidator(_device)]
-"""A torch device string, checked without importing torch (availability is checked by
-``ludic.run.preflight`` before the run starts)."""
-EnvKind = Annotated[str, _registered("env", ENVS)]
-ParserName = Annotated[str, _registered("parser", PARSERS)]
-AlgorithmName = Annotated[str, _registered("algorithm", ALGORITHMS)]
-
-
-class _Section(BaseModel):
-    # allow_inf_nan=False: lr=inf (or nan) is refused here, not after the warm start.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class TinyModelConfig(_Section):
-    """The locally built tiny Qwen2 (used when ``model.path`` is null)."""
-
-    hidden_size: int = Field(128, ge=32, description="hidden width; head size must be >= 32")
-    num_layers: int = Field(2, ge=1)
-    num_heads: int = Field(2, ge=1)
-    seed: int = 0
-
-    @model_validator(mode="after")
-    def _head_size(self) -> TinyModelConfig:
-        if self.hidden_size % self.num_heads or self.hidden_size // self.num_heads < 32:
-            raise ValueError(
-                f"hidden_size={self.hidden_size} / num_heads={self.num_heads} must give an "
-                "integer head size >= 32 (vLLM's CPU backend needs it)"
-            )
-        return self
-
-
-class LoraConfig(_Section):
-    """peft LoRA adapters on the policy; published weights are merged."""
-
-    r: int = Field(8, ge=1)
-    alpha: int = Field(16, ge=1)
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    target_modules: list[str] = ["q_proj", "v_proj"]
-
-
-class ModelConfig(_Section):
+class ModelConfig(Section):
     path: str | None = None
     """A Hugging Face model folder or hub id; null builds the tiny model in the run dir."""
     tiny: TinyModelConfig = TinyModelConfig()
@@ -85,40 +54,7 @@ class ModelConfig(_Section):
     """Trainer device, e.g. "cpu" or "cuda"."""
 
 
-class VLLMConfig(_Section):
-    """A vLLM policy server (the vLLM backend; see the policy-serving docs)."""
-
-    host: str = "127.0.0.1"
-    port: int | None = Field(None, ge=1, le=65535)
-    """HTTP port (null: a free one when ludic starts the server)."""
-    group_port: int | None = Field(None, ge=1, le=65535)
-    """Rendezvous port of the weight-sync group, hosted by the trainer (null: a free one)."""
-    start_server: bool = True
-    """Start (and stop) the server as a subprocess; false = connect to a running one."""
-    sync_backend: Literal["nccl", "gloo"] | None = None
-    """Process-group backend of the weight sync (null: nccl when model.device is cuda,
-    else gloo)."""
-    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
-    extra_args: list[str] = []
-    timeout_s: float = Field(120.0, gt=0)
-    api_key: str | None = Field(None, exclude=True, repr=False)
-    """The server's API key (every route but /health needs it). null: $LUDIC_API_KEY if
-    set, else a fresh random key for a server ludic starts (none for a running one).
-    Never saved to the run directory nor shown in logs."""
-    partial_rollouts: Literal["off", "continue", "restart"] = "off"
-    """What happens to a completion aborted by a weight update: off (kept as it is,
-    finish reason "abort"), continue (continued from the tokens generated so far; per-token
-    policy versions show the switch) or restart (sent again). Any mode but off makes each
-    publish pause the server (abort in flight, load, resume); see
-    ``ludic.inference.vllm.partial``."""
-
-    @field_validator("partial_rollouts", mode="before")
-    @classmethod
-    def _yaml_off(cls, value: Any) -> Any:
-        return "off" if value is False else value  # YAML 1.1 reads a bare `off` as false
-
-
-class InferenceConfig(_Section):
+class InferenceConfig(Section):
     backend: Literal["transformers", "vllm"] = "transformers"
     """transformers: in-process, embedded; vllm: a vLLM server with live weight sync."""
     max_batch_size: int = Field(64, ge=1)
@@ -136,7 +72,7 @@ class InferenceConfig(_Section):
         return self
 
 
-class SamplingConfig(_Section):
+class SamplingConfig(Section):
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = -1
@@ -144,7 +80,7 @@ class SamplingConfig(_Section):
     """Generation budget per model call."""
 
 
-class EnvConfig(_Section):
+class EnvConfig(Section):
     kind: EnvKind = "arithmetic"
     """A registered env: see ``ludic.run.registries.ENVS``."""
     kwargs: dict[str, Any] = {}
@@ -161,7 +97,7 @@ class EnvConfig(_Section):
     calls on the event loop keep batching, hence results, deterministic."""
 
 
-class AgentConfig(_Section):
+class AgentConfig(Section):
     parser: ParserName = "answer"
     """A registered parser: see ``ludic.run.registries.PARSERS``."""
     system_prompt: str | None = None
@@ -183,7 +119,7 @@ PRESET_FIELDS = (
 config (unset: the preset's default; a preset without that argument is an error)."""
 
 
-class AlgorithmConfig(_Section):
+class AlgorithmConfig(Section):
     """The RL algorithm: a registered ``make_*`` preset and its settings. The clip and
     off-policy fields below go to the preset only when written in the config; unset, the
     preset's own default applies (e.g. GSPO's 3e-4 clip)."""
@@ -224,7 +160,7 @@ class AlgorithmConfig(_Section):
         return self
 
 
-class WarmStartConfig(_Section):
+class WarmStartConfig(Section):
     """Supervised warm start before RL (``steps: 0`` skips it)."""
 
     steps: int = Field(300, ge=0)
@@ -236,7 +172,7 @@ class WarmStartConfig(_Section):
     """How many problems (env seeds 0..num_demos-1) "dataset_answers" demonstrates."""
 
 
-class TrainerSection(_Section):
+class TrainerSection(Section):
     steps: int = Field(100, ge=1)
     """RL optimizer steps."""
     lr: float = Field(5e-4, gt=0)
@@ -311,7 +247,7 @@ class TrainerSection(_Section):
         return 1 if self.max_staleness is None else self.max_staleness
 
 
-class PipelineConfig(_Section):
+class PipelineConfig(Section):
     """The actor/learner pipeline over Redis (``trainer.mode: pipeline``): actors generate
     batches into a Redis queue, the learner trains on them and publishes weights (to the
     vLLM server with ``inference.backend: vllm``, through Redis with ``transformers``)."""
@@ -357,149 +293,20 @@ class PipelineConfig(_Section):
         return url
 
 
-class EvalConfig(_Section):
+class EvalConfig(Section):
     num_problems: int = Field(100, ge=1)
     """Evaluated on env seeds 0..num_problems-1, greedy decoding."""
     every: int = Field(0, ge=0)
     """Also evaluate every N RL steps (0: only before and after RL)."""
 
 
-class LoggingConfig(_Section):
+class LoggingConfig(Section):
     wandb: bool = False
     tensorboard: bool = False
     console_every: int = Field(10, ge=1)
     """Print a metrics line every N steps (the progress bar updates every step)."""
     num_sample_rollouts: int = Field(4, ge=0)
     """Rollouts written to samples.jsonl per logged step."""
-
-
-class SyntheticPreferencesConfig(_Section):
-    """Preference pairs over arithmetic problems (``ludic.training.reward_model.preferences.
-    synthetic_arithmetic_preferences``): prompt ``"3+4="``, chosen the answer, rejected
-    the answer off by 1..max_offset."""
-
-    num_pairs: int = Field(512, ge=2)
-    """Pairs generated in all (the eval split is taken from them)."""
-    seed: int = 0
-    operators: list[Literal["+", "-", "*"]] = Field(["+"], min_length=1)
-    min_digits: int = Field(1, ge=1)
-    max_digits: int = Field(1, ge=1)
-    max_offset: int = Field(9, ge=1)
-    """Wrong answers differ from the right one by 1..max_offset."""
-
-    @model_validator(mode="after")
-    def _digits(self) -> SyntheticPreferencesConfig:
-        if self.min_digits > self.max_digits:
-            raise ValueError(
-                f"min_digits={self.min_digits} > max_digits={self.max_digits}; need "
-                "min_digits <= max_digits"
-            )
-        return self
-
-
-class PreferenceDataConfig(_Section):
-    """Where the preference pairs come from, and the held-out evaluation split."""
-
-    path: str | None = None
-    """A JSONL file of {"prompt", "chosen", "rejected"[, "margin", "meta"]} lines; null
-    generates ``synthetic`` arithmetic pairs."""
-    synthetic: SyntheticPreferencesConfig = SyntheticPreferencesConfig()
-    """Used when ``path`` is null."""
-    eval_size: int = Field(64, ge=1)
-    """Pairs held out to measure pairwise accuracy before, during and after training."""
-    holdout: Literal["pairs", "prompts"] = "pairs"
-    """pairs: random pairs (exact duplicates are dropped from training); prompts: whole
-    prompts, so every eval prompt is unseen in training."""
-
-    @model_validator(mode="after")
-    def _one_source(self) -> PreferenceDataConfig:
-        if self.path is not None and self.synthetic != SyntheticPreferencesConfig():
-            raise ValueError(
-                "path is set, so synthetic is not used; remove the synthetic settings or "
-                "set path: null"
-            )
-        return self
-
-
-class RewardModelSection(_Section):
-    """Reward-model training (``task: reward_model``): a sequence classifier with one
-    label (backbone + linear ``score`` head) trained on preference pairs with the
-    Bradley-Terry loss."""
-
-    training_mode: Literal["head_only", "lora", "full"] = "full"
-    """head_only: the head alone; lora: LoRA adapters + head; full: every weight."""
-    path: str | None = None
-    """An HF folder or hub id (a sequence classifier, or a causal LM that gets a fresh
-    one-label head); null builds the tiny reward model in RUN_DIR/model."""
-    tiny: TinyModelConfig = TinyModelConfig()
-    """Used when ``path`` is null."""
-    lora: LoraConfig | None = None
-    """LoRA adapters for training_mode lora (null there: the defaults)."""
-    device: Device = "cpu"
-    steps: int = Field(300, ge=1)
-    """Optimizer steps."""
-    lr: float = Field(1e-3, gt=0)
-    batch_size: int = Field(16, ge=1)
-    """Preference pairs per step."""
-    weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float | None = Field(1.0, gt=0)
-    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    warmup_steps: int = Field(0, ge=0)
-    eval_every: int = Field(0, ge=0)
-    """Also evaluate every N steps (0: only before and after training)."""
-    publish_every: int = Field(0, ge=0)
-    """Publish weights to ``server`` every N steps (version = step) and after the last
-    step; 0 never."""
-    server: VLLMConfig | None = None
-    """A vLLM reward server (``ludic serve reward``) kept in sync with the training model:
-    started on the initial model unless ``server.start_server`` is false. Null: none."""
-    checkpoint_every: int = Field(100, ge=1)
-    keep_last: int = Field(2, ge=1)
-    data: PreferenceDataConfig = PreferenceDataConfig()
-
-    @model_validator(mode="after")
-    def _consistent(self) -> RewardModelSection:
-        if self.lora is not None and self.training_mode != "lora":
-            raise ValueError(
-                f"lora is set but training_mode={self.training_mode!r}; set training_mode: "
-                "lora or remove lora"
-            )
-        if self.path is not None and self.tiny != TinyModelConfig():
-            raise ValueError(
-                "path is set, so tiny is not used; remove the tiny settings or set path: null"
-            )
-        if self.server is not None and self.publish_every == 0:
-            raise ValueError(
-                "server is set but publish_every=0: set publish_every >= 1 to keep the "
-                "server in sync, or remove server"
-            )
-        if self.lr_schedule != "constant" and self.warmup_steps >= self.steps:
-            raise ValueError(
-                f"lr_schedule={self.lr_schedule!r} decays to 0 at steps={self.steps}, so "
-                f"warmup_steps={self.warmup_steps} must be smaller"
-            )
-        return self
-
-
-class RewardSection(_Section):
-    """A learned reward for RL (``algorithm.name: reward_rl``): a reward model with one
-    label scores each completion (``format_reward_input(question, completion)``), and the
-    score replaces or combines with the env's reward."""
-
-    path: str
-    """The reward model: an HF sequence-classifier folder, e.g. RUN_DIR/reward_model of a
-    ``task: reward_model`` run."""
-    backend: Literal["transformers", "vllm"] = "transformers"
-    """transformers: scored in process; vllm: a vLLM reward server (``server``)."""
-    server: VLLMConfig = VLLMConfig()
-    """The reward server when backend is vllm (started on ``path`` unless
-    ``server.start_server`` is false)."""
-    mode: Literal["replace", "add", "multiply", "weighted"] = "replace"
-    """How score s and env reward r combine: s, r + s, r * s, or weight*r + (1-weight)*s."""
-    weight: float = Field(0.5, ge=0.0, le=1.0)
-    """The env reward's share in mode weighted."""
-    normalize: bool = True
-    """Score with the sigmoid of the reward model's logit (false: the raw logit)."""
 
 
 POLICY_SECTIONS = (
@@ -518,7 +325,7 @@ POLICY_SECTIONS = (
 """Sections only policy training (``task: policy``) reads."""
 
 
-class RunConfig(_Section):
+class RunConfig(Section):
     task: Literal["policy", "reward_model"] = "policy"
     """policy: RL (optionally after an SFT warm start) of a policy on an env;
     reward_model: train a reward model on preference pairs (the ``reward_model`` section)."""

@@ -51,13 +51,13 @@ from ludic.run.builders import (
 )
 from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
-from ludic.run.job import (
-    _checkpoint_config,
-    _loggers,
-    _pad_id,
-    _run_rl,
-    _summary,
-    _warm_start,
+from ludic.run.phases import (
+    pad_id,
+    phase_checkpoint_config,
+    phase_loggers,
+    run_rl,
+    run_summary,
+    warm_start,
 )
 from ludic.run.pipeline import (
     make_queue,
@@ -118,7 +118,7 @@ def _learn(config: RunConfig, run_dir: str | Path | None) -> Path:
         )
         policy, tokenizer = load_policy(config, run.model_dir)
         if config.warm_start.steps > 0 and not run.has_checkpoint("rl"):
-            _warm_start(config, run, policy, tokenizer, resuming=True, console=console)
+            warm_start(config, run, policy, tokenizer, resuming=True, console=console)
         client = stack.enter_context(
             inference_backend(config, policy, tokenizer, model_dir=run.model_dir, log_dir=run.path)
         )
@@ -126,7 +126,7 @@ def _learn(config: RunConfig, run_dir: str | Path | None) -> Path:
         if config.pipeline.redis_url is None:  # our Redis stops with us: let actors leave
             _wait_for_actors_to_leave(queue, config.pipeline.stop_timeout_s)
     plot_reward_curve(run.read_metrics(), run.plot_path, title=config.name)
-    summary = _summary(run, time.perf_counter() - started)
+    summary = run_summary(run, time.perf_counter() - started)
     run.write_summary(summary)
     print_summary(console, summary, title="ludic pipeline learner summary")
     return run.path
@@ -152,14 +152,14 @@ def _reinforce_from_queue(
         batch_timeout_s=config.pipeline.batch_timeout_s,
     )
     title = f"RL ({algorithm.name}, pipeline)"
-    loggers = _loggers(config, run, "rl", title, config.trainer.steps, console)
+    loggers = phase_loggers(config, run, "rl", title, config.trainer.steps, console)
     trainer = Trainer(
         policy,
         algorithm,
         source,
-        rl_trainer_config(config, _pad_id(tokenizer)),
+        rl_trainer_config(config, pad_id(tokenizer)),
         publisher=_publisher(config, client, queue),
-        checkpoint=_checkpoint_config(config, run, "rl"),
+        checkpoint=phase_checkpoint_config(config, run, "rl"),
         loggers=loggers,
         sample_filter=rl_sample_filter(config, algorithm),
     )
@@ -189,7 +189,7 @@ def _reinforce_from_queue(
         console.print(f"learner: serving version {trainer.step}; waiting for actors' batches")
 
     with checkpoint_on_failure(trainer, loggers[0], console):
-        _run_rl(
+        run_rl(
             config,
             run,
             trainer,

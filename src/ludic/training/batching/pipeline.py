@@ -41,11 +41,12 @@ pipeline records as trained (they show up in the Trainer's ``dropped/stale`` met
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -158,6 +159,10 @@ class PipelineBatchSource:
         self._started = True
 
     async def next_batch(self) -> SAWBatch:
+        with interrupt_on_cancel(self.queue):
+            return await self._next_batch()
+
+    async def _next_batch(self) -> SAWBatch:
         await asyncio.to_thread(self._start)
         deadline = time.monotonic() + self.batch_timeout_s
         while True:
@@ -287,6 +292,31 @@ async def run_pipeline_actor(
       synced version), read before each batch: stamped on items that carry none and sent
       as the producer's version.
     """
+    with interrupt_on_cancel(queue):
+        return await _push_batches(
+            source,
+            queue,
+            actor_id,
+            max_staleness,
+            num_batches,
+            stop,
+            policy_version,
+            admission_timeout_s,
+            poll_s,
+        )
+
+
+async def _push_batches(
+    source: BatchSource,
+    queue: RedisBatchQueue,
+    actor_id: str,
+    max_staleness: int | None,
+    num_batches: int | None,
+    stop: StopFlag | None,
+    policy_version: Callable[[], int | None] | None,
+    admission_timeout_s: float,
+    poll_s: float,
+) -> list[str]:
     stop_set = stop.is_set if stop is not None else lambda: False
     announced = await asyncio.to_thread(queue.max_staleness)
     if announced is not None and announced != max_staleness:
@@ -320,6 +350,18 @@ async def run_pipeline_actor(
             break
         pushed.append(producer.batch_id)
     return pushed
+
+
+@contextlib.contextmanager
+def interrupt_on_cancel(queue: RedisBatchQueue) -> Iterator[None]:
+    """Cancelled (Ctrl-C, SIGTERM, a timeout): make the queue call still running in a
+    worker thread give up at once (:meth:`RedisBatchQueue.interrupt`) instead of waiting
+    out a dead Redis or an empty queue, which would hold up the process's exit."""
+    try:
+        yield
+    except asyncio.CancelledError:
+        queue.interrupt()
+        raise
 
 
 def _queue_ended(queue: RedisBatchQueue) -> bool:

@@ -2,29 +2,7 @@
 
 Payloads are opaque bytes here (see :mod:`ludic.training.batching.wire`); batches are
 named by a ``batch_id`` unique within a ``prefix``. Several runs share one Redis through
-their prefixes. Keys (``P`` = prefix)::
-
-    P:queue                  list of batch ids; actors LPUSH, the learner takes from the right
-    P:payload:<id>           the payload of a queued or in-flight batch
-    P:processing:<learner>   ids a learner has taken and not yet acknowledged
-    P:produced               hash id -> JSON (actor, batch_index, num_items, pushed_at)
-    P:trained                hash id -> JSON record of the step that trained it
-    P:dropped                hash id -> JSON record (every item was too stale to train on)
-    P:dead                   hash id -> JSON {error, at}: payloads that failed to decode
-    P:dead_payload:<id>      the rejected bytes, kept for inspection
-    P:stats                  hash of counters (pushed/trained/dropped/dead/requeued ...)
-    P:version                the learner's policy version
-    P:next_index             global batch-index counter; P:claims hash actor -> claimed index
-    P:max_staleness          the learner's max_staleness (actors check they agree)
-    P:closed                 set when producers are done: an empty queue then ends training
-    P:done                   set by the learner when the run is over: actors stop, pushes
-                             are refused, what was still queued moved to P:unused
-    P:unused                 hash id -> JSON: batches queued when the run ended (never trained)
-    P:learner                JSON: the running learner's announcement (version, weights
-                             channel, inference URL); actors wait for it before starting
-    P:weights                the policy weights published through Redis (safetensors bytes;
-                             see ludic.training.batching.redis_weights), P:weights_version
-                             their version; both written in one MULTI/EXEC
+their prefixes; the keys of one prefix are listed in :mod:`ludic.training.batching.redis_keys`.
 
 Guarantees:
 
@@ -53,25 +31,32 @@ Guarantees:
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
-try:
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-except ImportError as err:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "the Redis pipeline needs the `redis` client: pip install 'ludic-rl[redis]'"
-    ) from err
+from ludic.training.batching.redis_keys import (
+    COUNTERS,
+    NoBackoff,
+    PipelineConnectionError,
+    PipelineStateError,
+    PushStopped,
+    QueueFullError,
+    QueueInterrupted,
+    RedisKeys,
+    Retry,
+    RunFinishedError,
+    TakenBatch,
+    redis,
+)
 
 __all__ = [
     "PipelineConnectionError",
     "PipelineStateError",
     "PushStopped",
     "QueueFullError",
+    "QueueInterrupted",
     "RedisBatchQueue",
     "RedisKeys",
     "RunFinishedError",
@@ -79,91 +64,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-COUNTERS = (
-    "pushed_batches",
-    "trained_batches",
-    "trained_items",
-    "dropped_batches",
-    "dropped_items",
-    "dead_batches",
-    "requeued_batches",
-    "abandoned_claims",
-    "unused_batches",
-)
-"""Names in ``P:stats``. ``dropped_items`` counts stale items, whether their whole batch was
-dropped or only part of it (the rest trained). ``abandoned_claims``: batch indices an actor
-claimed and gave up (it stopped, or its source ran out) without pushing. ``unused_batches``:
-batches still queued when the learner ended the run (:meth:`RedisBatchQueue.finish_run`)."""
-
-
-class PipelineConnectionError(ConnectionError):
-    """Redis stayed unreachable for longer than ``reconnect_timeout_s``."""
-
-
-class QueueFullError(TimeoutError):
-    """The queue stayed full (``max_queued`` batches) for ``push_timeout_s``."""
-
-
-class RunFinishedError(RuntimeError):
-    """The learner ended the run (``P:done``): no more batches are taken."""
-
-
-class PushStopped(RuntimeError):
-    """``push`` gave up waiting on a full queue because its ``stop`` flag was set."""
-
-
-class PipelineStateError(RuntimeError):
-    """An operation does not fit the queue's state (e.g. acking a batch this learner does
-    not hold)."""
-
-
-@dataclass(frozen=True)
-class RedisKeys:
-    """The key names of one pipeline (see the module docstring)."""
-
-    prefix: str
-
-    def __post_init__(self) -> None:
-        if not self.prefix or any(c.isspace() for c in self.prefix):
-            raise ValueError(f"pipeline prefix must be non-empty without spaces: {self.prefix!r}")
-
-    def _key(self, name: str) -> str:
-        return f"{self.prefix}:{name}"
-
-    queue = property(lambda self: self._key("queue"))
-    produced = property(lambda self: self._key("produced"))
-    trained = property(lambda self: self._key("trained"))
-    dropped = property(lambda self: self._key("dropped"))
-    dead = property(lambda self: self._key("dead"))
-    stats = property(lambda self: self._key("stats"))
-    version = property(lambda self: self._key("version"))
-    next_index = property(lambda self: self._key("next_index"))
-    claims = property(lambda self: self._key("claims"))
-    max_staleness = property(lambda self: self._key("max_staleness"))
-    closed = property(lambda self: self._key("closed"))
-    done = property(lambda self: self._key("done"))
-    unused = property(lambda self: self._key("unused"))
-    learner = property(lambda self: self._key("learner"))
-    weights = property(lambda self: self._key("weights"))
-    weights_version = property(lambda self: self._key("weights_version"))
-
-    def payload(self, batch_id: str) -> str:
-        return f"{self.prefix}:payload:{batch_id}"
-
-    def dead_payload(self, batch_id: str) -> str:
-        return f"{self.prefix}:dead_payload:{batch_id}"
-
-    def processing(self, learner_id: str) -> str:
-        return f"{self.prefix}:processing:{learner_id}"
-
-
-@dataclass(frozen=True)
-class TakenBatch:
-    """A batch taken by a learner: its id and payload (``None`` if none was stored)."""
-
-    batch_id: str
-    payload: bytes | None
 
 
 class RedisBatchQueue:
@@ -216,6 +116,7 @@ class RedisBatchQueue:
             retry=Retry(NoBackoff(), 0),
         )
         self._held: set[str] = set()  # ids this handle took and has not finished
+        self._wake = threading.Event()  # set (and replaced) by interrupt()
 
     @property
     def processing_key(self) -> str:
@@ -224,6 +125,22 @@ class RedisBatchQueue:
     def close(self) -> None:
         """Close the connections."""
         self.client.close()
+
+    def interrupt(self) -> None:
+        """Make every call now waiting in another thread (retrying a lost connection,
+        ``push`` on a full queue, ``take`` on an empty one) raise :class:`QueueInterrupted`
+        within one blocking read (``block_s``); later calls are unaffected.
+
+        For cancellation: a coroutine cancelled while its ``asyncio.to_thread`` call waits
+        here calls it, so the thread does not outlive it (``asyncio.run`` waits for such
+        threads before returning, which would hold up a Ctrl-C or SIGTERM for as long as
+        ``reconnect_timeout_s`` while Redis is down).
+        """
+        wake, self._wake = self._wake, threading.Event()
+        wake.set()
+
+    def _interrupted(self, what: str) -> QueueInterrupted:
+        return QueueInterrupted(f"{what}: interrupted (queue {self.keys.queue} at {self.url})")
 
     # -------------------------------------------------------------------- actor side
     def claim_index(self, actor_id: str) -> int:
@@ -290,6 +207,7 @@ class RedisBatchQueue:
 
         deadline = time.monotonic() + timeout_s
         delay = 0.01
+        wake = self._wake
         while True:
             outcome = self._transaction(f"push batch {batch_id}", attempt)
             if outcome == "done":
@@ -308,7 +226,8 @@ class RedisBatchQueue:
                     "batches. Is it running on this prefix? (raise max_queued or push_timeout_s "
                     "to wait longer)"
                 )
-            time.sleep(min(delay, deadline - now))
+            if wake.wait(min(delay, deadline - now)):
+                raise self._interrupted(f"push of {batch_id} to a full queue")
             delay = min(delay * 2, 0.25)
 
     def abandon_claim(self, actor_id: str) -> bool:
@@ -422,7 +341,10 @@ class RedisBatchQueue:
         A batch whose payload is missing is rejected (``P:dead``) and skipped.
         """
         deadline = time.monotonic() + max(timeout_s, 0.0)
+        wake = self._wake
         while True:
+            if wake.is_set():
+                raise self._interrupted("take a batch")
             block = max(min(self.block_s, deadline - time.monotonic()), 0.01)
             batch_id = self._retry("take a batch", lambda b=block: self._adopt_or_move(b))
             if batch_id is not None:
@@ -585,6 +507,7 @@ class RedisBatchQueue:
         most ``reconnect_timeout_s``; then :class:`PipelineConnectionError`."""
         deadline: float | None = None
         delay = 0.05
+        wake = self._wake
         while True:
             try:
                 return fn()
@@ -597,5 +520,6 @@ class RedisBatchQueue:
                         f"{self.reconnect_timeout_s:.0f}s ({type(err).__name__}: {err}). Is "
                         "redis-server running? (raise reconnect_timeout_s to wait longer)"
                     ) from err
-                time.sleep(min(delay, deadline - now))
+                if wake.wait(min(delay, deadline - now)):
+                    raise self._interrupted(what) from err
                 delay = min(delay * 2, 1.0)

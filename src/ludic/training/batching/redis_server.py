@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ludic.distributed.weight_transfer.groups import free_port
 from ludic.inference.vllm.process import die_with_parent_preexec
-from ludic.training.batching.redis_queue import redis  # the guarded import of the client
+from ludic.training.batching.redis_keys import redis  # the guarded import of the client
 
 __all__ = ["RedisServer", "start_redis_server"]
 

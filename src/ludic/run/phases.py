@@ -1,0 +1,210 @@
+"""The two phases of a training run, shared by ``ludic train`` and the pipeline learner.
+
+:func:`warm_start` runs SFT on demonstrations with its own Trainer and checkpoints;
+:func:`run_rl` runs an RL Trainer that is already built (resume, publish the starting
+weights, evaluate when due, step, checkpoint). The helpers below build what both phases
+need: the loggers, the checkpoint settings, the pad id, the greedy evaluation and the
+run summary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+
+from ludic.eval import default_reducers, run_eval
+from ludic.run.builders import (
+    RunError,
+    make_requests,
+    sampling_spec,
+    warm_start_trainer_config,
+)
+from ludic.run.config import RunConfig
+from ludic.run.demos import demonstrations_path
+from ludic.run.progress import ProgressLogger
+from ludic.run.run_dir import PhaseMetricsWriter, RunDirectory
+from ludic.run.steps import checkpoint_on_failure, run_steps
+from ludic.training import (
+    CheckpointConfig,
+    OfflineBatchSource,
+    RichConsoleLogger,
+    RolloutEngine,
+    Trainer,
+    make_sft,
+)
+
+__all__ = [
+    "CONSOLE_KEYS",
+    "evaluate_policy",
+    "pad_id",
+    "phase_checkpoint_config",
+    "phase_loggers",
+    "run_rl",
+    "run_summary",
+    "warm_start",
+]
+
+CONSOLE_KEYS = ["batch/reward_mean", "loss", "grad_norm", "tokens_per_s"]
+
+
+def warm_start(
+    config: RunConfig, run: RunDirectory, policy, tokenizer, *, resuming: bool, console: Console
+) -> None:
+    steps = config.warm_start.steps
+    demos = demonstrations_path(config, tokenizer, run.path / "demos.jsonl")
+    algorithm = make_sft()
+    source = OfflineBatchSource(  # one batch per step, so step N starts at batch N
+        demos,
+        credit_assigner=algorithm.credit_assigner,
+        batch_size=config.warm_start.batch_size,
+        seed=config.seed,
+    )
+    loggers = phase_loggers(config, run, "warm_start", "warm start (SFT)", steps, console)
+    trainer = Trainer(
+        policy,
+        algorithm,
+        source,
+        warm_start_trainer_config(config, pad_id(tokenizer)),
+        checkpoint=phase_checkpoint_config(config, run, "warm_start"),
+        loggers=loggers,
+    )
+    with checkpoint_on_failure(trainer, loggers[0], console):
+        if resuming:
+            if run.has_checkpoint("warm_start"):
+                trainer.resume()
+            run.truncate_metrics("warm_start", trainer.step)
+            source.skip(trainer.step)
+            loggers[0].last_step = trainer.step
+        run_steps(trainer, steps - trainer.step, every=config.trainer.checkpoint_every)
+
+
+def run_rl(
+    config,
+    run,
+    trainer,
+    source,
+    eval_engine,
+    metrics_writer,
+    *,
+    resuming: bool,
+    console: Console,
+    on_published: Callable[[], None] | None = None,
+) -> None:
+    """The RL phase's loop: resume, publish the starting weights (then ``on_published()``,
+    e.g. the pipeline learner announcing itself), evaluate when due, run the steps."""
+    if resuming:
+        if run.has_checkpoint("rl"):
+            trainer.resume()
+        run.truncate_samples(trainer.step)
+    run.truncate_metrics("rl", trainer.step)
+    metrics_writer.last_step = trainer.step
+    trainer.publish_policy()  # the backend samples from the current weights, version = step
+    if on_published is not None:
+        on_published()
+    evaluated = {r["step"] for r in run.read_metrics() if r.get("phase") == "eval"}
+
+    async def record_eval() -> None:
+        metrics = await evaluate_policy(config, eval_engine)
+        run.append_metrics({"phase": "eval", "step": trainer.step, **metrics})
+        evaluated.add(trainer.step)
+        console.print(
+            f"eval at RL step {trainer.step}: success_rate {metrics['success_rate']:.3f}, "
+            f"reward_mean {metrics['reward_mean']:.3f}"
+        )
+
+    def eval_due(step: int) -> bool:  # before RL, every eval.every steps, after RL
+        every, last = config.eval.every, config.trainer.steps
+        return step in (0, last) or bool(every and step % every == 0)
+
+    async def after_step(step: int) -> None:
+        rollouts = getattr(source, "last_rollouts", None)  # none: a pipeline learner
+        if (
+            rollouts
+            and config.logging.num_sample_rollouts
+            and step % config.logging.console_every == 0
+        ):
+            run.append_samples(step, rollouts[: config.logging.num_sample_rollouts])
+        if eval_due(step) and step < config.trainer.steps:
+            await record_eval()
+
+    # A resume redoes an evaluation only if its record is missing (interrupted mid-eval).
+    if (
+        eval_due(trainer.step)
+        and trainer.step not in evaluated
+        and trainer.step < config.trainer.steps
+    ):
+        asyncio.run(record_eval())
+    run_steps(
+        trainer,
+        config.trainer.steps - trainer.step,
+        after_step,
+        every=config.trainer.checkpoint_every,
+    )
+    if trainer.step not in evaluated:
+        asyncio.run(record_eval())
+
+
+async def evaluate_policy(config: RunConfig, engine: RolloutEngine) -> dict[str, float]:
+    requests = make_requests(
+        config, range(config.eval.num_problems), sampling_spec(config, greedy=True)
+    )
+    metrics, _ = await run_eval(engine, requests, default_reducers())
+    return metrics
+
+
+def phase_loggers(
+    config: RunConfig, run: RunDirectory, phase: str, title: str, steps: int, console: Console
+) -> list[Any]:
+    shown = "loss" if phase == "warm_start" else "batch/reward_mean"
+    loggers: list[Any] = [
+        PhaseMetricsWriter(run, phase),
+        ProgressLogger(steps, title, reward_key=shown, console=console),
+        RichConsoleLogger(keys=CONSOLE_KEYS, every=config.logging.console_every, console=console),
+    ]
+    if config.logging.wandb:
+        from ludic.training import WandbLogger
+
+        loggers.append(WandbLogger(project="ludic", name=f"{run.path.name}/{phase}"))
+    if config.logging.tensorboard:
+        from ludic.training import TensorBoardLogger
+
+        loggers.append(TensorBoardLogger(run.path / "tensorboard" / phase))
+    return loggers
+
+
+def phase_checkpoint_config(config: RunConfig, run: RunDirectory, phase: str) -> CheckpointConfig:
+    # every_n_steps=0: the job saves (after the step's records), not the Trainer.
+    return CheckpointConfig(
+        run.checkpoint_dir(phase), every_n_steps=0, keep_last=config.trainer.keep_last
+    )
+
+
+def pad_id(tokenizer) -> int:
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise RunError("model.path: the tokenizer has neither a pad nor an EOS token")
+    return int(pad)
+
+
+def run_summary(run: RunDirectory, seconds: float) -> dict[str, Any]:
+    records = run.read_metrics()
+    rl = [
+        r["reward_mean"]
+        for r in records
+        if r.get("phase") == "rl" and r.get("reward_mean") is not None
+    ]
+    evals = [r for r in records if r.get("phase") == "eval"]
+    k = max(1, len(rl) // 10)
+    return {
+        "run_dir": str(run.path),
+        "warm_start_steps": sum(1 for r in records if r.get("phase") == "warm_start"),
+        "rl_steps": len(rl),
+        "reward_first_10pct": sum(rl[:k]) / k if rl else None,
+        "reward_last_10pct": sum(rl[-k:]) / k if rl else None,
+        "eval_success_before": evals[0]["success_rate"] if evals else None,
+        "eval_success_after": evals[-1]["success_rate"] if evals else None,
+        "seconds": round(seconds, 1),
+    }
