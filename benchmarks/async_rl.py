@@ -1,22 +1,23 @@
 """Synchronous vs asynchronous RL against a real vLLM CPU server.
 
-    .venv/bin/python benchmarks/async_rl.py                     # ~3 min on 2 cores
-    .venv/bin/python benchmarks/async_rl.py --steps 30 --rounds 3 --max-staleness 2
+    .venv/bin/python benchmarks/async_rl.py                     # ~4 min on 2 cores
+    .venv/bin/python benchmarks/async_rl.py --steps 30 --rounds 3 --max-staleness 1
 
-The vLLM server (API server, engine and its OpenMP threads) is pinned to core 1 and this
-process (trainer and rollout loop, one torch thread) to core 0, so generation and training
-can overlap on a two-core machine and each mode gets the same hardware. The task is the
-demo's (single-digit addition, GRPO, 8 prompts x 8 samples per step) on a locally built
-model somewhat larger than the demo's, so one generation batch and one training step take
-comparable time.
+Every thread of the vLLM server (API server, engine core, worker and its OpenMP threads)
+is pinned to core 1 and every thread of this process (trainer and rollout loop, one torch
+thread) to core 0, so generation and training can overlap on a two-core machine and each
+mode gets the same hardware. The task is the demo's (single-digit addition, GRPO, 8
+prompts x 8 samples per step, 32 new tokens each) on a locally built model (hidden 256, 2
+layers) for which one generation batch and one training step take comparable time: the
+most overlap can gain is (G + T) / max(G, T), 2x when they are equal.
 
 Per round, in turn (a change in machine load hits both alike): the same number of steps
 (same sample budget) in ``sync`` mode (``Trainer.train``: generate, train, publish) and in
 ``async`` mode (``AsyncBatchSource(max_staleness=η)`` + ``Trainer.train_async``), each from
 the same initial weights, published to the server as version 0 first. Printed: samples/s
 of each and their ratio (the median over rounds; the issue's goal is async/sync >= 1.6),
-the time split of the sync run (generation vs update+publish), the staleness histogram of
-the trained items, and ``async_rl.png``: reward against wall-clock time for both modes.
+the time split of each run (waiting for batches, update, publish) and how busy the
+trainer's core was, the staleness histogram of the trained items, and ``async_rl.png``: reward against wall-clock time for both modes.
 
 ``--learning`` adds the learning check on the default task (``ludic demo``, in-process
 backend): the sync run and an async run with the same steps (same samples) and their
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import secrets
@@ -60,11 +62,14 @@ DEMO = Path(__file__).parents[1] / "src" / "ludic" / "configs" / "arithmetic_dem
 TRAINER_CORE, SERVER_CORE = 0, 1
 
 
-def pin(pid: int, core: int) -> None:
-    """Pin a process and everything it started to one core."""
+def pin(pid: int, core: int, *, children: bool) -> None:
+    """Pin every thread of a process (and, with ``children``, of everything it started)
+    to one core; threads started later inherit it from the thread that starts them."""
     root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
-        proc.cpu_affinity([core])
+    for proc in [root, *(root.children(recursive=True) if children else [])]:
+        for thread in proc.threads():
+            with contextlib.suppress(OSError):  # a thread that has just ended
+                os.sched_setaffinity(thread.id, {core})
 
 
 class StalenessRecorder:
@@ -82,7 +87,9 @@ class StalenessRecorder:
 
 
 def run_mode(mode: str, args: argparse.Namespace, model_dir: Path, client: VLLMChatClient):
-    config = load_config(DEMO, [f"model.path={model_dir}", "sampling.max_tokens=8"])
+    config = load_config(
+        DEMO, [f"model.path={model_dir}", f"sampling.max_tokens={args.max_tokens}"]
+    )
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -110,7 +117,9 @@ def run_mode(mode: str, args: argparse.Namespace, model_dir: Path, client: VLLMC
         request_strategy=GRPORequestStrategy(group_size=config.algorithm.group_size),
     )
     if mode == "async":
-        source = AsyncBatchSource(source, max_staleness=args.max_staleness)
+        source = AsyncBatchSource(
+            source, max_staleness=args.max_staleness, max_concurrent=args.max_concurrent
+        )
     recorder = StalenessRecorder()
     trainer = Trainer(
         policy,
@@ -122,11 +131,12 @@ def run_mode(mode: str, args: argparse.Namespace, model_dir: Path, client: VLLMC
     )
     recorder.trainer = trainer
     curve: list[tuple[float, float]] = []
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
 
     train = trainer.train_async if mode == "async" else trainer.train
     history = asyncio.run(train(args.steps))
     wall = time.perf_counter() - start
+    cpu = time.process_time() - cpu_start
     elapsed = 0.0
     for m in history:  # steps end one after another; rebuild the clock from the step times
         elapsed += m["time/batch_wait_s"] + m["time/compute_s"] + m["time/publish_s"]
@@ -134,11 +144,14 @@ def run_mode(mode: str, args: argparse.Namespace, model_dir: Path, client: VLLMC
     samples = sum(m["num_items"] + m["dropped/stale"] for m in history)
     return {
         "wall_s": wall,
+        "cpu_s": cpu,
         "samples_per_s": samples / wall,
         "curve": curve,
         "ages": recorder.ages,
         "wait_s": sum(m["time/batch_wait_s"] for m in history),
         "compute_s": sum(m["time/compute_s"] + m["time/publish_s"] for m in history),
+        "update_s": sum(m["time/compute_s"] for m in history),
+        "publish_s": sum(m["time/publish_s"] for m in history),
         "dropped": sum(m["dropped/stale"] for m in history),
     }
 
@@ -189,10 +202,15 @@ def learning_check(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-staleness", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=32, help="new tokens per sample")
+    parser.add_argument(
+        "--max-concurrent", type=int, default=None, help="batches generated at once (η + 1)"
+    )
+    parser.add_argument("--modes", default="sync,async", help="(profiling: just one of them)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--learning", action="store_true", help="also run the learning check")
     parser.add_argument("--out", type=Path, default=Path("async_rl.png"))
@@ -211,21 +229,22 @@ def main() -> None:
         log_path=root / "server.log",
         env={"VLLM_CPU_OMP_THREADS_BIND": str(SERVER_CORE)},
     )
-    pin(server.pid, SERVER_CORE)
-    pin(os.getpid(), TRAINER_CORE)
+    pin(server.pid, SERVER_CORE, children=True)
+    pin(os.getpid(), TRAINER_CORE, children=False)  # not the server: it is our child
     torch.set_num_threads(1)
     client = VLLMChatClient(server.url, api_key=api_key, timeout_s=120.0)
     results: dict[str, list[dict[str, Any]]] = {"sync": [], "async": []}
     try:
         client.init_weight_sync(master_port=server.group_port)
         for r in range(args.rounds):
-            for mode in ("sync", "async"):
+            for mode in args.modes.split(","):
                 res = run_mode(mode, args, model_dir, client)
                 results[mode].append(res)
                 print(
                     f"round {r + 1} {mode:5s}: {res['samples_per_s']:6.1f} samples/s "
                     f"({res['wall_s']:.1f} s; waiting for batches {res['wait_s']:.1f} s, "
-                    f"update+publish {res['compute_s']:.1f} s; dropped stale {res['dropped']})"
+                    f"update {res['update_s']:.1f} s + publish {res['publish_s']:.1f} s; "
+                    f"dropped stale {res['dropped']}; trainer core busy {res['cpu_s'] / res['wall_s']:.0%})"
                 )
     finally:
         client.close()

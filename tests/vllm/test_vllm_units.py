@@ -112,8 +112,12 @@ def test_finish_reasons_map_to_ludic_values():
 def test_cpu_defaults_yield_to_explicit_flags():
     assert _missing_defaults(CPU_DEFAULT_ARGS, []) == list(CPU_DEFAULT_ARGS)
     out = _missing_defaults(CPU_DEFAULT_ARGS, ["--dtype", "bfloat16", "--enforce-eager"])
-    assert out == ["--compilation-config", '{"mode": 0}']
+    assert out == ["--compilation-config", '{"mode": 0}', "--no-enable-chunked-prefill"]
     assert "--dtype" not in _missing_defaults(CPU_DEFAULT_ARGS, ["--dtype=half"])
+    # --x and --no-x are one flag: a user who turns chunked prefill on gets no "off" added.
+    assert "--no-enable-chunked-prefill" not in _missing_defaults(
+        CPU_DEFAULT_ARGS, ["--enable-chunked-prefill"]
+    )
 
 
 def _serve_health_after(port: int, delay_s: float) -> threading.Thread:

@@ -12,8 +12,10 @@ never hangs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -101,6 +103,12 @@ class _ErrorPolicy:
         raise VLLMServerError(
             f"vLLM server {path} -> HTTP {response.status_code}: {body}{hint}", response.status_code
         )
+
+
+@dataclass
+class _Pool:
+    client: httpx.AsyncClient
+    in_flight: int = 0
 
 
 _NEVER_REACHED = (httpx.ConnectError, httpx.ConnectTimeout)
@@ -226,9 +234,19 @@ class VLLMControlPlane:
             raise self.policy.translate(path, e) from e
 
 
+POOL_SHARD_CONNECTIONS = 16
+"""Connections per httpx pool of :class:`AsyncHTTP`. httpcore's pool does O(connections x
+queued requests) work, with a syscall per idle connection, on every request start and end
+(encode/httpcore#1035): with hundreds of requests in flight (async RL) that bookkeeping
+took half of the rollout loop's CPU. Several small pools, each request sent through the
+least busy, keep it linear."""
+
+
 class AsyncHTTP:
-    """Async ``POST``/``GET`` to one server with the shared retry policy; keeps one
-    ``httpx.AsyncClient`` per event loop (an httpx pool cannot cross loops)."""
+    """Async ``POST``/``GET`` to one server with the shared retry policy; keeps its httpx
+    pools per event loop (an httpx pool cannot cross loops): ``max_connections`` split
+    into pools of :data:`POOL_SHARD_CONNECTIONS`, each request sent through the pool with
+    the fewest requests in flight."""
 
     def __init__(
         self,
@@ -239,47 +257,69 @@ class AsyncHTTP:
         max_retries: int = 3,
         max_connections: int = 256,
     ) -> None:
+        if max_connections < 1:
+            raise ValueError(f"max_connections={max_connections}; need >= 1")
         self.base_url = base_url
         self.api_key = api_key
         self.max_connections = max_connections
         self.policy = _ErrorPolicy(base_url, timeout_s, max_retries)
-        self._async: tuple[asyncio.AbstractEventLoop, httpx.AsyncClient] | None = None
+        self._async: tuple[asyncio.AbstractEventLoop, list[_Pool]] | None = None
 
     async def post(self, path: str, body: dict[str, Any]) -> httpx.Response:
-        return await self._call(path, lambda: self._client().post(path, json=body))
+        with self._pool() as client:
+            return await self._call(path, lambda: client.post(path, json=body))
 
     async def get(self, path: str) -> httpx.Response:
-        return await self._call(path, lambda: self._client().get(path))
+        with self._pool() as client:
+            return await self._call(path, lambda: client.get(path))
 
     def close(self) -> None:
-        """Close the pool if its loop is idle (from synchronous code)."""
+        """Close the pools if their loop is idle (from synchronous code)."""
         if self._async is not None:
-            loop, client = self._async
+            loop, pools = self._async
             self._async = None
             if not loop.is_closed() and not loop.is_running():
-                loop.run_until_complete(client.aclose())
+                for pool in pools:
+                    loop.run_until_complete(pool.client.aclose())
 
     async def aclose(self) -> None:
         if self._async is not None:
-            _, client = self._async
+            _, pools = self._async
             self._async = None
-            await client.aclose()
+            for pool in pools:
+                await pool.client.aclose()
 
-    def _client(self) -> httpx.AsyncClient:
+    @contextlib.contextmanager
+    def _pool(self) -> Iterator[httpx.AsyncClient]:
+        pool = min(self._pools(), key=lambda p: p.in_flight)
+        pool.in_flight += 1
+        try:
+            yield pool.client
+        finally:
+            pool.in_flight -= 1
+
+    def _pools(self) -> list[_Pool]:
         loop = asyncio.get_running_loop()
         if self._async is None or self._async[0] is not loop:
             headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-            transport = httpx.AsyncHTTPTransport(
-                retries=self.policy.max_retries,
-                limits=self.policy.limits(self.max_connections),
-            )
-            client = httpx.AsyncClient(
-                base_url=self.base_url,
-                headers=headers,
-                timeout=self.policy.timeout_s,
-                transport=transport,
-            )
-            self._async = (loop, client)
+            shards = -(-self.max_connections // POOL_SHARD_CONNECTIONS)  # ceil
+            sizes = [
+                self.max_connections // shards + (i < self.max_connections % shards)
+                for i in range(shards)
+            ]
+            pools = []
+            for size in sizes:
+                transport = httpx.AsyncHTTPTransport(
+                    retries=self.policy.max_retries, limits=self.policy.limits(size)
+                )
+                client = httpx.AsyncClient(
+                    base_url=self.base_url,
+                    headers=headers,
+                    timeout=self.policy.timeout_s,
+                    transport=transport,
+                )
+                pools.append(_Pool(client))
+            self._async = (loop, pools)
         return self._async[1]
 
     async def _call(

@@ -47,10 +47,15 @@ CPU_DEFAULT_ARGS: tuple[str, ...] = (
     '{"mode": 0}',
     "--dtype",
     "float32",
+    "--no-enable-chunked-prefill",
 )
-"""Added on a machine without CUDA (unless the flag is already in ``extra_args``): eager
-mode and no compilation bring start-up on 2 cores to ~30 s; float32 matches a
-transformers forward to ~1e-5."""
+"""Added on a machine without CUDA (unless the flag is already in ``extra_args``; ``--X``
+and ``--no-X`` count as the same flag): eager mode and no compilation bring start-up on 2
+cores to ~30 s; float32 matches a transformers forward to ~1e-5. No chunked prefill: a
+prompt split over two engine steps makes vLLM rewind the request's seeded generator
+(``set_offset``), which torch's CPU generator does not support, and the engine dies
+("CPU Generator does not use offset") as soon as a seeded request's prefill is split,
+i.e. whenever more prompt tokens wait than one step's budget."""
 
 CPU_DEFAULT_ENV: dict[str, str] = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 """KV-cache size in GiB on CPU; without it vLLM sizes the cache from RAM and may fail."""
@@ -305,16 +310,22 @@ die_with_parent_preexec = _die_with_parent
 (redis-server, the pipeline's learner and actors)."""
 
 
+def _flag_name(arg: str) -> str:
+    """``--no-x=1`` -> ``--x``: a flag's name, its negation counted as the same flag."""
+    name = arg.split("=", 1)[0]
+    return "--" + name[len("--no-") :] if name.startswith("--no-") else name
+
+
 def _missing_defaults(defaults: Sequence[str], extra_args: Sequence[str]) -> list[str]:
     """``defaults`` as (flag, value?) pairs, minus flags already in ``extra_args``."""
-    given = {a.split("=", 1)[0] for a in extra_args if a.startswith("--")}
+    given = {_flag_name(a) for a in extra_args if a.startswith("--")}
     out: list[str] = []
     i = 0
     while i < len(defaults):
         flag = defaults[i]
         has_value = i + 1 < len(defaults) and not defaults[i + 1].startswith("--")
         group = list(defaults[i : i + (2 if has_value else 1)])
-        if flag not in given:
+        if _flag_name(flag) not in given:
             out += group
         i += len(group)
     return out
