@@ -19,9 +19,10 @@ of each and their ratio (the median over rounds; the issue's goal is async/sync 
 the time split of each run (waiting for batches, update, publish) and how busy the
 trainer's core was, the staleness histogram of the trained items, and ``async_rl.png``: reward against wall-clock time for both modes.
 
-``--learning`` adds the learning check on the default task (``ludic demo``, in-process
-backend): the sync run and an async run with the same steps (same samples) and their
-greedy evals.
+``--learning`` adds the learning check (``--learning-only``: only it): the default task
+(``ludic demo``: warm start, 300 GRPO steps) with the vLLM backend (a server ludic starts,
+unpinned), the sync run and an async run with the same steps (same samples), their greedy
+evals, and ``async_rl_learning.png``: reward against training wall-clock for both.
 """
 
 from __future__ import annotations
@@ -62,14 +63,14 @@ DEMO = Path(__file__).parents[1] / "src" / "ludic" / "configs" / "arithmetic_dem
 TRAINER_CORE, SERVER_CORE = 0, 1
 
 
-def pin(pid: int, core: int, *, children: bool) -> None:
+def pin(pid: int, cores: set[int], *, children: bool) -> None:
     """Pin every thread of a process (and, with ``children``, of everything it started)
-    to one core; threads started later inherit it from the thread that starts them."""
+    to ``cores``; threads started later inherit it from the thread that starts them."""
     root = psutil.Process(pid)
     for proc in [root, *(root.children(recursive=True) if children else [])]:
         for thread in proc.threads():
             with contextlib.suppress(OSError):  # a thread that has just ended
-                os.sched_setaffinity(thread.id, {core})
+                os.sched_setaffinity(thread.id, cores)
 
 
 class StalenessRecorder:
@@ -181,22 +182,57 @@ def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
 
 
 def learning_check(args: argparse.Namespace) -> None:
+    """The default task (``ludic demo``: warm start, then 300 GRPO steps) with the vLLM
+    backend, sync and async, unpinned: greedy evals, wall-clock, and a reward curve."""
     from ludic.run import job
 
+    pin(os.getpid(), set(range(os.cpu_count() or 1)), children=False)  # undo the pinning
+    torch.set_num_threads(os.cpu_count() or 1)
     out = Path(tempfile.mkdtemp(prefix="ludic-async-learning-"))
+    curves: dict[str, list[tuple[float, float]]] = {}
     for mode, extra in (
         ("sync", []),
         ("async", ["trainer.mode=async", f"trainer.max_staleness={args.max_staleness}"]),
     ):
-        config = load_config(DEMO, [f"output_dir={out / mode}", *extra])
-        run_dir = job.train(config)
-        evals = [
-            r for r in map(json.loads, (run_dir / "metrics.jsonl").open()) if r["phase"] == "eval"
-        ]
+        overrides = [f"output_dir={out / mode}", "inference.backend=vllm", *extra]
+        run_dir = job.train(load_config(DEMO, overrides))
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+        rl = [r for r in records if r["phase"] == "rl"]
+        elapsed, curve = 0.0, []
+        for r in rl:  # training time only (evaluations and checkpoints left out)
+            elapsed += r["time/batch_wait_s"] + r["time/compute_s"] + r["time/publish_s"]
+            curve.append((elapsed, r["reward_mean"]))
+        curves[mode] = curve
+        evals = " -> ".join(f"{r['success_rate']:.2f}" for r in records if r["phase"] == "eval")
         print(
-            f"learning check {mode:5s}: greedy eval "
-            + " -> ".join(f"{r['success_rate']:.2f}" for r in evals)
+            f"learning check {mode:5s}: greedy eval {evals}; {len(rl)} RL steps in "
+            f"{elapsed:.0f} s of training time"
         )
+    plot_learning(curves, args.out.with_name(args.out.stem + "_learning.png"))
+
+
+def plot_learning(curves: dict[str, list[tuple[float, float]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mode, curve in curves.items():
+        xs, ys = zip(*curve)
+        k = 10  # a running mean over 10 steps
+        smooth = [
+            sum(ys[max(0, i - k + 1) : i + 1]) / len(ys[max(0, i - k + 1) : i + 1])
+            for i in range(len(ys))
+        ]
+        ax.plot(xs, smooth, label=mode)
+    ax.set_xlabel("training wall-clock time (s)")
+    ax.set_ylabel("batch reward mean (running mean of 10 steps)")
+    ax.set_title("ludic demo on vLLM: sync vs async")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print(f"wrote {path}")
 
 
 def main() -> None:
@@ -213,8 +249,12 @@ def main() -> None:
     parser.add_argument("--modes", default="sync,async", help="(profiling: just one of them)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--learning", action="store_true", help="also run the learning check")
+    parser.add_argument("--learning-only", action="store_true", help="only the learning check")
     parser.add_argument("--out", type=Path, default=Path("async_rl.png"))
     args = parser.parse_args()
+    if args.learning_only:
+        learning_check(args)
+        return
     if os.cpu_count() is None or os.cpu_count() < 2:
         raise SystemExit("this benchmark needs two cores (one for the server, one for training)")
 
@@ -229,8 +269,8 @@ def main() -> None:
         log_path=root / "server.log",
         env={"VLLM_CPU_OMP_THREADS_BIND": str(SERVER_CORE)},
     )
-    pin(server.pid, SERVER_CORE, children=True)
-    pin(os.getpid(), TRAINER_CORE, children=False)  # not the server: it is our child
+    pin(server.pid, {SERVER_CORE}, children=True)
+    pin(os.getpid(), {TRAINER_CORE}, children=False)  # not the server: it is our child
     torch.set_num_threads(1)
     client = VLLMChatClient(server.url, api_key=api_key, timeout_s=120.0)
     results: dict[str, list[dict[str, Any]]] = {"sync": [], "async": []}
