@@ -50,6 +50,13 @@ def test_grpo_truncated_is_cap_and_dual_clip_from_the_config():
     assert (tis.behaviour_weight_cap, tis.behaviour_weight_mode) == (2.0, "truncate")
 
 
+def test_group_std_from_the_config():
+    assert algorithm().credit_assigner.std == "population"
+    assert algorithm("algorithm.group_std=sample").credit_assigner.std == "sample"
+    with pytest.raises(RunError, match=r"algorithm.group_std is set but algorithm.name='dr_grpo'"):
+        algorithm("algorithm.name=dr_grpo", "algorithm.group_std=sample")
+
+
 def test_kwargs_still_reach_the_preset():
     loss = algorithm("algorithm.kwargs.clip_eps_high=0.28").loss
     assert loss.clip_eps_high == 0.28

@@ -103,6 +103,32 @@ def test_group_normalized_return_uses_population_std_and_fills_every_turn():
     assert all(w[0] == w[1] for w in weights)
 
 
+@pytest.mark.parametrize("group_size", [2, 8])
+def test_sample_std_divides_by_g_minus_one_like_torch_std(group_size: int) -> None:
+    import torch
+
+    rewards = [float(i % 3) for i in range(group_size - 1)] + [5.0]
+    rollouts = [make_rollout([r], group_id="g") for r in rewards]
+    population = [w[0] for w in GroupNormalizedReturn(group_size).compute(rollouts)]
+    sample = [w[0] for w in GroupNormalizedReturn(group_size, std="sample").compute(rollouts)]
+    r = torch.tensor(rewards, dtype=torch.float64)
+    expected = ((r - r.mean()) / (r.std() + 1e-6)).tolist()  # torch.std: unbiased, as verl
+    assert sample == pytest.approx(expected)
+    # population advantages are sqrt(G / (G - 1)) larger: 1.41x at G = 2, 1.07x at G = 8
+    ratio = math.sqrt(group_size / (group_size - 1))
+    assert [p / s for p, s in zip(population, sample)] == pytest.approx([ratio] * group_size)
+
+
+def test_group_std_is_checked_and_reaches_the_presets() -> None:
+    from ludic.training.algorithm import make_decoupled_grpo, make_grpo, make_gspo
+
+    with pytest.raises(ValueError, match=r"std='n-1'; expected 'population'"):
+        GroupNormalizedReturn(4, std="n-1")  # type: ignore[arg-type]
+    for preset in (make_grpo, make_gspo, make_decoupled_grpo):
+        assert preset(group_size=4).credit_assigner.std == "population"
+        assert preset(group_size=4, group_std="sample").credit_assigner.std == "sample"
+
+
 def test_group_normalized_return_without_std_is_mean_centred_return():
     rollouts = [make_rollout([r], group_id="g") for r in (3.0, 1.0, 2.0)]
     weights = GroupNormalizedReturn(group_size=3, normalize_std=False).compute(rollouts)

@@ -12,6 +12,7 @@ from ludic.training.losses import (
     Loss,
     LossInputs,
     ReinforceLoss,
+    TokenAggregation,
     TokenClippedSurrogateLoss,
 )
 
@@ -35,7 +36,10 @@ def make_inputs(seed: int = 0) -> LossInputs:
 
 
 def test_composite_is_the_weighted_sum_of_its_terms_in_value_and_gradient():
-    policy, kl, ent = TokenClippedSurrogateLoss(), KLPenalty(beta=1.0), EntropyBonus(coef=1.0)
+    token_mean = TokenAggregation.TOKEN_MEAN  # explicit: these terms keep their own
+    policy = TokenClippedSurrogateLoss()
+    kl = KLPenalty(beta=1.0, aggregation=token_mean)
+    ent = EntropyBonus(coef=1.0, aggregation=token_mean)
     composite = CompositeLoss([(1.0, policy), (0.04, kl), (0.01, ent)])
 
     inputs = make_inputs()
@@ -94,3 +98,40 @@ def test_composite_rejects_empty_terms_and_bad_weights():
         CompositeLoss([(float("inf"), ReinforceLoss())])
     with pytest.raises(TypeError, match="weight='1'"):
         CompositeLoss([("1", ReinforceLoss())])
+
+
+@pytest.mark.parametrize(
+    ("aggregation", "constant_normalizer"),
+    [(TokenAggregation.SEQ_MEAN_TOKEN_MEAN, None), (TokenAggregation.CONSTANT, 7)],
+)
+def test_regularizers_follow_the_policy_loss_aggregation_by_default(
+    aggregation: TokenAggregation, constant_normalizer: int | None
+) -> None:
+    # GRPO eq. 3: the KL term is averaged like the surrogate (per sequence, then over them).
+    policy = TokenClippedSurrogateLoss(
+        aggregation=aggregation, constant_normalizer=constant_normalizer
+    )
+    composite = CompositeLoss(
+        [(1.0, policy), ("kl", 0.1, KLPenalty(1.0)), ("ent", 0.01, EntropyBonus(1.0))]
+    )
+    kl, ent = composite.terms[1][2], composite.terms[2][2]
+    assert (kl.aggregation, kl.constant_normalizer) == (aggregation, constant_normalizer)
+    assert (ent.aggregation, ent.constant_normalizer) == (aggregation, constant_normalizer)
+
+    inputs = make_inputs()
+    same = KLPenalty(1.0, aggregation=aggregation, constant_normalizer=constant_normalizer)
+    stats = composite(inputs).stats
+    assert stats["kl/loss"] == pytest.approx(same(inputs).loss.item(), rel=1e-12)
+    # On its own (or with an explicit choice) a regularizer keeps TOKEN_MEAN.
+    token_mean = KLPenalty(1.0)(inputs).loss.item()
+    assert token_mean == pytest.approx(
+        KLPenalty(1.0, aggregation=TokenAggregation.TOKEN_MEAN)(inputs).loss.item()
+    )
+    assert stats["kl/loss"] != pytest.approx(token_mean)  # the masks differ per row
+    explicit = CompositeLoss([(1.0, policy), (0.1, KLPenalty(1.0, aggregation="token_mean"))])
+    assert explicit.terms[1][2].aggregation == TokenAggregation.TOKEN_MEAN
+
+
+def test_a_constant_normalizer_without_an_aggregation_is_refused() -> None:
+    with pytest.raises(ValueError, match="constant_normalizer=5 without aggregation='constant'"):
+        KLPenalty(1.0, constant_normalizer=5)

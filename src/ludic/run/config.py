@@ -114,6 +114,7 @@ PRESET_FIELDS = (
     "behaviour_weight_cap",
     "behaviour_weight_mode",
     "truncated_is_cap",
+    "group_std",
 )
 """``AlgorithmConfig`` fields handed to the preset, by the same name, when written in the
 config (unset: the preset's default; a preset without that argument is an error)."""
@@ -146,6 +147,10 @@ class AlgorithmConfig(Section):
     """grpo: weight each token by min(pi_prox / pi_behav, cap), pi_behav the inference
     server's logprobs and pi_prox the trainer's own at the step start (truncated
     importance sampling for the train/inference mismatch, e.g. 2.0)."""
+    group_std: Literal["population", "sample"] | None = None
+    """grpo, gspo, cispo, gmpo, decoupled_grpo: the group std divides by G (population,
+    the preset default) or G - 1 (sample, as verl and TRL); see
+    ``ludic.training.credit_assignment.GroupNormalizedReturn``."""
     kwargs: dict[str, Any] = {}
     """Extra preset arguments, e.g. {normalize_std: false}."""
 

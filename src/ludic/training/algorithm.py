@@ -17,7 +17,9 @@ from ludic.inference.reward_client import RewardModelClient
 from ludic.training.credit_assignment import (
     ConstantCredit,
     GroupNormalizedReturn,
+    GroupStd,
     MonteCarloReturn,
+    check_group_std,
 )
 from ludic.training.losses import (
     CISPOLoss,
@@ -116,13 +118,16 @@ class BatchMeanBaseline:
         return SAWBatch(items=items, meta=dict(batch.meta))
 
 
-def _group_credit(preset: str, group_size: int, normalize_std: bool) -> GroupNormalizedReturn:
+def _group_credit(
+    preset: str, group_size: int, normalize_std: bool, std: GroupStd = "population"
+) -> GroupNormalizedReturn:
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
         raise ValueError(
             f"{preset}: group_size={group_size!r}; group-relative advantages need an int "
             "group_size >= 2 rollouts per prompt (and GRPORequestStrategy with the same value)"
         )
-    return GroupNormalizedReturn(group_size=group_size, normalize_std=normalize_std)
+    check_group_std(preset, std)
+    return GroupNormalizedReturn(group_size=group_size, normalize_std=normalize_std, std=std)
 
 
 def make_reinforce(gamma: float = 1.0) -> RLAlgorithm:
@@ -147,10 +152,13 @@ def make_grpo(
     clip_eps_low: float = 0.2,
     clip_eps_high: float = 0.2,
     normalize_std: bool = True,
+    group_std: GroupStd = "population",
     dual_clip_c: float | None = None,
     truncated_is_cap: float | None = None,
 ) -> RLAlgorithm:
-    """GRPO (arXiv:2402.03300): credit ``GroupNormalizedReturn(group_size, normalize_std)``;
+    """GRPO (arXiv:2402.03300): credit ``GroupNormalizedReturn(group_size, normalize_std,
+    std=group_std)`` (``group_std``: "population" divides the std by G, "sample" by G - 1
+    as verl and TRL do);
     loss ``TokenClippedSurrogateLoss(clip_eps_low, clip_eps_high, dual_clip_c)``;
     aggregation SEQ_MEAN_TOKEN_MEAN. No KL term (add ``KLPenalty`` with ``CompositeLoss``).
 
@@ -161,7 +169,7 @@ def make_grpo(
     start of the step, which it then recomputes) and weights each token by
     min(pi_prox / pi_behav, C), pi_behav being the inference server's logprobs.
     """
-    credit = _group_credit("make_grpo", group_size, normalize_std)
+    credit = _group_credit("make_grpo", group_size, normalize_std, group_std)
     if truncated_is_cap is None:
         loss: Loss = TokenClippedSurrogateLoss(
             clip_eps_low=clip_eps_low,
@@ -217,11 +225,12 @@ def make_gspo(
     clip_eps_low: float = 3e-4,
     clip_eps_high: float = 4e-4,
     normalize_std: bool = True,
+    group_std: GroupStd = "population",
 ) -> RLAlgorithm:
     """GSPO (arXiv:2507.18071): credit ``GroupNormalizedReturn(group_size, normalize_std)``;
     loss ``ClippedSurrogateLoss`` (sequence-level ratio, clip 1-3e-4 .. 1+4e-4); aggregation
     mean over sequences."""
-    credit = _group_credit("make_gspo", group_size, normalize_std)
+    credit = _group_credit("make_gspo", group_size, normalize_std, group_std)
     loss = ClippedSurrogateLoss(clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high)
     return RLAlgorithm("gspo", credit, loss)
 
@@ -231,11 +240,12 @@ def make_cispo(
     clip_eps_low: float | None = None,
     clip_eps_high: float = 0.28,
     normalize_std: bool = True,
+    group_std: GroupStd = "population",
 ) -> RLAlgorithm:
     """CISPO (arXiv:2506.13585): credit ``GroupNormalizedReturn(group_size, normalize_std)``;
     loss ``CISPOLoss`` (stop-gradient truncated IS weight, no lower bound by default);
     aggregation TOKEN_MEAN."""
-    credit = _group_credit("make_cispo", group_size, normalize_std)
+    credit = _group_credit("make_cispo", group_size, normalize_std, group_std)
     loss = CISPOLoss(clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high)
     return RLAlgorithm("cispo", credit, loss)
 
@@ -245,11 +255,12 @@ def make_gmpo(
     clip_eps_low: float = 0.4,
     clip_eps_high: float = 0.4,
     normalize_std: bool = True,
+    group_std: GroupStd = "population",
 ) -> RLAlgorithm:
     """GMPO (arXiv:2507.20673): credit ``GroupNormalizedReturn(group_size, normalize_std)``;
     loss ``GMPOLoss`` (geometric mean of clipped token ratios, range e^-0.4 .. e^0.4);
     aggregation mean over sequences of the per-sequence objective."""
-    credit = _group_credit("make_gmpo", group_size, normalize_std)
+    credit = _group_credit("make_gmpo", group_size, normalize_std, group_std)
     loss = GMPOLoss(clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high)
     return RLAlgorithm("gmpo", credit, loss)
 
@@ -295,12 +306,13 @@ def make_decoupled_grpo(
     behaviour_weight_cap: float | None = 5.0,
     behaviour_weight_mode: BehaviourWeightMode = "mask",
     normalize_std: bool = True,
+    group_std: GroupStd = "population",
 ) -> RLAlgorithm:
     """Decoupled PPO with group-relative advantages (AReaL's GRPO-style recipe,
     arXiv:2505.24298): credit ``GroupNormalizedReturn(group_size, normalize_std)`` as
     ``make_grpo``; loss ``DecoupledClippedSurrogateLoss`` as ``make_decoupled_ppo``;
     aggregation TOKEN_MEAN. Needs proximal logprobs."""
-    credit = _group_credit("make_decoupled_grpo", group_size, normalize_std)
+    credit = _group_credit("make_decoupled_grpo", group_size, normalize_std, group_std)
     loss = _token_mean_decoupled_loss(
         clip_eps_low, clip_eps_high, dual_clip_c, behaviour_weight_cap, behaviour_weight_mode
     )

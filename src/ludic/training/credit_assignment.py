@@ -11,8 +11,20 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from ludic.types import Rollout
+
+GroupStd = Literal["population", "sample"]
+"""The standard deviation of a group-relative advantage: divide by G or by G - 1."""
+
+
+def check_group_std(owner: str, std: object) -> None:
+    if std not in ("population", "sample"):
+        raise ValueError(
+            f"{owner}: std={std!r}; expected 'population' (divide by the group size G) or "
+            "'sample' (divide by G - 1, as verl and TRL)"
+        )
 
 
 @dataclass(frozen=True)
@@ -48,9 +60,11 @@ class GroupNormalizedReturn:
 
     A_i = (R_i - mean_g(R)) / (std_g(R) + eps)   if normalize_std
     A_i =  R_i - mean_g(R)                        otherwise (Dr. GRPO, arXiv:2503.20783)
-    where g is the group of rollout i, R = ``Rollout.total_reward`` and std is the
-    *population* standard deviation (divide by the group size, not size - 1). A_i is
-    assigned to every turn of rollout i. A group whose returns are all equal gets all-zero
+    where g is the group of rollout i and R = ``Rollout.total_reward``. ``std`` picks the
+    divisor of the standard deviation over a group of G: ``"population"`` (G, the default)
+    or ``"sample"`` (G - 1, as verl, TRL and the Dr. GRPO authors' code compute it with
+    ``torch.std``). The population std gives advantages sqrt(G / (G - 1)) times larger:
+    1.07x at G = 8, 1.41x at G = 2. A_i is assigned to every turn of rollout i. A group whose returns are all equal gets all-zero
     advantages (never NaN).
 
     Groups: ``rollout.meta["group_id"]`` when present, else ``rollout.initial_obs`` (same
@@ -67,8 +81,10 @@ class GroupNormalizedReturn:
     group_size: int
     normalize_std: bool = True
     eps: float = 1e-6
+    std: GroupStd = "population"
 
     def __post_init__(self) -> None:
+        check_group_std("GroupNormalizedReturn", self.std)
         if self.group_size < 2:
             raise ValueError(
                 f"GroupNormalizedReturn: group_size={self.group_size!r}; a group-relative "
@@ -84,6 +100,7 @@ class GroupNormalizedReturn:
             group_size=self.group_size,
             normalize_std=self.normalize_std,
             eps=self.eps,
+            std=self.std,
             owner="GroupNormalizedReturn",
         )
         return [[advantages[i]] * len(r.turns()) for i, r in enumerate(rollouts)]
@@ -114,12 +131,14 @@ def group_relative_advantages(
     group_size: int,
     normalize_std: bool = True,
     eps: float = 1e-6,
+    std: GroupStd = "population",
     owner: str = "GroupNormalizedReturn",
 ) -> list[float]:
     """One group-relative advantage per rollout, from ``returns[i]`` (rollout i's return).
 
     A_i = (R_i - mean_g(R)) / (std_g(R) + eps)   if normalize_std, else R_i - mean_g(R),
-    with the groups, population std, zero-variance and delegated-rollout rules of
+    with the groups, ``std`` divisor (population: G, sample: G - 1), zero-variance and
+    delegated-rollout rules of
     :class:`GroupNormalizedReturn` (which calls this with ``R_i = total_reward``).
     ``owner`` names the caller in errors. Output: ``[len(rollouts)]``.
     """
@@ -142,10 +161,11 @@ def group_relative_advantages(
         if all(r == group_returns[0] for r in group_returns):
             continue  # zero variance: no learning signal, advantages stay 0.0
         mean = sum(group_returns) / len(group_returns)
-        std = math.sqrt(sum((r - mean) ** 2 for r in group_returns) / len(group_returns))
+        divisor = len(group_returns) - (1 if std == "sample" else 0)
+        spread = math.sqrt(sum((r - mean) ** 2 for r in group_returns) / divisor)
         for i, r in zip(members, group_returns):
             a = r - mean
-            advantages[i] = a / (std + eps) if normalize_std else a
+            advantages[i] = a / (spread + eps) if normalize_std else a
     return advantages
 
 
@@ -192,6 +212,7 @@ __all__ = [
     "ConstantCredit",
     "EpisodicReturn",
     "GroupNormalizedReturn",
+    "GroupStd",
     "MonteCarloReturn",
     "PerStepReward",
     "group_relative_advantages",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Sequence
@@ -27,7 +28,10 @@ class CompositeLoss:
     ``terms``: ``(weight, loss)`` or ``(name, weight, loss)`` tuples. Unnamed terms are
     named after their class (``KLPenalty`` -> ``kl_penalty``; repeats get ``_1``, ``_2``).
     ``requires_old_logprobs`` / ``requires_ref_logprobs`` / ``requires_proximal_logprobs``
-    are true when any term needs them.
+    are true when any term needs them. A regularizer whose ``aggregation`` is None
+    (``KLPenalty``, ``EntropyBonus`` by default) gets the aggregation and constant
+    normalizer of the first term that has one, the policy loss (GRPO eq. 3 averages its
+    KL per sequence like the surrogate).
     Reads: whatever the terms read. Stats: ``loss`` (total) and every term's stats as
     ``"<name>/<key>"``.
     """
@@ -67,7 +71,7 @@ class CompositeLoss:
                     "with (name, weight, loss)"
                 )
             named.append((name, float(weight), loss))
-        self.terms: tuple[tuple[str, float, Loss], ...] = tuple(named)
+        self.terms: tuple[tuple[str, float, Loss], ...] = tuple(_follow_policy_aggregation(named))
 
     @property
     def requires_old_logprobs(self) -> bool:
@@ -97,3 +101,28 @@ class CompositeLoss:
     def __repr__(self) -> str:
         inner = ", ".join(f"({n!r}, {w}, {loss!r})" for n, w, loss in self.terms)
         return f"CompositeLoss([{inner}])"
+
+
+def _follow_policy_aggregation(
+    terms: list[tuple[str, float, Loss]],
+) -> list[tuple[str, float, Loss]]:
+    """Give terms with ``aggregation=None`` the first other term's aggregation."""
+    leader = next(
+        (loss for _, _, loss in terms if getattr(loss, "aggregation", None) is not None), None
+    )
+    if leader is None:
+        return terms
+    out = []
+    for name, weight, loss in terms:
+        if (
+            dataclasses.is_dataclass(loss)
+            and hasattr(loss, "aggregation")
+            and loss.aggregation is None
+        ):
+            loss = dataclasses.replace(
+                loss,
+                aggregation=leader.aggregation,
+                constant_normalizer=getattr(leader, "constant_normalizer", None),
+            )
+        out.append((name, weight, loss))
+    return out

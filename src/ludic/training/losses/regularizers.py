@@ -55,12 +55,16 @@ class KLPenalty:
     """KL penalty towards a reference policy (Schulman's estimators,
     http://joschu.net/blog/kl-approx.html; GRPO uses k3 with beta=0.04, arXiv:2402.03300).
 
-    L = beta * agg_t( k(logp_t, ref_logp_t) ),  TOKEN_MEAN by default,
+    L = beta * agg_t( k(logp_t, ref_logp_t) ),
     k1 = logp - ref,  k2 = (logp - ref)^2 / 2,  k3 = exp(l) - 1 - l,
     l = clamp(ref - logp, -log_ratio_clamp, log_ratio_clamp) (see ``kl_estimate``).
     ``reference="ref"`` reads ``ref_logprobs`` (a frozen reference model); ``"old"`` reads
     ``old_logprobs`` (the behaviour policy). The tokens come from the behaviour policy, so
     the estimate is exact on-policy and approximate off-policy.
+    ``aggregation`` None (the default) follows the policy loss: in a ``CompositeLoss`` it
+    takes the aggregation (and constant normalizer) of the first term that has one, so
+    GRPO's KL is averaged per sequence like its surrogate (arXiv:2402.03300, eq. 3); on
+    its own it is TOKEN_MEAN.
     Reads: logprobs, action_mask [B, T-1]; ref_logprobs or old_logprobs [B, T-1].
     Stats: loss, kl (unweighted estimate, micro-batch token mean).
     """
@@ -68,7 +72,7 @@ class KLPenalty:
     beta: float
     estimator: KLEstimator = "k3"
     reference: KLReference = "ref"
-    aggregation: TokenAggregation = TokenAggregation.TOKEN_MEAN
+    aggregation: TokenAggregation | None = None
     constant_normalizer: int | None = None
     log_ratio_clamp: float = LOG_RATIO_CLAMP
 
@@ -87,8 +91,7 @@ class KLPenalty:
                 "or 'old' (behaviour policy)"
             )
         check_log_ratio_clamp("KLPenalty", self.log_ratio_clamp)
-        mode = check_aggregation("KLPenalty", self.aggregation, self.constant_normalizer)
-        object.__setattr__(self, "aggregation", mode)
+        _check_follower_aggregation(self, "KLPenalty")
 
     @property
     def requires_ref_logprobs(self) -> bool:
@@ -107,7 +110,7 @@ class KLPenalty:
         log_rho = (ref - inputs.logprobs) * inputs.action_mask  # 0.0 off-mask
         kl = kl_estimate(log_rho, self.estimator, self.log_ratio_clamp)  # [B, T-1]
         loss = self.beta * aggregate_tokens(
-            kl, inputs, self.aggregation, constant_normalizer=self.constant_normalizer
+            kl, inputs, _own_or_token_mean(self), constant_normalizer=self.constant_normalizer
         )
         stats = {"loss": float(loss.detach()), "kl": masked_mean(kl, inputs.action_mask)}
         return LossOutput(loss=loss, stats=stats)
@@ -117,14 +120,16 @@ class KLPenalty:
 class EntropyBonus:
     """Entropy bonus (arXiv:1707.06347, eq. 9 uses c2 * S[pi]).
 
-    L = -coef * agg_t( H_t ),  H_t = -sum_v p_t(v) log p_t(v)  (next-token entropy),
-    TOKEN_MEAN by default. Minimizing L raises the policy's entropy on action positions.
+    L = -coef * agg_t( H_t ),  H_t = -sum_v p_t(v) log p_t(v)  (next-token entropy).
+    Minimizing L raises the policy's entropy on action positions. ``aggregation`` None
+    (the default) follows the policy loss in a ``CompositeLoss``, as for ``KLPenalty``;
+    on its own it is TOKEN_MEAN.
     Reads: logits [B, T, V] (through ``masked_token_entropy``), action_mask [B, T-1].
     Stats: loss, entropy (micro-batch token mean).
     """
 
     coef: float
-    aggregation: TokenAggregation = TokenAggregation.TOKEN_MEAN
+    aggregation: TokenAggregation | None = None
     constant_normalizer: int | None = None
 
     requires_old_logprobs: ClassVar[bool] = False
@@ -134,13 +139,29 @@ class EntropyBonus:
     def __post_init__(self) -> None:
         if not (self.coef >= 0 and self.coef < float("inf")):
             raise ValueError(f"EntropyBonus: coef={self.coef!r}; expected a finite value >= 0")
-        mode = check_aggregation("EntropyBonus", self.aggregation, self.constant_normalizer)
-        object.__setattr__(self, "aggregation", mode)
+        _check_follower_aggregation(self, "EntropyBonus")
 
     def __call__(self, inputs: LossInputs) -> LossOutput:
         entropy = masked_token_entropy(inputs.logits)  # [B, T-1]
         loss = -self.coef * aggregate_tokens(
-            entropy, inputs, self.aggregation, constant_normalizer=self.constant_normalizer
+            entropy, inputs, _own_or_token_mean(self), constant_normalizer=self.constant_normalizer
         )
         stats = {"loss": float(loss.detach()), "entropy": masked_mean(entropy, inputs.action_mask)}
         return LossOutput(loss=loss, stats=stats)
+
+
+def _check_follower_aggregation(loss: KLPenalty | EntropyBonus, owner: str) -> None:
+    """Validate ``aggregation`` / ``constant_normalizer``; None follows the policy loss."""
+    if loss.aggregation is None:
+        if loss.constant_normalizer is not None:
+            raise ValueError(
+                f"{owner}: constant_normalizer={loss.constant_normalizer} without "
+                "aggregation='constant'; set both, or neither to follow the policy loss"
+            )
+        return
+    mode = check_aggregation(owner, loss.aggregation, loss.constant_normalizer)
+    object.__setattr__(loss, "aggregation", mode)
+
+
+def _own_or_token_mean(loss: KLPenalty | EntropyBonus) -> TokenAggregation:
+    return TokenAggregation.TOKEN_MEAN if loss.aggregation is None else loss.aggregation
