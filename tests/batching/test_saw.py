@@ -213,3 +213,13 @@ def test_build_saw_batch_applies_sample_filter_and_counts_dropped_items(fakes):
     assert batch.meta["num_items_filtered"] == 1
     assert batch.meta["num_action_tokens"] == 2
     assert batch.meta["total_rewards"] == [1.0, 0.0]
+
+
+def test_summarize_rollouts_counts_the_groups_with_nothing_to_learn(fakes):
+    def group(gid: str, *rewards: float) -> list:
+        return [fakes.one_turn_rollout(r, meta={"group_id": gid}) for r in rewards]
+
+    assert "zero_variance_group_frac" not in summarize_rollouts([fakes.one_turn_rollout(1.0)])
+    rollouts = group("a", 1, 1, 1) + group("b", 0, 1, 0) + group("c", 0, 0, 0) + group("d", 1)
+    # a and c agree on every sample (no GRPO signal), b does not; d is a group of one
+    assert summarize_rollouts(rollouts)["zero_variance_group_frac"] == pytest.approx(2 / 3)

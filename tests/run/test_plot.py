@@ -48,3 +48,18 @@ def test_read_metrics_reads_jsonl_and_skips_blank_lines(tmp_path) -> None:
 def test_moving_average_is_trailing_with_a_short_start() -> None:
     assert moving_average([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
     assert moving_average([2.0], 1) == [2.0]
+
+
+def test_entropy_and_zero_variance_groups_get_their_own_panel(tmp_path) -> None:
+    import matplotlib.image
+
+    plain = [{"phase": "rl", "step": s, "reward_mean": 0.1 * s} for s in range(1, 6)]
+    diagnosed = [
+        {**r, "entropy": 2.0 - 0.1 * r["step"], "batch/zero_variance_group_frac": 0.2}
+        for r in plain
+    ]
+    heights = [
+        matplotlib.image.imread(plot_reward_curve(records, tmp_path / f"{i}.png")).shape[0]
+        for i, records in enumerate((plain, diagnosed))
+    ]
+    assert heights[1] > heights[0]  # one more panel

@@ -111,6 +111,28 @@ def test_step_metrics_do_not_depend_on_the_microbatch_budget(tiny_tokenizer) -> 
     assert metrics[1]["grad_norm"] == pytest.approx(metrics[0]["grad_norm"], rel=1e-4)
 
 
+def test_step_metrics_report_the_policy_token_entropy(tiny_tokenizer) -> None:
+    from ludic.training.losses.base import masked_token_entropy
+
+    items = _items(5)
+    got = []
+    for budget in (10_000, 24):  # one micro-batch or several: the same token mean
+        model = build_tiny_causal_lm(tiny_tokenizer, seed=0)
+        source = ListSource(SAWBatch(items))
+        trainer = Trainer(model, _algorithm(), source, _config(max_tokens_per_microbatch=budget))
+        got.append(trainer.train_sync(1)[0]["entropy"])
+    model = build_tiny_causal_lm(tiny_tokenizer, seed=0)
+    entropies, mask = [], []
+    with torch.no_grad():
+        for item in items:
+            logits = model(input_ids=torch.tensor([item.input_ids])).logits
+            entropies += masked_token_entropy(logits)[0].tolist()
+            mask += item.action_mask[1:]
+    expected = sum(e * m for e, m in zip(entropies, mask)) / sum(mask)
+    assert got == pytest.approx([expected, expected], rel=1e-4)
+    assert 0 < expected <= math.log(model.config.vocab_size) + 1e-6
+
+
 def test_sft_loss_goes_down_on_a_fixed_batch(tiny_model) -> None:
     trainer = Trainer(tiny_model, _algorithm(), ListSource(SAWBatch(_items(4))), _config())
     losses = [m["loss"] for m in trainer.train_sync(20)]

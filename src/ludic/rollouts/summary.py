@@ -19,7 +19,10 @@ def summarize_rollouts(rollouts: Sequence[Rollout]) -> dict[str, Any]:
     """Batch-level rollout statistics (reward, length, truncation, parse errors).
 
     ``parse_error_rate`` is the mean over rollouts of :func:`parse_error_rate`;
-    ``total_rewards`` lists every rollout's total reward in order. When a reward model
+    ``total_rewards`` lists every rollout's total reward in order.
+    ``zero_variance_group_frac`` (when rollouts carry ``meta["group_id"]``): the fraction
+    of groups of two or more whose rewards are all equal, so that group-relative
+    advantages give them no learning signal. When a reward model
     scored the rollouts (``RewardModelScorer``), ``rm_score_mean`` is the mean of its
     scores.
     """
@@ -28,9 +31,17 @@ def summarize_rollouts(rollouts: Sequence[Rollout]) -> dict[str, Any]:
     if n == 0:
         return {"num_rollouts": 0, "total_rewards": []}
     scores = [s for r in rollouts for s in r.meta.get(RM_SCORES_KEY) or () if s is not None]
-    rm_stats = {"rm_score_mean": sum(scores) / len(scores)} if scores else {}
+    extra = {"rm_score_mean": sum(scores) / len(scores)} if scores else {}
+    groups: dict[Any, list[float]] = {}
+    for r in rollouts:
+        if r.meta.get("group_id") is not None and not r.meta.get("delegated"):
+            groups.setdefault(r.meta["group_id"], []).append(r.total_reward)
+    sized = [g for g in groups.values() if len(g) >= 2]
+    if sized:
+        flat = sum(all(x == g[0] for x in g) for g in sized)
+        extra["zero_variance_group_frac"] = flat / len(sized)
     return {
-        **rm_stats,
+        **extra,
         "num_rollouts": n,
         "reward_mean": sum(rewards) / n,
         "reward_min": min(rewards),

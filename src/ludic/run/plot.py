@@ -33,19 +33,27 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 def plot_reward_curve(
     records: Iterable[dict[str, Any]], out_png: str | Path, *, title: str = "ludic run"
 ) -> Path:
-    """Write a PNG of sampled RL reward per step, its moving average and eval rewards
-    (plus a warm-start SFT loss panel when the run had one); returns ``out_png``."""
+    """Write a PNG of sampled RL reward per step, its moving average and eval rewards,
+    plus panels when the records have them: the policy's token entropy and the fraction of
+    zero-variance groups per RL step (what GRPO cannot learn from), and the warm-start SFT
+    loss. Returns ``out_png``."""
     records = list(records)
     rl = _points(records, "rl", "reward_mean")
     evals = _points(records, "eval", "reward_mean")
     sft_loss = _points(records, "warm_start", "loss")
+    entropy = _points(records, "rl", "entropy")
+    flat_groups = _points(records, "rl", "batch/zero_variance_group_frac")
+    diagnostics = bool(entropy or flat_groups)
 
-    figure = Figure(figsize=(8, 6.5) if sft_loss else (8, 4.5), layout="constrained")
+    panels = 1 + diagnostics + bool(sft_loss)
+    figure = Figure(figsize=(8, 4.5 + 2.0 * (panels - 1)), layout="constrained")
     FigureCanvasAgg(figure)
-    if sft_loss:
-        reward_ax, loss_ax = figure.subplots(2, 1, height_ratios=[3, 1])
-    else:
-        reward_ax, loss_ax = figure.subplots(1, 1), None
+    axes = list(
+        figure.subplots(panels, 1, height_ratios=[3] + [1] * (panels - 1), squeeze=False)[:, 0]
+    )
+    reward_ax = axes.pop(0)
+    diag_ax = axes.pop(0) if diagnostics else None
+    loss_ax = axes.pop(0) if sft_loss else None
     reward_ax.set_title(title)
 
     if not (rl or evals or sft_loss):
@@ -61,6 +69,8 @@ def plot_reward_curve(
         reward_ax.set_axis_off()
     else:
         _draw_rewards(reward_ax, rl, evals)
+    if diag_ax is not None:
+        _draw_diagnostics(diag_ax, entropy, flat_groups)
     if loss_ax is not None:
         steps, losses = zip(*sft_loss)
         loss_ax.plot(steps, losses, color="tab:gray", linewidth=1.0, label="SFT loss")
@@ -101,6 +111,32 @@ def _draw_rewards(ax: Any, rl: list[tuple[float, float]], evals: list[tuple[floa
     ax.set_ylabel("mean reward")
     ax.grid(alpha=0.3)
     ax.legend(loc="best")
+
+
+def _draw_diagnostics(
+    ax: Any, entropy: list[tuple[float, float]], flat_groups: list[tuple[float, float]]
+) -> None:
+    lines = []
+    if entropy:
+        steps, values = zip(*entropy)
+        lines += ax.plot(steps, values, color="tab:green", linewidth=1.0, label="token entropy")
+        ax.set_ylabel("entropy (nats)")
+    if flat_groups:
+        right = ax.twinx()
+        steps, values = zip(*flat_groups)
+        window = max(1, round(0.1 * len(values)))
+        lines += right.plot(
+            steps,
+            moving_average(values, window),
+            color="tab:red",
+            linewidth=1.0,
+            label=f"zero-variance groups ({window}-step average)",
+        )
+        right.set_ylim(0, 1.05)
+        right.set_ylabel("fraction of groups")
+    ax.set_xlabel("RL step")
+    ax.grid(alpha=0.3)
+    ax.legend(lines, [line.get_label() for line in lines], loc="best", fontsize=8)
 
 
 def moving_average(values: Sequence[float], window: int) -> list[float]:

@@ -54,7 +54,7 @@ from ludic.training.core import (  # noqa: F401 (NonFiniteError re-exported)
 from ludic.training.filters import SampleFilter
 from ludic.training.flat_parameters import flatten_parameters
 from ludic.training.loggers import TrainingLogger
-from ludic.training.losses.base import LossInputs
+from ludic.training.losses.base import LossInputs, masked_token_entropy
 from ludic.training.types import BatchSource, DataExhausted, EmptyBatchError, SAWBatch, SAWItem
 
 
@@ -389,7 +389,8 @@ class Trainer(HasTrainingCore):
         total_loss, stats = 0.0, dict[str, float]()
         for items in microbatches:
             mb = collate(items, self.config.pad_token_id, self.device)
-            out = self.loss(self._loss_inputs(mb, totals, items, proximal))
+            inputs = self._loss_inputs(mb, totals, items, proximal)
+            out = self.loss(inputs)
             value = float(out.loss.detach())
             if not math.isfinite(value):
                 self.core.abort_step(f"loss is {value}")
@@ -399,6 +400,8 @@ class Trainer(HasTrainingCore):
             for key, stat in out.stats.items():
                 if key != "loss":
                     stats[key] = stats.get(key, 0.0) + share * float(stat)
+            entropy = _action_token_entropy(inputs.logits, mb.action_mask)
+            stats[ENTROPY_STAT] = stats.get(ENTROPY_STAT, 0.0) + share * entropy
         return total_loss, stats
 
     def _loss_inputs(
@@ -487,9 +490,12 @@ class Trainer(HasTrainingCore):
     ) -> dict[str, float]:
         items = batch.items
         num_tokens = sum(item.num_tokens for item in items)
+        loss_stats = dict(result.loss_stats)
+        entropy = loss_stats.pop(ENTROPY_STAT, None)
         metrics: dict[str, float] = {
             "loss": result.loss,
-            **{f"loss/{key}": value for key, value in result.loss_stats.items()},
+            **{f"loss/{key}": value for key, value in loss_stats.items()},
+            **({} if entropy is None else {"entropy": entropy}),
             "grad_norm": result.grad_norm,
             "lr": result.lr,
             "num_items": len(items),
@@ -553,3 +559,19 @@ def _run_outside_loop(coro: Any, name: str, async_name: str) -> Any:
         f"Trainer.{name}() was called inside a running event loop; use "
         f"`await trainer.{async_name}(num_steps)` there"
     )
+
+
+ENTROPY_STAT = "_token_entropy"
+"""The trainer's own stat in a step's loss stats, logged as ``entropy``."""
+
+
+def _action_token_entropy(logits: torch.Tensor, action_mask: torch.Tensor) -> float:
+    """Mean next-token entropy of the policy over action tokens (nats), one row at a time
+    so the float32 copy of the logits stays one sequence long. Logged every update: a
+    policy whose entropy collapses stops exploring, and GRPO groups stop disagreeing."""
+    with torch.no_grad():
+        total, count = 0.0, float(action_mask.sum())
+        for row in range(logits.shape[0]):
+            entropy = masked_token_entropy(logits[row : row + 1].detach())
+            total += float((entropy * action_mask[row : row + 1]).sum())
+        return total / max(count, 1.0)
