@@ -1,4 +1,4 @@
-"""The ``ludic`` command: ``ludic train``, ``ludic eval``, ``ludic demo``,
+"""The ``ludic`` command: ``ludic train``, ``ludic eval``, ``ludic export``, ``ludic demo``,
 ``ludic serve policy|reward`` and the pipeline's ``ludic learner`` / ``ludic actor``.
 
 Each command loads a config (YAML or TOML, schema in ``ludic/run/config.py``), applies
@@ -50,6 +50,7 @@ ludic: reinforcement learning of LLMs with policy gradients.
 
   ludic train CONFIG [OVERRIDE ...]   train (or --resume) a run
   ludic eval CONFIG [OVERRIDE ...]    evaluate a run's newest checkpoint
+  ludic export RUN_DIR OUT            write a run's policy as a Hugging Face folder
   ludic demo [OVERRIDE ...]           train the built-in arithmetic demo
   ludic serve policy|reward ARGS      serve a policy or a reward model on vLLM
   ludic learner CONFIG [OVERRIDE ...] the learner of a pipeline run (trainer.mode=pipeline)
@@ -129,6 +130,15 @@ def _eval(args: argparse.Namespace) -> int:
     check_config(config)
     metrics = job.evaluate(config, run_dir=args.run_dir)
     _print_metrics(metrics, source=args.run_dir or "initial model")
+    return EXIT_OK
+
+
+def _export(args: argparse.Namespace) -> int:
+    _check_run_dir(args.run_dir)
+    from ludic.run.export import export_run
+
+    out = export_run(args.run_dir, args.out, step=args.step, phase=args.phase)
+    _stdout().print(f"exported a Hugging Face folder: {out}", highlight=False, soft_wrap=True)
     return EXIT_OK
 
 
@@ -387,6 +397,32 @@ def _build_parser() -> argparse.ArgumentParser:
         help="unique among running actors; a restarted actor with the same id regenerates "
         "the batch it had claimed (default: HOST-PID)",
     )
+
+    export = commands.add_parser(
+        "export",
+        help="Write a run's trained policy as a Hugging Face folder.",
+        description=(
+            "Write a checkpoint of RUN_DIR as a Hugging Face folder at OUT (safetensors,\n"
+            "config, tokenizer; LoRA merged) that from_pretrained and `ludic serve policy\n"
+            "--model OUT` load. Default: the newest RL checkpoint, else the newest\n"
+            "warm-start one. (A finished run also has RUN_DIR/policy, its final policy.)"
+        ),
+        epilog=(
+            "examples:\n"
+            "  ludic export runs/my-run-20250101-120000 exported/\n"
+            "  ludic export runs/my-run-20250101-120000 --step 200 exported-200/\n"
+            "  ludic export runs/my-run-20250101-120000 --phase warm_start sft/\n"
+        ),
+        formatter_class=formatter,
+        parents=[common],
+    )
+    export.add_argument("run_dir", metavar="RUN_DIR", help="a run directory")
+    export.add_argument("out", metavar="OUT", help="the folder to write (replaced if it exists)")
+    export.add_argument("--step", type=int, help="the checkpoint's step (default: the newest)")
+    export.add_argument(
+        "--phase", choices=["rl", "warm_start"], help="the phase (default: rl, else warm_start)"
+    )
+    export.set_defaults(handler=_export, overrides=[])
 
     serve = commands.add_parser(
         "serve",

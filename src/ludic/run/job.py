@@ -42,6 +42,7 @@ from ludic.run.builders import (
     rl_trainer_config,
 )
 from ludic.run.config import RunConfig
+from ludic.run.export import POLICY_DIR, save_policy_folder
 from ludic.run.phases import (
     evaluate_policy,
     pad_id,
@@ -96,7 +97,10 @@ def _train(config: RunConfig, *, resume: str | Path | None) -> Path:
     policy, tokenizer = load_policy(config, run.model_dir)
     if config.warm_start.steps > 0 and not run.has_checkpoint("rl"):
         warm_start(config, run, policy, tokenizer, resuming=resume is not None, console=console)
+        save_policy_folder(policy, tokenizer, run.path / POLICY_DIR)
     _reinforce(config, run, policy, tokenizer, resuming=resume is not None, console=console)
+    save_policy_folder(policy, tokenizer, run.path / POLICY_DIR)
+    console.print(f"trained policy (Hugging Face folder): {run.path / POLICY_DIR}")
     plot_reward_curve(run.read_metrics(), run.plot_path, title=config.name)
     summary = run_summary(run, time.perf_counter() - started)
     run.write_summary(summary)

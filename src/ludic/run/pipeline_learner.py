@@ -51,6 +51,7 @@ from ludic.run.builders import (
 )
 from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
+from ludic.run.export import POLICY_DIR, save_policy_folder
 from ludic.run.phases import (
     pad_id,
     phase_checkpoint_config,
@@ -119,10 +120,12 @@ def _learn(config: RunConfig, run_dir: str | Path | None) -> Path:
         policy, tokenizer = load_policy(config, run.model_dir)
         if config.warm_start.steps > 0 and not run.has_checkpoint("rl"):
             warm_start(config, run, policy, tokenizer, resuming=True, console=console)
+            save_policy_folder(policy, tokenizer, run.path / POLICY_DIR)
         client = stack.enter_context(
             inference_backend(config, policy, tokenizer, model_dir=run.model_dir, log_dir=run.path)
         )
         _reinforce_from_queue(config, run, policy, tokenizer, client, queue, console)
+        save_policy_folder(policy, tokenizer, run.path / POLICY_DIR)
         if config.pipeline.redis_url is None:  # our Redis stops with us: let actors leave
             _wait_for_actors_to_leave(queue, config.pipeline.stop_timeout_s)
     plot_reward_curve(run.read_metrics(), run.plot_path, title=config.name)

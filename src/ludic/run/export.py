@@ -1,0 +1,113 @@
+"""The trained policy as a Hugging Face folder.
+
+A run writes ``RUN_DIR/policy/`` at the end of each phase (the warm start's, then RL's
+over it), and ``ludic export RUN_DIR [--step N] [--phase P] OUT`` writes any kept
+checkpoint. The folder is what ``AutoModelForCausalLM.from_pretrained`` and
+``ludic serve policy --model`` load: ``config.json``, ``model.safetensors`` (LoRA adapters
+merged into the base weights), ``generation_config.json`` and the tokenizer.
+``RUN_DIR/model/`` stays the *initial* tiny model ludic built (unused when ``model.path``
+names a model).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ludic.distributed import policy_state_dict
+from ludic.run.builders import load_policy
+from ludic.run.errors import RunError
+from ludic.run.run_dir import RunDirectory
+from ludic.training.checkpoint import (
+    CheckpointConfig,
+    CheckpointManager,
+    load_checkpoint,
+    step_of,
+)
+
+__all__ = ["POLICY_DIR", "export_run", "save_policy_folder"]
+
+POLICY_DIR = "policy"
+"""``RUN_DIR/policy``: the newest phase's final policy."""
+
+PHASES = ("rl", "warm_start")
+
+
+def save_policy_folder(policy: torch.nn.Module, tokenizer: Any, out: str | Path) -> Path:
+    """Write ``policy`` and ``tokenizer`` as a Hugging Face folder at ``out``.
+
+    A peft LoRA model is written merged (``policy_state_dict``: W + BA, the names of
+    the base model) without touching the training model. The folder is written next to
+    ``out`` and renamed into place, so ``out`` is always either the old folder or the
+    complete new one.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        model = _base_model(policy)
+        model.save_pretrained(tmp, state_dict=policy_state_dict(policy), safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if out.exists():
+            old = out.with_name(f".{out.name}-old")
+            shutil.rmtree(old, ignore_errors=True)
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def export_run(
+    run_dir: str | Path, out: str | Path, *, step: int | None = None, phase: str | None = None
+) -> Path:
+    """Write a checkpoint of ``run_dir`` as a Hugging Face folder at ``out``.
+
+    ``phase`` (``rl`` or ``warm_start``) and ``step`` pick the checkpoint: by default the
+    newest RL checkpoint, else the newest warm-start one; with ``step`` alone, that step
+    of RL (else of the warm start). Returns ``out``.
+    """
+    run = RunDirectory.open(run_dir)
+    if phase is not None and phase not in PHASES:
+        raise RunError(f"--phase {phase!r}: expected one of {list(PHASES)}")
+    checkpoint = _pick_checkpoint(run, step, phase)
+    config = run.load_config()
+    policy, tokenizer = load_policy(config, run.model_dir)
+    load_checkpoint(checkpoint, policy)
+    return save_policy_folder(policy, tokenizer, out)
+
+
+def _pick_checkpoint(run: RunDirectory, step: int | None, phase: str | None) -> Path:
+    phases = PHASES if phase is None else (phase,)
+    available: dict[str, list[int]] = {}
+    for name in phases:
+        if not run.has_checkpoint(name):
+            continue
+        paths = CheckpointManager(_config(run, name)).checkpoints()
+        available[name] = [step_of(p) for p in paths]
+        for path in reversed(paths):  # newest first
+            if step is None or step_of(path) == step:
+                return path
+    kept = "; ".join(f"{name}: {steps}" for name, steps in available.items()) or "none"
+    wanted = "a checkpoint" if step is None else f"step {step}"
+    raise RunError(
+        f"{run.path}: no {wanted} to export (kept checkpoints: {kept}); checkpoints "
+        "are kept every trainer.checkpoint_every steps, the last trainer.keep_last of them"
+    )
+
+
+def _config(run: RunDirectory, phase: str) -> CheckpointConfig:
+    return CheckpointConfig(run.checkpoint_dir(phase), every_n_steps=0, keep_last=None)
+
+
+def _base_model(policy: torch.nn.Module) -> Any:
+    """The transformers model to save: a peft model's base (saved with merged weights)."""
+    get_base = getattr(policy, "get_base_model", None)
+    return get_base() if callable(get_base) else policy
