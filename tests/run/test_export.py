@@ -76,3 +76,16 @@ def test_a_lora_policy_is_exported_merged(tmp_path: Path) -> None:
     _assert_same(loaded, final)
     initial = _loaded(run_dir / "model")
     assert any(not torch.equal(initial[n], t) for n, t in final.items())
+
+
+def test_every_checkpoint_holds_its_policy_as_a_hugging_face_folder(run_dir: Path) -> None:
+    for phase in ("warm_start", "rl"):
+        for step in (2, 4):
+            folder = run_dir / "checkpoints" / phase / f"step_{step:08d}" / POLICY_DIR
+            _assert_same(_loaded(folder), _weights_of_checkpoint(run_dir, phase, step))
+
+
+def test_checkpoint_policy_false_keeps_checkpoints_lean(tmp_path: Path) -> None:
+    run_dir = job.train(_config(tmp_path, "trainer.checkpoint_policy=false"))
+    assert not (run_dir / "checkpoints" / "rl" / "step_00000004" / POLICY_DIR).exists()
+    assert (run_dir / POLICY_DIR / "model.safetensors").is_file()  # the final one still is

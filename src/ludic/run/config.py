@@ -216,6 +216,10 @@ class TrainerSection(Section):
     checkpoint_every: int = Field(25, ge=1)
     keep_last: int = Field(2, ge=1)
     """Checkpoints kept per phase."""
+    checkpoint_policy: bool = True
+    """Each checkpoint also holds its policy as a Hugging Face folder (step_N/policy:
+    safetensors, tokenizer, LoRA merged); false saves the disk space on a large model
+    (``ludic export`` can still write any kept checkpoint)."""
 
     @model_validator(mode="after")
     def _schedule_and_lag(self) -> TrainerSection:

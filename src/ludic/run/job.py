@@ -69,7 +69,7 @@ from ludic.training.checkpoint import load_checkpoint
 
 __all__ = ["RunError", "evaluate", "train"]
 
-RESUMABLE_CHANGES = {"trainer.steps", "logging", "eval.every"}
+RESUMABLE_CHANGES = {"trainer.steps", "logging", "eval.every", "trainer.checkpoint_policy"}
 """Config fields a resumed run may change; anything else must match the saved config."""
 
 
@@ -203,7 +203,7 @@ def _reinforce_with(
         source,
         rl_trainer_config(config, pad_id(tokenizer)),
         publisher=ClientPolicyPublisher(client),
-        checkpoint=phase_checkpoint_config(config, run, "rl"),
+        checkpoint=phase_checkpoint_config(config, run, "rl", tokenizer),
         loggers=loggers,
         sample_filter=rl_sample_filter(config, algorithm),
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -24,6 +25,7 @@ from ludic.run.builders import (
 )
 from ludic.run.config import RunConfig
 from ludic.run.demos import demonstrations_path
+from ludic.run.export import POLICY_DIR, save_policy_folder
 from ludic.run.progress import ProgressLogger
 from ludic.run.run_dir import PhaseMetricsWriter, RunDirectory
 from ludic.run.steps import checkpoint_on_failure, run_steps
@@ -68,7 +70,7 @@ def warm_start(
         algorithm,
         source,
         warm_start_trainer_config(config, pad_id(tokenizer)),
-        checkpoint=phase_checkpoint_config(config, run, "warm_start"),
+        checkpoint=phase_checkpoint_config(config, run, "warm_start", tokenizer),
         loggers=loggers,
     )
     with checkpoint_on_failure(trainer, loggers[0], console):
@@ -175,10 +177,23 @@ def phase_loggers(
     return loggers
 
 
-def phase_checkpoint_config(config: RunConfig, run: RunDirectory, phase: str) -> CheckpointConfig:
+def phase_checkpoint_config(
+    config: RunConfig, run: RunDirectory, phase: str, tokenizer: Any = None
+) -> CheckpointConfig:
+    """Where a phase checkpoints. With ``tokenizer`` (and ``trainer.checkpoint_policy``),
+    each checkpoint also holds its policy as a Hugging Face folder (``step_N/policy``)."""
+    write_extra = None
+    if tokenizer is not None and config.trainer.checkpoint_policy:
+
+        def write_extra(folder: Path, model: Any) -> None:
+            save_policy_folder(model, tokenizer, folder / POLICY_DIR)
+
     # every_n_steps=0: the job saves (after the step's records), not the Trainer.
     return CheckpointConfig(
-        run.checkpoint_dir(phase), every_n_steps=0, keep_last=config.trainer.keep_last
+        run.checkpoint_dir(phase),
+        every_n_steps=0,
+        keep_last=config.trainer.keep_last,
+        write_extra=write_extra,
     )
 
 

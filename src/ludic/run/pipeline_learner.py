@@ -162,7 +162,7 @@ def _reinforce_from_queue(
         source,
         rl_trainer_config(config, pad_id(tokenizer)),
         publisher=_publisher(config, client, queue),
-        checkpoint=phase_checkpoint_config(config, run, "rl"),
+        checkpoint=phase_checkpoint_config(config, run, "rl", tokenizer),
         loggers=loggers,
         sample_filter=rl_sample_filter(config, algorithm),
     )

@@ -2,7 +2,8 @@
 
 Layout: ``<dir>/step_00000012/`` holding ``model.pt`` (the full ``model.state_dict()``,
 so plain and peft models alike), ``optimizer.pt``, ``scheduler.pt``, ``rng.pt`` and
-``trainer_state.json`` (``{"step": ..., "extra": {...}}``). A checkpoint is written to a
+``trainer_state.json`` (``{"step": ..., "extra": {...}}``), plus whatever
+``CheckpointConfig.write_extra`` writes (``ludic train``: ``policy/``, a Hugging Face folder). A checkpoint is written to a
 temporary folder, fsynced and renamed into place, so a crash never leaves a half-written
 ``step_*`` folder; only the last ``keep_last`` are kept. Non-finite or exploded weights
 are refused (:func:`ludic.training.optim.parameter_problem`).
@@ -15,6 +16,7 @@ import os
 import pickle
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,9 @@ class CheckpointConfig:
     """Save after every this many optimizer steps; 0 saves only when asked."""
     keep_last: int | None = 3
     """Keep the newest this many checkpoints; ``None`` keeps all."""
+    write_extra: Callable[[Path, torch.nn.Module], None] | None = None
+    """Called as ``write_extra(folder, model)`` to write more into each checkpoint before
+    it is fsynced and renamed into place (e.g. the policy as a Hugging Face folder)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir))
@@ -116,9 +121,14 @@ class CheckpointManager:
         torch.save(_rng_state(), tmp / "rng.pt")
         state = {"step": step, "extra": extra or {}}
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=2, default=str))
-        for name in FILES:
-            with open(tmp / name, "rb") as f:
-                os.fsync(f.fileno())
+        if self.config.write_extra is not None:
+            self.config.write_extra(tmp, model)
+        for path in sorted(tmp.rglob("*")):
+            if path.is_file():
+                with open(path, "rb") as f:
+                    os.fsync(f.fileno())
+        for folder in sorted((p for p in tmp.rglob("*") if p.is_dir()), reverse=True):
+            fsync_dir(folder)
         fsync_dir(tmp)
         old = self.dir / f".old-{final.name}"
         if final.exists():  # moved aside (atomic), so a crash leaves a whole old or new one
