@@ -104,13 +104,22 @@ def test_exact_match_strips_but_is_case_sensitive() -> None:
         ("-6 / 8", Fraction(-3, 4)),
         ("1e3", Fraction(1000)),
         ("$12.", Fraction(12)),
+        # the LaTeX a \\boxed{} answer holds (the boxed parser returns it as is)
+        ("\\frac{1}{2}", Fraction(1, 2)),
+        ("-\\dfrac{3}{4}", Fraction(-3, 4)),
+        ("\\tfrac{6}{3}", Fraction(2)),
+        ("1{,}000", Fraction(1000)),
+        ("12\\,000", Fraction(12000)),
+        ("\\$5", Fraction(5)),
     ],
 )
 def test_parse_number_accepts_common_numeric_forms(text: str, value: Fraction) -> None:
     assert parse_number(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "x=3", "12 apples", "1,23", "1/0", "1_000", "four"])
+@pytest.mark.parametrize(
+    "text", ["", "x=3", "12 apples", "1,23", "1/0", "1_000", "four", "\\frac{1}{0}", "\\frac{x}{2}"]
+)
 def test_parse_number_rejects_non_numbers(text: str) -> None:
     assert parse_number(text) is None
 
@@ -125,3 +134,40 @@ def test_numeric_match_compares_exact_values_across_forms() -> None:
 def test_numeric_match_unparsable_target_raises_naming_it() -> None:
     with pytest.raises(ValueError, match="target 'about 3' is not a number.*exact_match"):
         numeric_match("3", "about 3")
+
+
+def test_a_boxed_fraction_matches_its_numeric_target() -> None:
+    from ludic.parsers import boxed_parser
+
+    answer = boxed_parser()("so the answer is $\\boxed{\\frac{1}{2}}$").action
+    assert answer == "\\frac{1}{2}" and numeric_match(answer, "0.5")
+
+
+def test_gsm8k_match_reads_the_final_answer_on_both_sides() -> None:
+    from ludic.envs.dataset_qa_env import gsm8k_match
+
+    solution = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n48+24 = 72\n#### 72"
+    assert gsm8k_match("She sold 48 + 24 = 72 clips.\n#### 72", solution)
+    assert gsm8k_match("48 + 24 = 72, so 72 clips", solution)  # no ####: the last number
+    assert gsm8k_match("#### 1,000", "1000") and gsm8k_match("#### $1,000", "#### 1000")
+    assert not gsm8k_match("#### 71", solution)
+    assert not gsm8k_match("72 or maybe 73", solution)
+    assert not gsm8k_match("I do not know", solution)
+    with pytest.raises(ValueError, match=r"target 'many' has no final number \(#### N\)"):
+        gsm8k_match("#### 3", "many")
+
+
+def test_a_gsm8k_file_is_checked_line_by_line_and_scored(tmp_path) -> None:
+    from ludic.run.parts import dataset_qa_env_from_file
+
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text(
+        '{"question": "2 apples and 3 more?", "answer": "2 + 3 = 5\\n#### 5"}\n'
+        '{"question": "a dozen?", "answer": "12"}\n'
+    )
+    env = dataset_qa_env_from_file(path=str(data), verifier="gsm8k")
+    env.reset(seed=0)
+    assert env.step({"agent_0": "2 + 3 = 5\n#### 5"})["agent_0"].reward == 1.0
+    (tmp_path / "bad.jsonl").write_text('{"question": "q", "answer": "no idea"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: answer='no idea' is not a number "):
+        dataset_qa_env_from_file(path=str(tmp_path / "bad.jsonl"), verifier="gsm8k")

@@ -2,7 +2,7 @@
 
 One episode = one sample: ``reset`` shows the question, the single ``step`` scores the
 (already parsed) answer with a pluggable verifier and terminates. Ready verifiers:
-:func:`exact_match` and :func:`numeric_match`.
+:func:`exact_match`, :func:`numeric_match` and :func:`gsm8k_match`.
 """
 
 from __future__ import annotations
@@ -28,22 +28,30 @@ def exact_match(prediction: str, target: str) -> bool:
 _DIGIT_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _DECIMAL = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 _FRACTION = re.compile(r"([+-]?\d+)\s*/\s*([+-]?\d+)")
+_LATEX_FRACTION = re.compile(r"([+-]?)\\[dt]?frac\s*\{\s*([+-]?\d+)\s*\}\s*\{\s*([+-]?\d+)\s*\}")
+_LATEX_NOISE = re.compile(r"\\[,!;: ]|\{,\}|\\left|\\right")
 
 
 def parse_number(text: str) -> Fraction | None:
     """Parse ``text`` as an exact number, or return ``None``.
 
     Accepts ints, decimals, scientific notation and ``p/q`` fractions, with thousands
-    commas (``1,234.5``), a leading ``$`` and a trailing ``.`` tolerated. The whole
-    string (after stripping) must be the number: ``"x = 3"`` is not parsed.
+    commas (``1,234.5``), a leading ``$`` and a trailing ``.`` tolerated, and the LaTeX a
+    ``\\boxed{}`` answer holds: ``\\frac{1}{2}`` (also ``\\dfrac``, ``\\tfrac``, with a
+    sign), ``1{,}000``, thin spaces (``\\,``), ``\\$``. The whole string (after
+    stripping) must be the number: ``"x = 3"`` is not parsed.
     """
-    s = text.strip().removeprefix("$").removesuffix(".").strip()
-    s = _DIGIT_COMMA.sub("", s)
+    s = text.strip().removeprefix("\\$").removeprefix("$").removesuffix(".").strip()
+    s = _DIGIT_COMMA.sub("", _LATEX_NOISE.sub("", s))
     if _DECIMAL.fullmatch(s):
         return Fraction(s)
     m = _FRACTION.fullmatch(s)
     if m and int(m.group(2)) != 0:
         return Fraction(int(m.group(1)), int(m.group(2)))
+    m = _LATEX_FRACTION.fullmatch(s)
+    if m and int(m.group(3)) != 0:
+        value = Fraction(int(m.group(2)), int(m.group(3)))
+        return -value if m.group(1) == "-" else value
     return None
 
 
@@ -61,6 +69,33 @@ def numeric_match(prediction: str, target: str) -> bool:
         )
     got = parse_number(prediction)
     return got is not None and got == want
+
+
+_GSM8K_MARK = "####"
+_LAST_NUMBER = re.compile(r"[+-]?\$?\d[\d,]*(?:\.\d+)?")
+
+
+def gsm8k_answer(text: str) -> str | None:
+    """The final answer of a GSM8K-style text: what follows the last ``####``, else the
+    last number in the text (``None`` if there is none)."""
+    if _GSM8K_MARK in text:
+        return text.rsplit(_GSM8K_MARK, 1)[1].strip()
+    numbers = _LAST_NUMBER.findall(text)
+    return numbers[-1] if numbers else None
+
+
+def gsm8k_match(prediction: str, target: str) -> bool:
+    """GSM8K's convention on both sides: the answer after ``#### `` (else the last number),
+    compared as numbers (:func:`numeric_match`). A target is a bare number or a whole
+    GSM8K solution ending in ``#### N``; one without a number raises ``ValueError``."""
+    want = gsm8k_answer(target)
+    if want is None or parse_number(want) is None:
+        raise ValueError(
+            f"gsm8k_match: target {target!r} has no final number (#### N); fix the dataset's "
+            "answer field or use the exact_match verifier"
+        )
+    got = gsm8k_answer(prediction)
+    return got is not None and numeric_match(got, want)
 
 
 class DatasetQAEnv(SingleAgentEnv):

@@ -6,7 +6,14 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from ludic.envs.dataset_qa_env import DatasetQAEnv, exact_match, numeric_match, parse_number
+from ludic.envs.dataset_qa_env import (
+    DatasetQAEnv,
+    exact_match,
+    gsm8k_answer,
+    gsm8k_match,
+    numeric_match,
+    parse_number,
+)
 from ludic.jsonl import iter_jsonl
 from ludic.parsers import (
     ParseResult,
@@ -16,7 +23,7 @@ from ludic.parsers import (
     xml_tag_parser,
 )
 
-VERIFIERS = {"numeric": numeric_match, "exact": exact_match}
+VERIFIERS = {"numeric": numeric_match, "exact": exact_match, "gsm8k": gsm8k_match}
 
 
 def dataset_qa_env_from_file(
@@ -30,8 +37,11 @@ def dataset_qa_env_from_file(
     """A :class:`DatasetQAEnv` over a JSONL file of ``{"question": ..., "answer": ...}``
     lines (keys configurable via ``question_key`` / ``answer_key``). The whole file is
     checked when the env is built (every line JSON with both keys, every answer a number
-    for the numeric verifier), so a bad line is reported with its line number before the
-    run rather than by the episode that draws it."""
+    for the numeric verifier, or a number or a solution ending in ``#### N`` for gsm8k),
+    so a bad line is reported with its line number before the run rather than by the
+    episode that draws it. ``verifier``: numeric (exact numbers, also ``\\frac{1}{2}``
+    from a boxed answer), exact (strings) or gsm8k (the answer after ``####``, else the
+    last number, on both sides)."""
     file = Path(path).expanduser()
     if not file.is_file():
         raise FileNotFoundError(f"env.kwargs.path: dataset file {str(file)!r} does not exist")
@@ -67,14 +77,16 @@ def _read_dataset(
                     f"line or set env.kwargs.{arg}"
                 )
         answer = sample[answer_key]
-        if verifier == "numeric" and (
-            not isinstance(answer, str | int | float)
-            or isinstance(answer, bool)
-            or parse_number(str(answer)) is None
+        numeric = not isinstance(answer, bool) and isinstance(answer, str | int | float)
+        final = str(answer) if verifier == "numeric" else gsm8k_answer(str(answer))
+        if verifier in ("numeric", "gsm8k") and (
+            not numeric or final is None or parse_number(final) is None
         ):
             raise ValueError(
-                f"{path}:{lineno}: {answer_key}={answer!r} is not a number, which "
-                "verifier numeric needs; fix the answer or set env.kwargs.verifier=exact"
+                f"{path}:{lineno}: {answer_key}={answer!r} is not a number"
+                + (" (nor ends in #### N)" if verifier == "gsm8k" else "")
+                + f", which verifier {verifier} needs; fix the answer or set "
+                "env.kwargs.verifier=exact"
             )
         samples.append(sample)
     return tuple(samples)
