@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
+import functools
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -57,3 +59,28 @@ async def in_daemon_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -
     name = f"ludic-{getattr(fn, '__qualname__', 'call')}"
     threading.Thread(target=target, name=name, daemon=True).start()
     return await future
+
+
+_COMPUTE_THREAD = concurrent.futures.ThreadPoolExecutor(
+    max_workers=1, thread_name_prefix="ludic-compute"
+)
+
+
+async def on_compute_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` on ludic's one compute thread, awaited without blocking the
+    loop.
+
+    The in-process backends (sampling, reward scoring) and the sync Trainer's update all
+    run their torch work here, one call after another, so that work happens on a single
+    OS thread. Torch's CPU ops parallelize over an OpenMP thread team per calling thread:
+    sampling on one thread and training on another gave two teams, whose idle threads
+    spin while the other team runs (a 2-core machine: a GRPO step of a tiny model took
+    1.3x longer; see ``benchmarks/generation.py``). Context variables are copied in, as
+    ``asyncio.to_thread`` does. Must not be called from the compute thread itself.
+    """
+    if threading.current_thread().name.startswith("ludic-compute"):
+        raise RuntimeError("on_compute_thread called from the compute thread: it would deadlock")
+    loop = asyncio.get_running_loop()
+    context = contextvars.copy_context()
+    call = functools.partial(context.run, fn, *args, **kwargs)
+    return await loop.run_in_executor(_COMPUTE_THREAD, call)

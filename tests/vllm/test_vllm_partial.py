@@ -17,8 +17,12 @@ server's ``/admission`` counter shows it in the engine, a short "clock" request 
 :data:`CLOCK` tokens runs, and the pause goes out when the clock has finished (so at least
 ``CLOCK - 1`` tokens were generated before the abort). Should a request still finish
 before its pause lands, the scenario is run again with a new request and a new publish,
-at most :data:`ATTEMPTS` times (the test fails if none landed); every assertion is made on
-an attempt that did land.
+at most :data:`ATTEMPTS` times (the test fails if none landed, saying how each attempt
+missed); every assertion is made on an attempt that did land.
+
+Nothing heavy runs between the clock and the pause: the new weights are computed before
+the long request is sent. (Perturbing this model's weights while the server decodes on
+both cores took up to 13 s under CPU contention, which let the request finish first.)
 """
 
 from __future__ import annotations
@@ -150,12 +154,21 @@ async def start_long(served: Any, client: VLLMChatClient, **kwargs: Any) -> asyn
 
 
 def landed(attempt: Any, what: str) -> Any:
-    """``attempt()`` until it returns something (``None``: its pause landed too late)."""
+    """``attempt()`` until it returns something other than a string (a string says how
+    that attempt's pause landed too late)."""
+    misses = []
     for _ in range(ATTEMPTS):
+        started = time.monotonic()
         result = attempt()
-        if result is not None:
+        if not isinstance(result, str):
             return result
-    pytest.fail(f"{what}: the pause never landed mid-generation in {ATTEMPTS} attempts")
+        misses.append(f"{result} ({time.monotonic() - started:.1f} s)")
+    pytest.fail(f"{what}: never landed mid-generation in {ATTEMPTS} attempts: {misses}")
+
+
+def missed(response: Any) -> str:
+    n = len(response.trace.completion_token_ids)
+    return f"finished {response.finish_reason!r} after {n} tokens"
 
 
 def publish_mid_generation(served: Any, mode: str, seed: int) -> tuple[Any, ...]:
@@ -163,17 +176,17 @@ def publish_mid_generation(served: Any, mode: str, seed: int) -> tuple[Any, ...]
     soon as it generates. Returns (response, the client's replies, the mirror before, the
     version before) of an attempt whose first reply was aborted."""
 
-    def attempt() -> tuple[Any, ...] | None:
+    def attempt() -> tuple[Any, ...] | str:
         client = client_for(served, mode)
         replies = record_completions(client)
         before = copy.deepcopy(served.mirror)
         version = served.client.get_policy_version()
+        perturb(served.mirror, seed=seed + version)  # before the request: see the module doc
+        params = served.mirror.state_dict()
 
         async def run() -> Any:
             try:
                 task = await start_long(served, client)
-                perturb(served.mirror, seed=seed + version)
-                params = served.mirror.state_dict()
                 await asyncio.to_thread(
                     served.client.sync_weights, params, version=version + 1, pause=True
                 )
@@ -182,8 +195,9 @@ def publish_mid_generation(served: Any, mode: str, seed: int) -> tuple[Any, ...]
                 await client.aclose()
 
         response = asyncio.run(run())
-        if replies[0]["json"]["choices"][0]["finish_reason"] != "abort":
-            return None
+        first = replies[0]["json"]["choices"][0]
+        if first["finish_reason"] != "abort":
+            return f"finished {first['finish_reason']!r} after {len(first['token_ids'])} tokens"
         return response, replies, before, version
 
     return landed(attempt, f"publish with partial_rollouts={mode}")
@@ -257,18 +271,22 @@ def test_a_sync_without_pause_shows_in_the_end_version(served):
 
     def attempt():
         version = served.client.get_policy_version()
+        perturb(layer, seed=24 + version)
+        update = {name: layer.weight.detach()}
 
         async def run():
             task = await start_long(served, served.client)
-            perturb(layer, seed=24 + version)
-            update = {name: layer.weight.detach()}
             await asyncio.to_thread(
                 served.client.sync_weights, update, version=version + 1, pause=False
             )
             return await asyncio.wait_for(task, 120)
 
         response = asyncio.run(run())
-        return (response, version) if response.meta["policy_version_end"] > version else None
+        return (
+            (response, version)
+            if response.meta["policy_version_end"] > version
+            else missed(response)
+        )
 
     response, version = landed(attempt, "a push without a pause")
     assert response.finish_reason == "length"  # not aborted
@@ -322,15 +340,17 @@ def test_a_publish_that_fails_after_the_pause_aborts_in_flight_and_resumes(serve
     aborted), the push fails on the client side, the resume is still sent."""
     lonely = client_for(served, "continue")
 
+    params = served.mirror.state_dict()
+
     async def run():
         in_flight = await start_long(served, served.client)
         with pytest.raises(RuntimeError, match="init_weight_sync"):
-            await asyncio.to_thread(lonely.sync_weights, served.mirror.state_dict(), version=12345)
+            await asyncio.to_thread(lonely.sync_weights, params, version=12345)
         return await asyncio.wait_for(in_flight, 60)
 
     def attempt():
         response = asyncio.run(run())
-        return response if response.finish_reason == "abort" else None
+        return response if response.finish_reason == "abort" else missed(response)
 
     try:
         aborted = landed(attempt, "a pause before a failing push")  # served.client: "off"
@@ -354,7 +374,7 @@ def test_pause_keep_freezes_in_flight_requests_and_wait_lets_them_finish(served)
         finally:
             await asyncio.to_thread(control.resume)
         kept = await asyncio.wait_for(frozen, 120)
-        return kept if landed_in_time else None
+        return kept if landed_in_time else missed(kept)
 
     async def run():
         draining = await start_long(served, served.client, max_tokens=64)

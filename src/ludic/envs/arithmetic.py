@@ -39,12 +39,16 @@ def make_arithmetic_samples(
     min_digits: int = 1,
     max_digits: int = 2,
     non_negative: bool = True,
+    distinct: bool = False,
 ) -> list[dict[str, Any]]:
     """``n`` problems ``a <op> b`` as dicts with ``question``, ``answer``, ``a``, ``op``, ``b``.
 
     Each operand first draws a digit count in ``[min_digits, max_digits]``, then a value
     with that many digits (1 digit includes 0). ``non_negative=True`` orders the operands
-    of ``-`` so the answer is never negative. The same arguments give the same list.
+    of ``-`` so the answer is never negative. ``distinct=True`` redraws a problem already
+    in the list, so problems at different indices differ (a split by index, e.g. demos on
+    the first ones and evaluation on the rest, then holds problems out); ``n`` must not
+    exceed the number of distinct problems. The same arguments give the same list.
     """
     if n < 1:
         raise ValueError(f"make_arithmetic_samples: n={n}; pass a positive number of problems")
@@ -59,14 +63,20 @@ def make_arithmetic_samples(
             f"make_arithmetic_samples: min_digits={min_digits}, max_digits={max_digits}; "
             "need 1 <= min_digits <= max_digits"
         )
+    if distinct:
+        _check_distinct_count(n, operators, min_digits, max_digits, non_negative)
     rng = random.Random(seed)
     samples: list[dict[str, Any]] = []
-    for _ in range(n):
+    seen: set[tuple[int, str, int]] = set()
+    while len(samples) < n:
         op = rng.choice(list(operators))
         a = _operand(rng, min_digits, max_digits)
         b = _operand(rng, min_digits, max_digits)
         if op == "-" and non_negative and a < b:
             a, b = b, a
+        if distinct and (a, op, b) in seen:
+            continue
+        seen.add((a, op, b))
         samples.append(
             {
                 "question": f"{a}{op}{b}",
@@ -77,6 +87,21 @@ def make_arithmetic_samples(
             }
         )
     return samples
+
+
+def _check_distinct_count(
+    n: int, operators: Sequence[str], min_digits: int, max_digits: int, non_negative: bool
+) -> None:
+    values = len(range(0 if min_digits == 1 else 10 ** (min_digits - 1), 10**max_digits))
+    pairs = values * values
+    ordered = (values * (values + 1)) // 2  # "-" with non_negative: a >= b
+    possible = sum(ordered if op == "-" and non_negative else pairs for op in set(operators))
+    if n > possible:
+        raise ValueError(
+            f"make_arithmetic_samples: num_problems={n} with distinct=True, but only "
+            f"{possible} distinct problems exist for operators={tuple(operators)}, "
+            f"min_digits={min_digits}, max_digits={max_digits}"
+        )
 
 
 class ArithmeticQAEnv(DatasetQAEnv):
@@ -96,6 +121,7 @@ class ArithmeticQAEnv(DatasetQAEnv):
         min_digits: int = 1,
         max_digits: int = 2,
         non_negative: bool = True,
+        distinct: bool = False,
         prompt_template: str | None = "{question}=",
         system_prompt: str | None = None,
         verifier: Verifier = numeric_match,
@@ -109,6 +135,7 @@ class ArithmeticQAEnv(DatasetQAEnv):
             min_digits=min_digits,
             max_digits=max_digits,
             non_negative=non_negative,
+            distinct=distinct,
         )
         super().__init__(
             samples,

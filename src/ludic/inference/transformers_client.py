@@ -17,18 +17,18 @@ from dataclasses import dataclass
 
 import torch
 
-from ludic.inference.request import CompletionRequest, SamplingSpec
+from ludic._async import on_compute_thread
+from ludic.inference.batch_sampling import RowSampling, sample_next_tokens
+from ludic.inference.request import CompletionRequest
 from ludic.types import ChatResponse, TokenTrace
 
 
 @dataclass
 class _Row:
     request: CompletionRequest
-    generator: torch.Generator | None
     tokens: list[int]
     logprobs: list[float]
     finish_reason: str | None = None
-    text: str = ""
 
 
 class TransformersChatClient:
@@ -107,7 +107,7 @@ class TransformersChatClient:
             batch = self._pending[: self.max_batch_size]
             del self._pending[: self.max_batch_size]
             try:
-                responses = await asyncio.to_thread(self._generate, [r for r, _ in batch])
+                responses = await on_compute_thread(self._generate, [r for r, _ in batch])
             except Exception as e:  # every waiter learns about the failure
                 for _, fut in batch:
                     if not fut.done():
@@ -120,36 +120,41 @@ class TransformersChatClient:
     def _generate(self, requests: list[CompletionRequest]) -> list[ChatResponse]:
         with self._lock, torch.no_grad(), _eval_mode(self.model):
             version = self.policy_version
-            rows = [
-                _Row(
-                    request=r,
-                    generator=(
-                        None
-                        if r.sampling.seed is None
-                        else torch.Generator().manual_seed(int(r.sampling.seed))
-                    ),
-                    tokens=[],
-                    logprobs=[],
-                )
-                for r in requests
-            ]
-            self._sample(rows)
+            rows = self._sample(requests)
         return [self._response(row, version) for row in rows]
 
-    def _sample(self, rows: list[_Row]) -> None:
+    def _sample(self, requests: list[CompletionRequest]) -> list[_Row]:
+        """Decode every request together with a KV cache: the distinct prompts are
+        prefilled once, then, per step, one forward pass, one vectorized sampling call over
+        the rows (:func:`sample_next_tokens`) and tensor-wide EOS / length checks; only
+        rows with stop strings are decoded to text per step."""
         device = next(self.model.parameters()).device
-        prompts = [list(r.request.prompt_token_ids) for r in rows]
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, p in enumerate(prompts):  # left padding keeps every row's last token aligned
+        n = len(requests)
+        # Each distinct prompt is prefilled once; its KV cache is then copied to every row
+        # that asked for it (a GRPO group: one prompt, group_size rows).
+        distinct: dict[tuple[int, ...], int] = {}
+        group = [distinct.setdefault(tuple(r.prompt_token_ids), len(distinct)) for r in requests]
+        width = max(len(p) for p in distinct)
+        input_ids = torch.full((len(distinct), width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(distinct), width), dtype=torch.long)
+        for i, p in enumerate(distinct):  # left padding keeps every row's last token aligned
             input_ids[i, width - len(p) :] = torch.tensor(p)
             attention[i, width - len(p) :] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        rows = torch.tensor(group, device=device)
+        sampling = RowSampling.from_specs([r.sampling for r in requests])
+        budget = torch.tensor([r.sampling.max_tokens for r in requests])
+        max_new = int(budget.max())
+        eos = torch.tensor(sorted(self.eos_token_ids))
+        with_stop = [i for i, r in enumerate(requests) if r.sampling.stop]
+        tokens = torch.full((n, max_new), self.pad_token_id, dtype=torch.long)
+        logprobs = torch.zeros((n, max_new))
+        lengths = torch.zeros(n, dtype=torch.long)  # tokens generated per row
+        stopped = torch.zeros(n, dtype=torch.bool)  # EOS or a stop string
+        done = budget <= 0
         past = None
-        max_new = max(r.request.sampling.max_tokens for r in rows)
-        for _ in range(max_new):
+        for t in range(max_new):
             out = self.model(
                 input_ids=input_ids,
                 attention_mask=attention,
@@ -158,34 +163,38 @@ class TransformersChatClient:
                 use_cache=True,
             )
             past = out.past_key_values
-            logits = out.logits[:, -1, :].float().cpu()  # [B, V]
-            logp = torch.log_softmax(logits, dim=-1)
-            next_ids = []
-            for i, row in enumerate(rows):
-                if row.finish_reason is not None:
-                    next_ids.append(self.pad_token_id)
-                    continue
-                tok = _sample_token(logits[i], row.request.sampling, row.generator)
-                row.tokens.append(tok)
-                row.logprobs.append(float(logp[i, tok]))
-                self._update_finish(row, tok)
-                next_ids.append(tok)
-            if all(r.finish_reason is not None for r in rows):
+            logits = out.logits[:, -1, :].float()
+            if t == 0:  # from one row per distinct prompt to one per request
+                past.reorder_cache(rows)
+                logits, attention, positions = logits[rows], attention[rows], positions[rows]
+            logits = logits.cpu()  # [B, V]
+            chosen = sample_next_tokens(logits, sampling)
+            chosen_logp = torch.log_softmax(logits, dim=-1).gather(1, chosen[:, None])[:, 0]
+            live = ~done
+            chosen = torch.where(live, chosen, self.pad_token_id)
+            tokens[:, t] = chosen
+            logprobs[:, t] = chosen_logp
+            lengths += live.long()
+            stopped |= live & torch.isin(chosen, eos)
+            for i in with_stop:
+                if live[i] and not stopped[i]:
+                    text = self.tokenizer.decode(tokens[i, : lengths[i]], skip_special_tokens=True)
+                    stopped[i] = any(s in text for s in requests[i].sampling.stop)
+            done = stopped | (lengths >= budget)
+            if bool(done.all()):
                 break
-            input_ids = torch.tensor(next_ids, device=device).unsqueeze(1)
+            input_ids = chosen.to(device)[:, None]
             attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
             positions = positions[:, -1:] + 1
-
-    def _update_finish(self, row: _Row, tok: int) -> None:
-        sampling = row.request.sampling
-        if tok in self.eos_token_ids:
-            row.finish_reason = "stop"
-        elif sampling.stop:
-            text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
-            if any(s in text for s in sampling.stop):
-                row.finish_reason = "stop"
-        if row.finish_reason is None and len(row.tokens) >= sampling.max_tokens:
-            row.finish_reason = "length"
+        return [
+            _Row(
+                request=r,
+                tokens=tokens[i, : lengths[i]].tolist(),
+                logprobs=logprobs[i, : lengths[i]].tolist(),
+                finish_reason="stop" if stopped[i] else "length",
+            )
+            for i, r in enumerate(requests)
+        ]
 
     def _response(self, row: _Row, version: int) -> ChatResponse:
         text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
@@ -216,20 +225,3 @@ def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         model.train(was_training)
-
-
-def _sample_token(logits: torch.Tensor, s: SamplingSpec, gen: torch.Generator | None) -> int:
-    """Sample one token id from ``logits`` [V] under temperature / top-k / top-p."""
-    if s.temperature == 0:
-        return int(torch.argmax(logits))
-    scores = logits / s.temperature
-    if s.top_k > 0:
-        kth = torch.topk(scores, min(s.top_k, scores.numel())).values[-1]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if s.top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, descending=True)
-        cum = torch.softmax(sorted_scores, dim=-1).cumsum(-1)
-        drop = cum - torch.softmax(sorted_scores, dim=-1) > s.top_p  # keep the token crossing top_p
-        scores = scores.scatter(0, order, sorted_scores.masked_fill(drop, float("-inf")))
-    probs = torch.softmax(scores, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=gen))

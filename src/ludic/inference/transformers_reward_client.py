@@ -16,13 +16,13 @@ the weights, never a half-copied one.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from ludic._async import on_compute_thread
 from ludic.distributed.reward_weights import reward_sync_params
 from ludic.inference.reward_client import (
     RewardModelTrainingMode,
@@ -100,7 +100,7 @@ class TransformersRewardClient:
                 f"client serves model_name={self.model_name!r}"
             )
         rows = [self._token_ids(i, x) for i, x in enumerate(request.inputs)]
-        scores, version, num_batches = await asyncio.to_thread(
+        scores, version, num_batches = await on_compute_thread(
             self._score_rows, rows, request.normalize
         )
         return ScoringResponse(scores=scores, model_version=version), {"num_batches": num_batches}

@@ -439,6 +439,7 @@ def rl_trainer_config(config: RunConfig, pad_token_id: int) -> TrainerConfig:
         num_minibatches=t.num_minibatches,
         publish_every=t.publish_every,
         flat_parameters=t.flat_parameters,
+        shared_prefix=t.shared_prefix,
         seed=config.seed,
         device=config.model.device,
         dtype=None if config.model.dtype == "float32" else config.model.dtype,

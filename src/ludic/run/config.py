@@ -213,6 +213,9 @@ class TrainerSection(Section):
     flat_parameters: bool = False
     """Keep the policy's parameters in one flat buffer per dtype, so weight syncs send
     chunks of small tensors without a packing copy."""
+    shared_prefix: bool = True
+    """Run a prompt that several samples of a micro-batch share (a GRPO group) through the
+    model once in the training forward pass; same logits and gradients, fewer tokens."""
     checkpoint_every: int = Field(25, ge=1)
     keep_last: int = Field(2, ge=1)
     """Checkpoints kept per phase."""
@@ -304,7 +307,13 @@ class PipelineConfig(Section):
 
 class EvalConfig(Section):
     num_problems: int = Field(100, ge=1)
-    """Evaluated on env seeds 0..num_problems-1, greedy decoding."""
+    """Evaluated on env seeds first_problem .. first_problem + num_problems - 1, greedy
+    decoding."""
+    first_problem: int = Field(0, ge=0)
+    """The first env seed evaluated. The warm start's ``dataset_answers`` demonstrate seeds
+    0 .. warm_start.num_demos - 1: starting past them evaluates on problems held out from
+    the demonstrations (with a QA env whose problems differ by index, e.g. arithmetic
+    with ``distinct: true``)."""
     every: int = Field(0, ge=0)
     """Also evaluate every N RL steps (0: only before and after RL)."""
 

@@ -69,7 +69,13 @@ from ludic.training.checkpoint import load_checkpoint
 
 __all__ = ["RunError", "evaluate", "train"]
 
-RESUMABLE_CHANGES = {"trainer.steps", "logging", "eval.every", "trainer.checkpoint_policy"}
+RESUMABLE_CHANGES = {
+    "trainer.steps",
+    "logging",
+    "eval.every",
+    "trainer.checkpoint_policy",
+    "trainer.shared_prefix",
+}
 """Config fields a resumed run may change; anything else must match the saved config."""
 
 

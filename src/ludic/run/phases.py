@@ -149,10 +149,13 @@ def run_rl(
         asyncio.run(record_eval())
 
 
+def eval_seeds(config: RunConfig) -> range:
+    first = config.eval.first_problem
+    return range(first, first + config.eval.num_problems)
+
+
 async def evaluate_policy(config: RunConfig, engine: RolloutEngine) -> dict[str, float]:
-    requests = make_requests(
-        config, range(config.eval.num_problems), sampling_spec(config, greedy=True)
-    )
+    requests = make_requests(config, eval_seeds(config), sampling_spec(config, greedy=True))
     metrics, _ = await run_eval(engine, requests, default_reducers())
     return metrics
 

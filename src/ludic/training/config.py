@@ -58,6 +58,11 @@ class TrainerConfig:
     publish_every: int = 1
     """Publish weights to the inference side every this many optimizer steps (with
     ``version = step``); 0 never publishes."""
+    shared_prefix: bool = True
+    """Run a prefix that several rows of a micro-batch share (a GRPO group's prompt) once,
+    its KV cache expanded to every row (:mod:`ludic.training.shared_prefix`): the same
+    logits and gradients up to float rounding, for fewer tokens through the model. Off:
+    one plain forward pass over the padded micro-batch."""
     flat_parameters: bool = False
     """Keep the model's parameters back to back in one buffer per dtype
     (:func:`ludic.training.flat_parameters.flatten_parameters`), so weight sync sends

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ludic._async import on_compute_thread
 from ludic.distributed.interfaces import PolicyPublisher
 from ludic.distributed.weights import policy_state_dict
 from ludic.stats import Reducer, aggregate_stats
@@ -55,6 +56,7 @@ from ludic.training.filters import SampleFilter
 from ludic.training.flat_parameters import flatten_parameters
 from ludic.training.loggers import TrainingLogger
 from ludic.training.losses.base import LossInputs, masked_token_entropy
+from ludic.training.shared_prefix import plan_shared_prefixes, shared_prefix_logits
 from ludic.training.types import BatchSource, DataExhausted, EmptyBatchError, SAWBatch, SAWItem
 
 
@@ -179,15 +181,15 @@ class Trainer(HasTrainingCore):
         t_batch = time.perf_counter()
         if self._concurrent:  # generation lives on the event loop: train off it
             result = await asyncio.to_thread(self._optimize, batch)
-        else:
-            result = self._optimize(batch)
+        else:  # one compute thread for sampling and training: see on_compute_thread
+            result = await on_compute_thread(self._optimize, batch)
         t_compute = time.perf_counter()
         self.step += 1
         if self.publisher is not None and self.core.is_due(self.config.publish_every):
             if self._concurrent:
                 await asyncio.to_thread(self.publish_policy)
             else:
-                self.publish_policy()
+                await on_compute_thread(self.publish_policy)
         self._announce_version()
         timing = {
             "time/batch_wait_s": waited,
@@ -446,7 +448,14 @@ class Trainer(HasTrainingCore):
             if dtype is not None
             else contextlib.nullcontext()
         )
+        plan = (
+            plan_shared_prefixes(mb.input_ids, mb.attention_mask, mb.action_mask)
+            if self.config.shared_prefix
+            else None
+        )
         with autocast:
+            if plan is not None:
+                return shared_prefix_logits(model, plan, mb.input_ids.shape[1])
             return model(
                 input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False
             ).logits
@@ -561,17 +570,22 @@ def _run_outside_loop(coro: Any, name: str, async_name: str) -> Any:
     )
 
 
+ENTROPY_CHUNK_ELEMENTS = 1 << 24
+"""Most logits (64 MiB in float32) whose entropy is computed at once."""
 ENTROPY_STAT = "_token_entropy"
 """The trainer's own stat in a step's loss stats, logged as ``entropy``."""
 
 
 def _action_token_entropy(logits: torch.Tensor, action_mask: torch.Tensor) -> float:
-    """Mean next-token entropy of the policy over action tokens (nats), one row at a time
-    so the float32 copy of the logits stays one sequence long. Logged every update: a
-    policy whose entropy collapses stops exploring, and GRPO groups stop disagreeing."""
+    """Mean next-token entropy of the policy over action tokens (nats), a few rows at a
+    time so the float32 copy of the logits stays under :data:`ENTROPY_CHUNK_ELEMENTS`.
+    Logged every update: a policy whose entropy collapses stops exploring, and GRPO groups
+    stop disagreeing."""
     with torch.no_grad():
         total, count = 0.0, float(action_mask.sum())
-        for row in range(logits.shape[0]):
-            entropy = masked_token_entropy(logits[row : row + 1].detach())
-            total += float((entropy * action_mask[row : row + 1]).sum())
+        per_row = max(1, logits.shape[1] * logits.shape[2])
+        step = max(1, ENTROPY_CHUNK_ELEMENTS // per_row)
+        for row in range(0, logits.shape[0], step):
+            entropy = masked_token_entropy(logits[row : row + step].detach())
+            total += float((entropy * action_mask[row : row + step]).sum())
         return total / max(count, 1.0)

@@ -1,0 +1,107 @@
+"""Sampling one next token for every row of a batch at once.
+
+Each row has its own temperature, top-k, top-p and (optionally) seed. The work is
+tensor-wide: one temperature divide, one top-k mask, one top-p mask and one argmax over
+``[B, V]``; the only per-row step is drawing the random noise of a seeded row from its
+own ``torch.Generator``, so a seeded request samples the same tokens whichever rows it
+shares a batch with (given the same logits).
+
+Sampling uses the exponential race (the "Gumbel-max" trick in another form): with
+``E_v ~ Exp(1)`` drawn independently per token, ``argmax_v p_v / E_v`` is distributed as
+``p``. It needs no normalization and no ``multinomial`` call per row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ludic.inference.request import SamplingSpec
+
+__all__ = ["RowSampling", "sample_next_tokens"]
+
+
+@dataclass(frozen=True)
+class RowSampling:
+    """The per-row sampling parameters of a batch as tensors ``[B, 1]``, plus generators.
+
+    Built once per batch by :meth:`from_specs`; ``generators[i]`` is ``None`` for a row
+    without a seed (its noise comes from the global RNG).
+    """
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    greedy: torch.Tensor
+    generators: tuple[torch.Generator | None, ...]
+    any_top_k: bool
+    any_top_p: bool
+
+    @classmethod
+    def from_specs(cls, specs: Sequence[SamplingSpec]) -> RowSampling:
+        temps = torch.tensor([float(s.temperature) for s in specs])[:, None]
+        greedy = temps == 0
+        generators = tuple(
+            None if s.seed is None else torch.Generator().manual_seed(int(s.seed)) for s in specs
+        )
+        top_k = torch.tensor([int(s.top_k) for s in specs])[:, None]
+        top_p = torch.tensor([float(s.top_p) for s in specs])[:, None]
+        return cls(
+            temperature=torch.where(greedy, torch.ones_like(temps), temps),
+            top_k=top_k,
+            top_p=top_p,
+            greedy=greedy[:, 0],
+            generators=generators,
+            any_top_k=bool((top_k > 0).any()),
+            any_top_p=bool((top_p < 1.0).any()),
+        )
+
+
+def sample_next_tokens(logits: torch.Tensor, rows: RowSampling) -> torch.Tensor:
+    """One token id per row of ``logits`` ``[B, V]`` (float32) under each row's sampling.
+
+    Greedy rows (temperature 0) take the argmax of the raw logits. Others divide by the
+    temperature, keep the ``top_k`` largest scores (when ``top_k > 0``) and the smallest
+    set of tokens whose probability reaches ``top_p`` (the token that crosses it is kept),
+    then race exponential noise.
+    """
+    scores = logits / rows.temperature
+    if rows.any_top_k:
+        scores = _mask_top_k(scores, rows.top_k)
+    if rows.any_top_p:
+        scores = _mask_top_p(scores, rows.top_p)
+    probs = torch.softmax(scores, dim=-1)
+    noise = _exponential_noise(probs.shape, rows.generators)
+    sampled = (probs / noise).argmax(dim=-1)
+    if bool(rows.greedy.any()):
+        sampled = torch.where(rows.greedy, logits.argmax(dim=-1), sampled)
+    return sampled
+
+
+def _mask_top_k(scores: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    vocab = scores.shape[-1]
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
+    ordered = torch.sort(scores, dim=-1, descending=True).values
+    kth = ordered.gather(-1, k - 1)  # [B, 1]: the k-th largest score of each row
+    return scores.masked_fill(scores < kth, float("-inf"))
+
+
+def _mask_top_p(scores: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    ordered, order = torch.sort(scores, dim=-1, descending=True)
+    probs = torch.softmax(ordered, dim=-1)
+    before = probs.cumsum(-1) - probs  # mass of the tokens ranked above each one
+    drop = before > top_p
+    return scores.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
+
+
+def _exponential_noise(
+    shape: torch.Size, generators: tuple[torch.Generator | None, ...]
+) -> torch.Tensor:
+    """``Exp(1)`` noise ``[B, V]``: seeded rows from their generator, the rest at once."""
+    noise = torch.empty(shape).exponential_()
+    for i, gen in enumerate(generators):
+        if gen is not None:
+            noise[i].exponential_(generator=gen)
+    return noise.clamp_(min=torch.finfo(noise.dtype).tiny)  # 0/0 would be NaN, and win
