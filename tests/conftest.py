@@ -48,3 +48,17 @@ def served(tmp_path_factory: pytest.TempPathFactory):
         pids = [server.pid, *(p.pid for p in psutil.Process(server.pid).children(recursive=True))]
         server.stop()
         assert_all_gone(pids)
+
+
+@pytest.fixture(autouse=True)
+def _compute_thread_idle_after_test():
+    """No test leaves work running on ludic's compute thread: such work would race the
+    next test for the global torch RNG (and the CPU). Cancelled calls stop at their next
+    check, so a few seconds is plenty."""
+    from ludic._async import compute_calls_in_flight
+
+    yield
+    deadline = time.monotonic() + 10.0
+    while compute_calls_in_flight() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert compute_calls_in_flight() == 0, "the test left work running on the compute thread"

@@ -6,7 +6,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
-import functools
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -64,6 +63,29 @@ async def in_daemon_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -
 _COMPUTE_THREAD = concurrent.futures.ThreadPoolExecutor(
     max_workers=1, thread_name_prefix="ludic-compute"
 )
+_ABANDONED: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
+    "ludic_compute_abandoned", default=None
+)
+_in_flight = 0  # calls submitted to the compute thread and not yet finished
+_in_flight_lock = threading.Lock()
+
+
+class ComputeAbandoned(Exception):
+    """Raised inside a compute-thread call whose awaiting task was cancelled."""
+
+
+def raise_if_abandoned() -> None:
+    """For long loops running on the compute thread (token-by-token sampling): stop once
+    the task that awaits this call has been cancelled, instead of computing (and drawing
+    from the global RNG) for nobody."""
+    event = _ABANDONED.get()
+    if event is not None and event.is_set():
+        raise ComputeAbandoned("the task awaiting this compute call was cancelled")
+
+
+def compute_calls_in_flight() -> int:
+    """Calls submitted to the compute thread that have not finished (queued or running)."""
+    return _in_flight
 
 
 async def on_compute_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
@@ -77,10 +99,38 @@ async def on_compute_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) 
     spin while the other team runs (a 2-core machine: a GRPO step of a tiny model took
     1.3x longer; see ``benchmarks/generation.py``). Context variables are copied in, as
     ``asyncio.to_thread`` does. Must not be called from the compute thread itself.
+
+    When the awaiting task is cancelled, a call that has not started never runs, and a
+    running one stops at its next :func:`raise_if_abandoned` check.
     """
+    global _in_flight
     if threading.current_thread().name.startswith("ludic-compute"):
         raise RuntimeError("on_compute_thread called from the compute thread: it would deadlock")
     loop = asyncio.get_running_loop()
+    abandoned = threading.Event()
     context = contextvars.copy_context()
-    call = functools.partial(context.run, fn, *args, **kwargs)
-    return await loop.run_in_executor(_COMPUTE_THREAD, call)
+    context.run(_ABANDONED.set, abandoned)
+
+    def call() -> T:
+        if abandoned.is_set():
+            raise ComputeAbandoned("cancelled before it started")
+        return context.run(fn, *args, **kwargs)
+
+    def finished(_: concurrent.futures.Future[T]) -> None:  # run, failed or cancelled
+        global _in_flight
+        with _in_flight_lock:
+            _in_flight -= 1
+
+    with _in_flight_lock:
+        _in_flight += 1
+    try:
+        future = _COMPUTE_THREAD.submit(call)
+    except BaseException:
+        finished(concurrent.futures.Future())
+        raise
+    future.add_done_callback(finished)
+    try:
+        return await asyncio.wrap_future(future, loop=loop)
+    except asyncio.CancelledError:
+        abandoned.set()
+        raise

@@ -25,7 +25,7 @@ def test_every_shipped_config_validates(path: Path) -> None:
 def test_gpu_config_selects_vllm_nccl_and_a_hub_model() -> None:
     config = load_config(ROOT / "examples/configs/gsm8k_qwen2.5_0.5b_vllm.yaml")
     assert config.inference.backend == "vllm" and config.inference.vllm.sync_backend == "nccl"
-    assert config.model.path == "Qwen/Qwen2.5-0.5B-Instruct" and config.model.device == "cuda"
+    assert config.model.path == "models/Qwen2.5-0.5B-Instruct" and config.model.device == "cuda"
 
 
 def test_overrides_set_nested_fields_with_typed_values() -> None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import math
+import sys
 
 import pytest
 from rich.console import Console
@@ -61,15 +61,15 @@ def test_multi_logger_forwards_log_and_close_to_every_logger() -> None:
     assert a.closed and b.closed
 
 
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb installed")
-def test_wandb_logger_without_wandb_names_the_extra_to_install() -> None:
+def test_wandb_logger_without_wandb_names_the_extra_to_install(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
     with pytest.raises(ImportError, match=r"ludic-rl\[wandb\]"):
         WandbLogger(project="x")
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("tensorboard") is not None, reason="tensorboard installed"
-)
-def test_tensorboard_logger_without_tensorboard_names_the_extra_to_install(tmp_path) -> None:
+def test_tensorboard_logger_without_tensorboard_names_the_extra_to_install(
+    tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
     with pytest.raises(ImportError, match=r"ludic-rl\[tensorboard\]"):
         TensorBoardLogger(tmp_path)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ludic._async import on_compute_thread
+from ludic._async import on_compute_thread, raise_if_abandoned
 from ludic.inference.batch_sampling import RowSampling, sample_next_tokens
 from ludic.inference.request import CompletionRequest
 from ludic.types import ChatResponse, TokenTrace
@@ -155,6 +155,7 @@ class TransformersChatClient:
         done = budget <= 0
         past = None
         for t in range(max_new):
+            raise_if_abandoned()
             out = self.model(
                 input_ids=input_ids,
                 attention_mask=attention,

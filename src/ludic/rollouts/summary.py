@@ -35,7 +35,8 @@ def summarize_rollouts(rollouts: Sequence[Rollout]) -> dict[str, Any]:
     groups: dict[Any, list[float]] = {}
     for r in rollouts:
         if r.meta.get("group_id") is not None and not r.meta.get("delegated"):
-            groups.setdefault(r.meta["group_id"], []).append(r.total_reward)
+            key = (r.meta["group_id"], r.meta.get("agent_id"))  # per player, as GRPO groups
+            groups.setdefault(key, []).append(r.total_reward)
     sized = [g for g in groups.values() if len(g) >= 2]
     if sized:
         flat = sum(all(x == g[0] for x in g) for g in sized)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ludic.agents import Agent
+from ludic.agents import Agent, ReActAgent, ToolAgent
 from ludic.context import FullDialog
 from ludic.inference import (
     ChatClient,
@@ -26,7 +26,7 @@ from ludic.inference import (
     SamplingSpec,
     TransformersChatClient,
 )
-from ludic.interaction import SingleAgentProtocol
+from ludic.interaction import MultiAgentProtocol, SingleAgentProtocol
 from ludic.models.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 from ludic.run.config import PRESET_FIELDS, RunConfig, VLLMConfig
 from ludic.run.errors import RunError
@@ -37,7 +37,7 @@ from ludic.run.preflight import (
     naming_load_errors,
     reward_model_folder,
 )
-from ludic.run.registries import ALGORITHMS, PARSERS, resolve
+from ludic.run.registries import ALGORITHMS, PARSERS, load_function, resolve
 from ludic.training import (
     EnvSpec,
     ProtocolSpec,
@@ -300,15 +300,17 @@ def make_engine(
     def make_env():
         return build_env(config, env_overrides, field=field)
 
-    def make_protocol() -> SingleAgentProtocol:
-        agent = Agent(
-            client=client,
-            context=FullDialog(system_prompt=config.agent.system_prompt),
-            parser=parser,
-            chat_template=template,
-            incomplete_completion_penalty=config.agent.incomplete_completion_penalty,
-        )
-        return SingleAgentProtocol(agent)
+    make_agent = agent_factory(config, client, template, parser)
+    if config.agent.protocol == "multi_agent":
+        agent_ids = list(make_env().agent_ids)
+
+        def make_protocol() -> Any:
+            # one agent object per player (agents hold per-episode state), one policy
+            return MultiAgentProtocol({aid: make_agent() for aid in agent_ids})
+    else:
+
+        def make_protocol() -> Any:
+            return SingleAgentProtocol(make_agent())
 
     make_env()  # fail now, with the field named, rather than inside the first episode
     return RolloutEngine(
@@ -319,16 +321,51 @@ def make_engine(
     )
 
 
+def agent_factory(
+    config: RunConfig, client: ChatClient, template: HFChatTemplate, parser: Any
+) -> Callable[[], Any]:
+    """A function building a fresh agent of ``agent.kind`` (the tools are loaded now, so a
+    bad ``agent.tools`` entry is reported before the run)."""
+    a = config.agent
+    common = dict(
+        client=client,
+        parser=parser,
+        chat_template=template,
+        incomplete_completion_penalty=a.incomplete_completion_penalty,
+    )
+    if a.kind == "plain":
+        return lambda: Agent(context=FullDialog(system_prompt=a.system_prompt), **common)
+    tools = [load_function(spec, field="agent.tools") for spec in a.tools]
+    tool_kwargs = dict(
+        common,
+        tools=tools,
+        max_tool_calls=a.max_tool_calls,
+        tool_error_penalty=a.tool_error_penalty,
+    )
+    if a.kind == "react":
+        tool_kwargs["max_react_steps"] = a.max_react_steps
+    cls = ReActAgent if a.kind == "react" else ToolAgent
+    try:
+        cls(context=FullDialog(system_prompt=a.system_prompt), **tool_kwargs)
+    except (TypeError, ValueError) as e:  # e.g. a tool without usable type hints
+        raise RunError(f"agent.tools: {e}") from None
+    return lambda: cls(context=FullDialog(system_prompt=a.system_prompt), **tool_kwargs)
+
+
 def sampling_spec(config: RunConfig, *, greedy: bool = False) -> InferenceSpec:
     s = config.sampling
+    extra = {} if s.structured_outputs is None else {"structured_outputs": s.structured_outputs}
     if greedy:
         return InferenceSpec(
-            SamplingSpec(temperature=0.0, max_tokens=s.max_tokens), ReturnSpec.for_eval()
+            SamplingSpec(temperature=0.0, max_tokens=s.max_tokens),
+            ReturnSpec.for_eval(),
+            extra=extra,
         )
     return InferenceSpec(
         SamplingSpec(
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens
-        )
+        ),
+        extra=extra,
     )
 
 

@@ -78,6 +78,10 @@ class SamplingConfig(Section):
     top_k: int = -1
     max_tokens: int = Field(8, ge=1)
     """Generation budget per model call."""
+    structured_outputs: dict[str, Any] | None = None
+    """vLLM's structured outputs for every model call, e.g. ``{regex: "[0-9]+"}``,
+    ``{json: SCHEMA}``, ``{choice: [a, b]}`` (inference.backend: vllm only): the sampled
+    tokens are constrained, and their logprobs are those of the constrained sampler."""
 
 
 class EnvConfig(Section):
@@ -98,6 +102,15 @@ class EnvConfig(Section):
 
 
 class AgentConfig(Section):
+    kind: Literal["plain", "tool", "react"] = "plain"
+    """plain: one model call per turn (``Agent``); tool: calls the ``tools`` below until it
+    answers (``ToolAgent``); react: the same with a final-answer shot clock after
+    ``max_react_steps`` calls (``ReActAgent``). Tool calls are ``<tool_call>{"name": ...,
+    "arguments": {...}}</tool_call>`` blocks; the tools' schemas go to the chat template."""
+    protocol: Literal["single_agent", "multi_agent"] = "single_agent"
+    """multi_agent: one agent per env agent id (e.g. ``tic_tac_toe_two_player``'s X and O),
+    all sampling from the one policy: self-play. Each player's rollouts form its own
+    GRPO groups."""
     parser: ParserName = "answer"
     """A registered parser: see ``ludic.run.registries.PARSERS``."""
     system_prompt: str | None = None
@@ -105,6 +118,29 @@ class AgentConfig(Section):
     """Protocol limit on env steps per episode (parse failures count)."""
     incomplete_completion_penalty: float | None = None
     """If set, a completion cut by max_tokens is a parse failure with this reward."""
+    tools: list[str] = []
+    """tool / react: Python functions the agent may call, as ``package.module:function`` or
+    ``path/to/file.py:function`` (type hints and docstring give the schema)."""
+    max_tool_calls: int = Field(8, ge=1)
+    """tool / react: most tool calls in one turn; more is a parse failure."""
+    tool_error_penalty: float = 0.0
+    """tool / react: reward of a malformed tool call or of too many calls."""
+    max_react_steps: int = Field(5, ge=1)
+    """react: model calls per turn that may use tools before a final answer is forced."""
+
+    @model_validator(mode="after")
+    def _tools_match_kind(self) -> AgentConfig:
+        if self.kind == "plain" and self.tools:
+            raise ValueError(
+                f"agent.tools is set but agent.kind is 'plain'; use agent.kind: tool (or "
+                f"react) to let the agent call {self.tools}"
+            )
+        if self.kind != "plain" and not self.tools:
+            raise ValueError(
+                f"agent.kind={self.kind!r} needs agent.tools: Python functions as "
+                "package.module:function or path/to/file.py:function"
+            )
+        return self
 
 
 PRESET_FIELDS = (
@@ -320,7 +356,14 @@ class EvalConfig(Section):
 
 class LoggingConfig(Section):
     wandb: bool = False
+    """One wandb run for the whole run (every phase, evaluations, resumes), with the
+    resolved config; see ``ludic.run.run_loggers``. Needs the wandb extra."""
+    wandb_project: str = "ludic"
+    wandb_mode: Literal["online", "offline"] | None = None
+    """offline: write under RUN_DIR/wandb without a network (``wandb sync`` later); null:
+    wandb's own default (``WANDB_MODE``, else online)."""
     tensorboard: bool = False
+    """Event files of every phase in RUN_DIR/tensorboard. Needs the tensorboard extra."""
     console_every: int = Field(10, ge=1)
     """Print a metrics line every N steps (the progress bar updates every step)."""
     num_sample_rollouts: int = Field(4, ge=0)
@@ -411,6 +454,15 @@ class RunConfig(Section):
             raise ValueError(
                 f"reward is set but algorithm.name={self.algorithm.name!r}; use "
                 "algorithm.name: reward_rl to train on the reward model's scores, or remove reward"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _structured_outputs_need_vllm(self) -> RunConfig:
+        if self.sampling.structured_outputs is not None and self.inference.backend != "vllm":
+            raise ValueError(
+                "sampling.structured_outputs needs inference.backend=vllm (the in-process "
+                f"transformers backend cannot constrain sampling); got {self.inference.backend!r}"
             )
         return self
 

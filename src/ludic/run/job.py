@@ -56,6 +56,7 @@ from ludic.run.plot import plot_reward_curve
 from ludic.run.preflight import check_config
 from ludic.run.progress import print_summary
 from ludic.run.run_dir import RunDirectory, open_run
+from ludic.run.run_loggers import run_loggers
 from ludic.run.signals import terminate_as_interrupt
 from ludic.run.steps import checkpoint_on_failure
 from ludic.training import (
@@ -101,10 +102,12 @@ def _train(config: RunConfig, *, resume: str | Path | None) -> Path:
     console.print(f"run directory: [bold]{run.path}[/bold]")
     started = time.perf_counter()
     policy, tokenizer = load_policy(config, run.model_dir)
-    if config.warm_start.steps > 0 and not run.has_checkpoint("rl"):
-        warm_start(config, run, policy, tokenizer, resuming=resume is not None, console=console)
-        save_policy_folder(policy, tokenizer, run.path / POLICY_DIR)
-    _reinforce(config, run, policy, tokenizer, resuming=resume is not None, console=console)
+    with run_loggers(config, run):  # one wandb run / TensorBoard folder for every phase
+        if config.warm_start.steps > 0 and not run.has_checkpoint("rl"):
+            resuming = resume is not None
+            warm_start(config, run, policy, tokenizer, resuming=resuming, console=console)
+            save_policy_folder(policy, tokenizer, run.path / POLICY_DIR)
+        _reinforce(config, run, policy, tokenizer, resuming=resume is not None, console=console)
     save_policy_folder(policy, tokenizer, run.path / POLICY_DIR)
     console.print(f"trained policy (Hugging Face folder): {run.path / POLICY_DIR}")
     plot_reward_curve(run.read_metrics(), run.plot_path, title=config.name)

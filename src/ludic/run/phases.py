@@ -169,15 +169,7 @@ def phase_loggers(
         ProgressLogger(steps, title, reward_key=shown, console=console),
         RichConsoleLogger(keys=CONSOLE_KEYS, every=config.logging.console_every, console=console),
     ]
-    if config.logging.wandb:
-        from ludic.training import WandbLogger
-
-        loggers.append(WandbLogger(project="ludic", name=f"{run.path.name}/{phase}"))
-    if config.logging.tensorboard:
-        from ludic.training import TensorBoardLogger
-
-        loggers.append(TensorBoardLogger(run.path / "tensorboard" / phase))
-    return loggers
+    return loggers  # wandb and TensorBoard follow metrics.jsonl: see ludic.run.run_loggers
 
 
 def phase_checkpoint_config(

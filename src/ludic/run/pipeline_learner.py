@@ -71,6 +71,7 @@ from ludic.run.plot import plot_reward_curve
 from ludic.run.preflight import check_config
 from ludic.run.progress import print_summary
 from ludic.run.run_dir import RunDirectory
+from ludic.run.run_loggers import run_loggers
 from ludic.run.signals import terminate_as_interrupt
 from ludic.run.steps import checkpoint_on_failure
 from ludic.training import Trainer
@@ -94,6 +95,7 @@ def _learn(config: RunConfig, run_dir: str | Path | None) -> Path:
     console.print(f"run directory: [bold]{run.path}[/bold]", highlight=False, soft_wrap=True)
     started = time.perf_counter()
     with contextlib.ExitStack() as stack:
+        stack.enter_context(run_loggers(config, run))
         url = config.pipeline.redis_url
         if url is None:
             from ludic.training.batching.redis_server import start_redis_server

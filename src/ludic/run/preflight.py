@@ -20,7 +20,7 @@ from typing import Any
 
 from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
-from ludic.run.registries import ENVS, PARSERS, resolve
+from ludic.run.registries import ENVS, PARSERS, load_function, resolve
 
 
 def check_config(config: RunConfig) -> None:
@@ -33,8 +33,10 @@ def check_config(config: RunConfig) -> None:
     if config.reward is not None:
         reward_model_folder(config.reward.path)
     resolve("parser", config.agent.parser, PARSERS)
-    build_env(config)
+    env = build_env(config)
     build_env(config, config.env.eval_kwargs, field="env.eval_kwargs")
+    _check_holdout(config)
+    _check_agent(config, env)
     _check_algorithm(config)
     _check_trainer_configs(config)
 
@@ -127,6 +129,38 @@ def build_env(
         ) from None
     except (ValueError, FileNotFoundError) as e:
         raise RunError(f"{field}: env {kind!r}: {e}") from None
+
+
+def _check_agent(config: RunConfig, env: Any) -> None:
+    """The tools load, and the protocol fits the env's number of agents."""
+    for spec in config.agent.tools:
+        try:
+            load_function(spec, field="agent.tools")
+        except (ValueError, FileNotFoundError, ImportError, SyntaxError) as e:
+            raise RunError(str(e) if "agent.tools" in str(e) else f"agent.tools: {e}") from None
+    agent_ids = list(getattr(env, "agent_ids", []))
+    if len(agent_ids) > 1 and config.agent.protocol != "multi_agent":
+        raise RunError(
+            f"agent.protocol: env {config.env.kind!r} has agents {agent_ids}; set "
+            "agent.protocol: multi_agent (one agent per player, all from the policy)"
+        )
+    if len(agent_ids) == 1 and config.agent.protocol == "multi_agent":
+        raise RunError(
+            f"agent.protocol: multi_agent needs an env with several agents; "
+            f"{config.env.kind!r} has one ({agent_ids[0]!r})"
+        )
+
+
+def _check_holdout(config: RunConfig) -> None:
+    """Samples held out of training (``env.kwargs.holdout``) are there to be evaluated on."""
+    holdout = config.env.kwargs.get("holdout")
+    evaluated = {**config.env.kwargs, **config.env.eval_kwargs}
+    if holdout and evaluated.get("part") != "heldout":
+        raise RunError(
+            f"env.eval_kwargs.part: env.kwargs.holdout={holdout!r} keeps samples out of "
+            "training, but evaluation runs on the training part; set "
+            "env.eval_kwargs.part=heldout (or drop env.kwargs.holdout)"
+        )
 
 
 def _check_algorithm(config: RunConfig) -> None:

@@ -43,6 +43,7 @@ from ludic.run.demos import synthetic_arithmetic_preferences
 from ludic.run.preflight import check_config, check_model_path, local_path, naming_load_errors
 from ludic.run.progress import ProgressLogger, print_summary
 from ludic.run.run_dir import RunDirectory, open_run
+from ludic.run.run_loggers import run_loggers
 from ludic.run.signals import interrupts_deferred
 from ludic.training.checkpoint import CheckpointConfig
 from ludic.training.loggers import RichConsoleLogger
@@ -105,6 +106,7 @@ def train_reward_model(
     model = prepare_reward_model(model, rm.training_mode, lora=_lora_settings(rm))
     train_pairs, eval_pairs = _run_preferences(config, run, resuming=resume is not None)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(run_loggers(config, run))
         client = None
         if publisher is None and rm.server is not None:
             client = stack.enter_context(_reward_server(config, run))

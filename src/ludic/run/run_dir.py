@@ -10,6 +10,9 @@ RUN_DIR/
   checkpoints/PHASE/step_*/   resumable checkpoints per phase (warm_start, rl)
   reward_curve.png     written at the end
   summary.json         final figures
+  policy/              the trained policy as a Hugging Face folder
+  wandb/, wandb_run_id   with logging.wandb: the run's one wandb run (ludic.run.run_loggers)
+  tensorboard/         with logging.tensorboard: event files of every phase
 ```
 """
 
@@ -20,7 +23,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ludic.jsonl import append_jsonl, read_jsonl, rewrite_jsonl, write_atomic
 from ludic.run.config import RunConfig
@@ -31,9 +34,17 @@ from ludic.types import Rollout, rollout_to_dict
 PHASES = ("warm_start", "rl")
 
 
+class MetricsSink(Protocol):
+    """Receives every record appended to ``metrics.jsonl`` (e.g. a wandb run)."""
+
+    def record(self, record: Mapping[str, Any]) -> None: ...
+
+
 class RunDirectory:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.sinks: list[MetricsSink] = []
+        """Told every record :meth:`append_metrics` writes, after it is on disk."""
 
     @classmethod
     def create(cls, output_dir: str | Path, name: str) -> RunDirectory:
@@ -105,7 +116,10 @@ class RunDirectory:
     def append_metrics(self, record: Mapping[str, Any]) -> None:
         """Append one line and fsync it, so a checkpoint saved afterwards never gets ahead
         of ``metrics.jsonl``."""
-        append_jsonl(self.metrics_path, _jsonable(record))
+        line = _jsonable(record)
+        append_jsonl(self.metrics_path, line)
+        for sink in self.sinks:
+            sink.record(line)
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """Every record; a torn last line (a crash mid-append) is dropped with a warning

@@ -67,8 +67,10 @@ class GroupNormalizedReturn:
     1.07x at G = 8, 1.41x at G = 2. A_i is assigned to every turn of rollout i. A group whose returns are all equal gets all-zero
     advantages (never NaN).
 
-    Groups: ``rollout.meta["group_id"]`` when present, else ``rollout.initial_obs`` (same
-    problem). Every group must hold exactly ``group_size`` rollouts.
+    Groups: ``rollout.meta["group_id"]`` when present (split by ``meta["agent_id"]``: in
+    multi-agent self-play each player's rollouts form their own group), else
+    ``rollout.initial_obs`` (same problem). Every group must hold exactly ``group_size``
+    rollouts.
 
     Delegated sub-agent rollouts (``meta["delegated"]``, set by the delegation handler)
     carry their parent's ``group_id`` but are a different policy role: they form their own
@@ -107,13 +109,13 @@ class GroupNormalizedReturn:
 
 
 def rollout_group_key(rollout: Rollout, *, owner: str = "GroupNormalizedReturn") -> Hashable:
-    """The group of ``rollout`` for group-relative advantages: ``("group_id", id)`` when
-    ``meta["group_id"]`` is set, else ``("initial_obs", obs)``; delegated sub-agent
+    """The group of ``rollout`` for group-relative advantages: ``("group_id", id,
+    agent_id)`` when ``meta["group_id"]`` is set, else ``("initial_obs", obs)``; delegated sub-agent
     rollouts get ``("delegated", group_id or obs)``. ``owner`` names the caller in errors."""
     if rollout.meta.get("delegated"):
         return ("delegated", rollout.meta.get("group_id", rollout.initial_obs))
-    if "group_id" in rollout.meta:
-        return ("group_id", rollout.meta["group_id"])
+    if "group_id" in rollout.meta:  # per player: self-play's X and O are different roles
+        return ("group_id", rollout.meta["group_id"], rollout.meta.get("agent_id"))
     obs = rollout.initial_obs
     if obs is None:
         raise ValueError(
@@ -149,9 +151,11 @@ def group_relative_advantages(
         groups.setdefault(rollout_group_key(rollout, owner=owner), []).append(i)
 
     advantages = [0.0] * len(rollouts)
-    for (kind, name), members in groups.items():
+    for (kind, name, *player), members in groups.items():
         if kind != "delegated" and len(members) != group_size:
             label = repr(name) if kind == "group_id" else f"initial_obs={str(name)[:40]!r}"
+            if player and player[0] is not None:
+                label += f" (agent {player[0]!r})"
             raise ValueError(
                 f"group_size={group_size} but group {label} has {len(members)} "
                 "rollouts; make rollouts per request a multiple of group_size "
