@@ -20,7 +20,7 @@ the time split of each run (waiting for batches, update, publish) and how busy t
 trainer's core was, the staleness histogram of the trained items, and ``async_rl.png``: reward against wall-clock time for both modes.
 
 ``--learning`` adds the learning check (``--learning-only``: only it): the default task
-(``ludic demo``: warm start, 300 GRPO steps) with the vLLM backend (a server ludic starts,
+(``ludic demo``: warm start, then its GRPO steps) with the vLLM backend (a server ludic starts,
 unpinned), the sync run and an async run with the same steps (same samples), their greedy
 evals, and ``async_rl_learning.png``: reward against training wall-clock for both.
 """
@@ -182,7 +182,7 @@ def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
 
 
 def learning_check(args: argparse.Namespace) -> None:
-    """The default task (``ludic demo``: warm start, then 300 GRPO steps) with the vLLM
+    """The default task (``ludic demo``: warm start, then its GRPO steps) with the vLLM
     backend, sync and async, unpinned: greedy evals, wall-clock, and a reward curve."""
     from ludic.run import job
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from ludic.distributed.weight_transfer import free_port, init_process_group
+from ludic.distributed.weight_transfer.groups import FREE_PORT_FLOOR
 
 
 def test_joining_raises_within_the_timeout_when_a_rank_never_comes() -> None:
@@ -44,3 +45,25 @@ def test_bad_arguments_are_rejected_before_any_network_call(kwargs, match) -> No
     args = {"master_addr": "127.0.0.1", "master_port": 1, "rank": 0, "world_size": 2}
     with pytest.raises(ValueError, match=match):
         init_process_group(**{**args, **kwargs})
+
+
+def test_free_port_avoids_the_ephemeral_range() -> None:
+    """Finding: a group port picked from the ephemeral range was taken, while its vLLM server
+    was starting, by a socket the engine bound to port 0 (CI: "group port 40021 is busy").
+    Ports are now picked below that range, which the kernel never hands out for port 0."""
+    import socket
+
+    from ludic.distributed.weight_transfer.groups import _ephemeral_low
+
+    low = _ephemeral_low()
+    ports = {free_port() for _ in range(20)}
+    assert all(FREE_PORT_FLOOR <= p < low for p in ports)
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # free when returned
+    kernel_picked = set()
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            kernel_picked.add(s.getsockname()[1])
+    assert all(p >= low for p in kernel_picked)

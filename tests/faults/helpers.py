@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -33,8 +34,11 @@ def config(out: Path, *extra: str):
     return load_config(DEMO, [f"output_dir={out}", *TINY, *extra])
 
 
-def launch(out: Path, *extra: str, resume: Path | None = None) -> subprocess.Popen:
-    """``python -m ludic train`` on the tiny demo config; output goes to files in ``out``."""
+def launch(
+    out: Path, *extra: str, resume: Path | None = None, sigint_ignored: bool = False
+) -> subprocess.Popen:
+    """``python -m ludic train`` on the tiny demo config; output goes to files in ``out``.
+    ``sigint_ignored``: started as ``cmd &`` in a script starts it, SIGINT ignored."""
     out.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "ludic", "train", str(DEMO), f"output_dir={out}", *TINY, *extra]
     if resume is not None:
@@ -47,6 +51,9 @@ def launch(out: Path, *extra: str, resume: Path | None = None) -> subprocess.Pop
         stderr=(out / f"stderr{n}.txt").open("w"),
         env=env,
         start_new_session=True,  # a signal to the test's group never reaches it by accident
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        if sigint_ignored
+        else None,
     )
 
 

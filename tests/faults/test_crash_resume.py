@@ -34,12 +34,15 @@ def _finish(proc: subprocess.Popen, timeout: float = 60) -> int:
         raise
 
 
+@pytest.mark.parametrize("background", [False, True], ids=["foreground", "sigint-ignored"])
 def test_sigterm_in_rl_checkpoints_the_last_step_exits_143_and_resume_finishes(
-    tmp_path: Path,
+    tmp_path: Path, background: bool
 ) -> None:
     """Finding: SIGTERM killed the trainer at once and saved no checkpoint. Now it stops
-    at a step boundary like Ctrl-C: checkpoint, exit 143, the --resume hint."""
-    proc = launch(tmp_path, *LONG_RL)
+    at a step boundary like Ctrl-C: checkpoint, exit 143, the --resume hint. Also for a
+    run started in the background by a script, whose SIGINT is ignored (see
+    test_sigterm_background.py)."""
+    proc = launch(tmp_path, *LONG_RL, sigint_ignored=background)
     run = wait_for("a run directory", lambda: run_dir(tmp_path), proc, 60)
     wait_for("RL step 3", lambda: len(steps(run, "rl")) >= 3, proc, 60)
     proc.send_signal(signal.SIGTERM)

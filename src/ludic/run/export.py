@@ -11,6 +11,9 @@ names a model).
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,6 +22,7 @@ from typing import Any
 import torch
 
 from ludic.distributed import policy_state_dict
+from ludic.jsonl import fsync_dir
 from ludic.run.builders import load_policy
 from ludic.run.errors import RunError
 from ludic.run.run_dir import RunDirectory
@@ -29,7 +33,7 @@ from ludic.training.checkpoint import (
     step_of,
 )
 
-__all__ = ["POLICY_DIR", "export_run", "save_policy_folder"]
+__all__ = ["POLICY_DIR", "export_run", "recover_policy_folder", "save_policy_folder"]
 
 POLICY_DIR = "policy"
 """``RUN_DIR/policy``: the newest phase's final policy."""
@@ -42,27 +46,85 @@ def save_policy_folder(policy: torch.nn.Module, tokenizer: Any, out: str | Path)
 
     A peft LoRA model is written merged (``policy_state_dict``: W + BA, the names of
     the base model) without touching the training model. The folder is written next to
-    ``out`` and renamed into place, so ``out`` is always either the old folder or the
-    complete new one.
+    ``out``, fsynced, and swapped into place in one step (``renameat2(RENAME_EXCHANGE)``
+    on Linux), so a crash at any moment leaves ``out`` either the old folder or the
+    complete new one. Where the exchange is not available the old folder is first
+    renamed to ``.NAME-old``; a crash between the two renames is repaired by the next
+    call (and by :func:`recover_policy_folder`). Folders a killed call left behind are
+    removed by the next call.
     """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    recover_policy_folder(out)
+    for stale in out.parent.glob(f".{out.name}-tmp-*"):  # a killed call's temporary folder
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-tmp-", dir=out.parent))
     try:
         model = _base_model(policy)
         model.save_pretrained(tmp, state_dict=policy_state_dict(policy), safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        if out.exists():
-            old = out.with_name(f".{out.name}-old")
+        _fsync_tree(tmp)
+        if not out.exists():
+            tmp.rename(out)
+        elif not _exchange(tmp, out):  # tmp now holds the old folder, removed below
+            old = _old(out)
             shutil.rmtree(old, ignore_errors=True)
             out.rename(old)
-            tmp.rename(out)
+            tmp.rename(out)  # a crash before this line: recover_policy_folder restores
             shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
+        fsync_dir(out.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def recover_policy_folder(out: str | Path) -> None:
+    """Put back the folder a crash between the two renames of the fallback swap left as
+    ``.NAME-old`` (``out`` itself missing); otherwise drop a leftover ``.NAME-old``."""
+    out = Path(out)
+    old = _old(out)
+    if old.is_dir():
+        if out.exists():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.rename(out)
+
+
+def _old(out: Path) -> Path:
+    return out.with_name(f".{out.name}-old")
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); ``False`` where
+    the system or the filesystem cannot."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
+    renameat2.argtypes += [ctypes.c_uint]
+    result = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if result == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, f"renameat2({a}, {b}, RENAME_EXCHANGE): {os.strerror(err)}")
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Flush every file of ``folder`` and the folder's entries to disk."""
+    for path in folder.rglob("*"):
+        if path.is_file():
+            with path.open("rb") as f:
+                os.fsync(f.fileno())
+    for sub in [folder, *(p for p in folder.rglob("*") if p.is_dir())]:
+        fsync_dir(sub)
 
 
 def export_run(

@@ -9,7 +9,6 @@ run summary.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from ludic.run.demos import demonstrations_path
 from ludic.run.export import POLICY_DIR, save_policy_folder
 from ludic.run.progress import ProgressLogger
 from ludic.run.run_dir import PhaseMetricsWriter, RunDirectory
+from ludic.run.signals import run_interruptible
 from ludic.run.steps import checkpoint_on_failure, run_steps
 from ludic.training import (
     CheckpointConfig,
@@ -138,7 +138,7 @@ def run_rl(
         and trainer.step not in evaluated
         and trainer.step < config.trainer.steps
     ):
-        asyncio.run(record_eval())
+        run_interruptible(record_eval())
     run_steps(
         trainer,
         config.trainer.steps - trainer.step,
@@ -146,7 +146,7 @@ def run_rl(
         every=config.trainer.checkpoint_every,
     )
     if trainer.step not in evaluated:
-        asyncio.run(record_eval())
+        run_interruptible(record_eval())
 
 
 def eval_seeds(config: RunConfig) -> range:

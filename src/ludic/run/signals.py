@@ -7,25 +7,75 @@ at that moment (inside ``asyncio.run`` that cancels the main task at its next aw
 step boundary; elsewhere Python raises ``KeyboardInterrupt`` at once), so every
 ``except KeyboardInterrupt`` and context manager unwinds exactly as for Ctrl-C; it then
 re-raises the interrupt as :class:`Terminated` so the CLI can exit with 143.
+
+A job started in the background by a script (``ludic train ... &``) has SIGINT ignored, so
+``asyncio.run`` installs no handler and cancels nothing. Loops started with
+:func:`run_interruptible` are cancelled by a SIGTERM all the same, at their next await as
+asyncio does for Ctrl-C (a trainer step in progress finishes first), instead of a
+``KeyboardInterrupt`` raised wherever the main thread happens to be.
 Synchronous loops (no event loop to cancel) wrap each step in :func:`interrupts_deferred`
 so a signal lands between steps, never between an optimizer step and its bookkeeping.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from types import FrameType
+from typing import Any, TypeVar
 
-__all__ = ["EXIT_TERMINATED", "Terminated", "interrupts_deferred", "terminate_as_interrupt"]
+T = TypeVar("T")
+
+__all__ = [
+    "EXIT_TERMINATED",
+    "Terminated",
+    "interrupts_deferred",
+    "run_interruptible",
+    "terminate_as_interrupt",
+]
 
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143, as shells report a SIGTERM death
 
 
 class Terminated(KeyboardInterrupt):
     """The run received SIGTERM; it stopped as it does on Ctrl-C."""
+
+
+_main_tasks: list[asyncio.Task[Any]] = []  # run_interruptible's running main tasks
+_cancelled_by_sigterm = threading.Event()
+
+
+def run_interruptible(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(coro)``, whose main task a SIGTERM (inside
+    :func:`terminate_as_interrupt`) cancels at its next await even when SIGINT is ignored;
+    that cancellation leaves as :class:`Terminated`."""
+
+    async def main() -> T:
+        task = asyncio.current_task()
+        assert task is not None
+        _main_tasks.append(task)
+        try:
+            return await coro
+        finally:
+            _main_tasks.remove(task)
+
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        if _cancelled_by_sigterm.is_set():
+            raise Terminated("SIGTERM") from None
+        raise
+
+
+def _cancel_main_tasks() -> bool:
+    """Cancel every running :func:`run_interruptible` task (from a signal handler)."""
+    for task in list(_main_tasks):
+        _cancelled_by_sigterm.set()
+        task.get_loop().call_soon_threadsafe(task.cancel)
+    return bool(_main_tasks)
 
 
 @contextlib.contextmanager
@@ -42,10 +92,11 @@ def terminate_as_interrupt() -> Iterator[None]:
         on_sigint = signal.getsignal(signal.SIGINT)
         if callable(on_sigint):
             on_sigint(signal.SIGINT, frame)  # asyncio's handler: cancel at the next await
-        else:  # SIGINT ignored (a background job): interrupt here
-            raise KeyboardInterrupt
+        elif not _cancel_main_tasks():  # SIGINT ignored (a background job), and no
+            raise KeyboardInterrupt  # run_interruptible loop to cancel: interrupt here
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
+    _cancelled_by_sigterm.clear()
     try:
         yield
     except KeyboardInterrupt as interrupt:

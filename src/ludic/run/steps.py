@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from rich.console import Console
 
 from ludic.run.run_dir import PhaseMetricsWriter
+from ludic.run.signals import run_interruptible
 from ludic.training import Trainer
 from ludic.training.checkpoint import step_of
 from ludic.training.optim import parameter_problem
@@ -82,7 +83,7 @@ def run_steps(
             if aclose is not None:  # an asynchronous source: stop generating
                 await aclose()
 
-    asyncio.run(loop())
+    run_interruptible(loop())  # asyncio.run, cancelled by SIGTERM also in a background job
 
 
 def save_checkpoint(trainer: Trainer) -> None:

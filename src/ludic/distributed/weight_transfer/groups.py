@@ -23,8 +23,10 @@ side may be built with that function instead.
 
 from __future__ import annotations
 
+import random
 import socket
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroup, ReduceOp, TCPStore
@@ -154,10 +156,45 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (for tests and single-machine setups)."""
+    """A TCP port that is free now (for tests and single-machine setups).
+
+    Chosen at random below the kernel's ephemeral range (``ip_local_port_range``) where
+    there is room: a port is usually bound a while after it is picked (a vLLM server binds
+    its HTTP and weight-sync ports only after loading), and in between any process that
+    binds port 0 gets an ephemeral port (a starting vLLM engine opens several), which
+    could be this one if it came from the ephemeral range. Falls back to a port the
+    kernel picks.
+    """
+    low = _ephemeral_low()
+    if low - FREE_PORT_FLOOR >= 1000:
+        rng = random.SystemRandom()
+        for _ in range(64):
+            port = rng.randrange(FREE_PORT_FLOOR, low)
+            if _bindable(host, port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+FREE_PORT_FLOOR = 20000
+"""The lowest port :func:`free_port` picks (well-known service ports lie below)."""
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default range starts there
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def _timedelta(timeout_s: float | None) -> timedelta | None:
