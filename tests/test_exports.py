@@ -17,6 +17,7 @@ PACKAGES = [
     "ludic.inference",
     "ludic.inference.vllm",
     "ludic.rollouts",
+    "ludic.rewards",
     "ludic.training",
     "ludic.training.reward_model",
     "ludic.training.losses",

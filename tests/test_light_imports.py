@@ -18,6 +18,8 @@ LIGHT_MODULES = [
     "ludic.stats",
     "ludic.inference.request",
     "ludic.rollouts.requests",
+    "ludic.rewards.sample",
+    "ludic.rewards.managers",  # reward functions run without torch
     "ludic.training.types",
     "ludic.run.config",
     "ludic.run.loading",

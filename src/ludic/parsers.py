@@ -151,7 +151,7 @@ def think_prefix_parser(
 _BOXED = "\\boxed{"
 
 
-def _last_boxed_content(text: str) -> str | None:
+def last_boxed_content(text: str) -> str | None:
     """The content of the last ``\\boxed{...}``, or ``None`` if its braces never close."""
     start = text.rfind(_BOXED)
     depth = 1
@@ -180,7 +180,7 @@ def boxed_parser(*, success_reward: float = 0.0, failure_reward: float = -1.0) -
     def parse(text: str) -> ParseResult:
         if _BOXED not in text:
             return ParseResult(None, failure_reward, f"No \\boxed{{...}} found. {fmt}")
-        content = _last_boxed_content(text)
+        content = last_boxed_content(text)
         if content is None:
             return ParseResult(None, failure_reward, f"Unbalanced braces in \\boxed{{. {fmt}")
         content = content.strip()

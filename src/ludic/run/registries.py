@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import importlib.util
-import sys
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
+
+from ludic._imports import load_function
+
+__all__ = ["ALGORITHMS", "ENVS", "PARSERS", "check_name", "load_function", "register", "resolve"]
 
 ENVS: dict[str, str] = {
     "arithmetic": "ludic.envs.arithmetic:ArithmeticQAEnv",
@@ -59,41 +60,6 @@ def resolve(kind: str, name: str, registry: Mapping[str, str]) -> Callable[..., 
     """The registered object for ``name``."""
     module, _, attr = registry[check_name(kind, name, registry)].partition(":")
     return getattr(importlib.import_module(module), attr)
-
-
-def load_function(spec: str, *, field: str) -> Callable[..., Any]:
-    """The callable ``spec`` names: ``package.module:function`` (imported) or
-    ``path/to/file.py:function`` (the file run as a module). Errors name ``field``."""
-    target, sep, attr = spec.rpartition(":")
-    if not sep or not target or not attr:
-        raise ValueError(
-            f"{field}: {spec!r} must look like package.module:function or path/to/file.py:function"
-        )
-    if target.endswith(".py"):
-        path = Path(target).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(f"{field}: {spec!r}: no file {str(path)!r}")
-        module_name = f"ludic_user_{path.stem}_{abs(hash(str(path.resolve())))}"
-        module = sys.modules.get(module_name)
-        if module is None:
-            loader_spec = importlib.util.spec_from_file_location(module_name, path)
-            assert loader_spec is not None and loader_spec.loader is not None
-            module = importlib.util.module_from_spec(loader_spec)
-            sys.modules[module_name] = module
-            try:
-                loader_spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[module_name]
-                raise
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as e:
-            raise ValueError(f"{field}: {spec!r}: cannot import {target!r} ({e})") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"{field}: {spec!r}: {target} has no function {attr!r}")
-    return fn
 
 
 def register(registry: dict[str, str], name: str, target: str) -> None:
