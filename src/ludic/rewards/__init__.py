@@ -9,6 +9,8 @@
   MATH through ``math-verify``, format).
 * :mod:`ludic.rewards.managers`: reward managers by name (``naive``, ``dapo``,
   ``rate_limited``; ``@register("name")`` adds yours).
+* :mod:`ludic.rewards.loop`: ``RewardLoop``, N workers scoring rollouts as their
+  episodes end (standalone) or after the batch (colocate).
 """
 
 from ludic._lazy import lazy_exports
@@ -31,5 +33,9 @@ __getattr__, __all__ = lazy_exports(
         "make_reward_manager": "ludic.rewards.managers",
         "register": "ludic.rewards.managers",
         "overlong_penalty": "ludic.rewards.managers",
+        "REWARD_KEY": "ludic.rewards.loop",
+        "RewardLoop": "ludic.rewards.loop",
+        "reward_loop_metrics": "ludic.rewards.loop",
+        "rollout_reward_sample": "ludic.rewards.loop",
     },
 )

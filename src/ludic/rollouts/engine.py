@@ -62,6 +62,9 @@ class RolloutEngine:
             (``ludic.interaction.env_calls``), so a blocking env cannot outlast
             ``timeout_s``; the abandoned call finishes in the background and ``close()``
             follows it. Use it for envs that block (sandboxes, simulators, remote calls).
+        on_episode: callables given each episode's rollouts the moment it ends, on the
+            event loop (they must not block; e.g. ``RewardLoop.on_episode`` schedules
+            scoring that overlaps the episodes still running).
     """
 
     def __init__(
@@ -73,6 +76,7 @@ class RolloutEngine:
         jsonl_path: str | Path | None = None,
         timeout_s: float | None = None,
         env_calls: EnvCalls = "inline",
+        on_episode: Sequence[Callable[[list[Rollout]], None]] = (),
     ) -> None:
         if env_calls not in ENV_CALLS:
             raise ValueError(
@@ -87,6 +91,9 @@ class RolloutEngine:
         self.max_concurrency = max_concurrency
         self.timeout_s = timeout_s
         self.env_calls = env_calls
+        self.on_episode = tuple(on_episode)
+        """Called with each episode's rollouts as soon as the episode ends (e.g. a reward
+        loop in standalone mode starts scoring them while other episodes still run)."""
         self.jsonl_path = None if jsonl_path is None else Path(jsonl_path)
         if self.jsonl_path is not None:
             self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
@@ -168,6 +175,8 @@ class RolloutEngine:
             for key, value in meta.items():
                 r.meta.setdefault(key, value)
         self._log(rollouts)
+        for callback in self.on_episode:
+            callback(list(rollouts))
         return list(rollouts)
 
     def _log(self, rollouts: Sequence[Rollout]) -> None:

@@ -1,0 +1,138 @@
+"""``RewardLoop`` on a real rollout engine (scripted model): in standalone mode a sample is
+scored as soon as its episode ends, while other episodes still run; in colocate mode only
+after the whole batch; at most ``num_workers`` at once; results and failures land in
+``rollout.meta["reward_loop"]`` and the batch metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from ludic.agents import Agent
+from ludic.context import FullDialog
+from ludic.envs import DatasetQAEnv
+from ludic.inference import HFChatTemplate
+from ludic.inference.scripted_client import ScriptedChatClient
+from ludic.interaction import SingleAgentProtocol
+from ludic.parsers import ParseResult
+from ludic.rewards import (
+    REWARD_KEY,
+    RewardLoop,
+    make_reward_manager,
+    reward_loop_metrics,
+)
+from ludic.training import EnvSpec, ProtocolSpec, RolloutEngine, RolloutRequest
+
+SAMPLES = [{"question": f"{i}+{i}=", "answer": str(2 * i)} for i in range(6)]
+
+
+class GatedClient:
+    """The scripted model, except that the answer to question 1 waits for ``gate`` (at
+    most ``patience`` seconds): episode 1 ends only once something opens it."""
+
+    def __init__(self, tokenizer, gate: asyncio.Event, patience: float) -> None:
+        self.inner = ScriptedChatClient(
+            tokenizer, lambda req, prompt: "2" if "1+1" in prompt else "0"
+        )
+        self.gate, self.patience = gate, patience
+
+    async def complete(self, request):
+        response = await self.inner.complete(request)
+        if "1+1" in self.inner.prompts[-1]:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.gate.wait(), self.patience)
+        return response
+
+
+def _engine(client, tokenizer, loop: RewardLoop) -> RolloutEngine:
+    def protocol() -> SingleAgentProtocol:
+        agent = Agent(
+            client=client,
+            context=FullDialog(),
+            parser=lambda text: ParseResult(action=text.strip()),
+            chat_template=HFChatTemplate(tokenizer),
+        )
+        return SingleAgentProtocol(agent)
+
+    return RolloutEngine(
+        {"qa": lambda: DatasetQAEnv(SAMPLES)}, {"single": protocol}, on_episode=[loop.on_episode]
+    )
+
+
+def _requests(n: int) -> list[RolloutRequest]:
+    return [RolloutRequest(EnvSpec("qa"), ProtocolSpec("single"), env_seed=i) for i in range(n)]
+
+
+def _run(mode: str, tiny_tokenizer, *, num_workers: int = 4, patience: float = 5.0):
+    events: list[str] = []
+    in_flight, most = [0], [0]
+
+    async def scorer(data_source, solution_str, ground_truth, extra_info):
+        question = extra_info["question"]
+        events.append(f"score {question}")
+        gate.set()  # scoring has started: question 1's model call may return now
+        in_flight[0] += 1
+        most[0] = max(most[0], in_flight[0])
+        await asyncio.sleep(0.01)
+        in_flight[0] -= 1
+        if question.startswith("3+3"):
+            raise RuntimeError("judge unavailable")
+        return {"score": float(solution_str.strip() == ground_truth), "judged": 1}
+
+    loop = RewardLoop(
+        make_reward_manager("naive", compute_score=scorer), mode=mode, num_workers=num_workers
+    )
+    gate = asyncio.Event()
+
+    async def main():
+        nonlocal gate
+        gate = asyncio.Event()
+        engine = _engine(GatedClient(tiny_tokenizer, gate, patience), tiny_tokenizer, loop)
+        engine.on_episode = (
+            lambda rs: events.extend(f"end {r.initial_obs}" for r in rs),
+            *engine.on_episode,
+        )
+        rollouts = await engine.generate_rollouts(_requests(6))
+        await loop(rollouts)
+        return rollouts
+
+    return asyncio.run(main()), events, most[0]
+
+
+def test_standalone_scores_each_sample_while_other_episodes_run(tiny_tokenizer) -> None:
+    rollouts, events, _ = _run("standalone", tiny_tokenizer)
+    # episode 1 could only end after some sample's scoring had started
+    first_score = next(i for i, e in enumerate(events) if e.startswith("score"))
+    assert first_score < events.index("end 1+1=")
+    results = {r.initial_obs: r.meta[REWARD_KEY] for r in rollouts}
+    assert results["1+1="] == {"score": 1.0, "metrics": {"judged": 1.0}, "error": None}
+    assert results["2+2="]["score"] == 0.0
+    assert results["3+3="]["score"] is None and "judge unavailable" in results["3+3="]["error"]
+    metrics = reward_loop_metrics(rollouts)
+    assert metrics["reward_loop/errors"] == 1 and metrics["reward_loop/dropped"] == 1
+    assert metrics["reward_loop/score_mean"] == pytest.approx(2 / 5)  # "0+0=" and "1+1="
+    assert metrics["reward_loop/judged"] == 1.0
+
+
+def test_colocate_scores_only_after_the_batch(tiny_tokenizer) -> None:
+    rollouts, events, _ = _run("colocate", tiny_tokenizer, patience=0.3)
+    ends = [i for i, e in enumerate(events) if e.startswith("end")]
+    scores = [i for i, e in enumerate(events) if e.startswith("score")]
+    assert len(ends) == len(scores) == 6 and max(ends) < min(scores)
+    assert all(REWARD_KEY in r.meta for r in rollouts)
+
+
+@pytest.mark.parametrize("mode", ["standalone", "colocate"])
+def test_at_most_num_workers_score_at_once(tiny_tokenizer, mode) -> None:
+    _, _, most = _run(mode, tiny_tokenizer, num_workers=2, patience=0.3)
+    assert most == 2
+
+
+def test_bad_settings_are_refused() -> None:
+    manager = make_reward_manager("naive")
+    with pytest.raises(ValueError, match="mode='async'"):
+        RewardLoop(manager, mode="async")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="num_workers=0"):
+        RewardLoop(manager, num_workers=0)
