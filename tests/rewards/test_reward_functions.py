@@ -5,6 +5,7 @@ non-score) reported per sample with the configured fallback, never a silent 0.""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -131,3 +132,20 @@ def test_scoring_overlaps_across_samples(functions) -> None:
     results = asyncio.run(many())
     assert all(r.score == 0.25 for r in results)
     assert judged.__globals__["IN_FLIGHT"]["most"] == 50  # all in flight at once
+
+
+def test_an_object_with_an_async_call_is_awaited_on_the_loop() -> None:
+    class Judge:
+        async def __call__(self, data_source, solution_str, ground_truth, extra_info):
+            return float(threading.current_thread() is threading.main_thread())
+
+    assert asyncio.run(call_reward_function(Judge(), SAMPLE)).score == 1.0
+
+
+def test_parse_judgement() -> None:
+    from ludic.rewards import parse_judgement
+
+    assert parse_judgement("Reasoning... Score: 3. On reflection, Score: 7") == 0.7
+    assert parse_judgement("Score: 8.5", scale=10) == 0.85
+    with pytest.raises(ValueError, match="no judgement matching"):
+        parse_judgement("I cannot judge this.")

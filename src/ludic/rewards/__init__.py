@@ -9,6 +9,10 @@
   MATH through ``math-verify``, format).
 * :mod:`ludic.rewards.managers`: reward managers by name (``naive``, ``dapo``,
   ``rate_limited``; ``@register("name")`` adds yours).
+* :mod:`ludic.rewards.genrm`: an LLM judge through chat completions (``GenRMJudge``,
+  ``chat_complete``, ``parse_judgement``).
+* :mod:`ludic.rewards.hybrid`: a discriminative reward model as a reward function
+  (``DisRMScore``) and weighted sums of functions (``WeightedReward``: rule + DisRM + GenRM).
 * :mod:`ludic.rewards.loop`: ``RewardLoop``, N workers scoring rollouts as their
   episodes end (standalone) or after the batch (colocate).
 """
@@ -33,6 +37,11 @@ __getattr__, __all__ = lazy_exports(
         "make_reward_manager": "ludic.rewards.managers",
         "register": "ludic.rewards.managers",
         "overlong_penalty": "ludic.rewards.managers",
+        "GenRMJudge": "ludic.rewards.genrm",
+        "chat_complete": "ludic.rewards.genrm",
+        "parse_judgement": "ludic.rewards.genrm",
+        "DisRMScore": "ludic.rewards.hybrid",
+        "WeightedReward": "ludic.rewards.hybrid",
         "REWARD_KEY": "ludic.rewards.loop",
         "RewardLoop": "ludic.rewards.loop",
         "reward_loop_metrics": "ludic.rewards.loop",

@@ -56,6 +56,12 @@ def check_signature(fn: RewardFunction, *, field: str = "reward function") -> No
         return
 
 
+def _is_async(fn: RewardFunction) -> bool:
+    """An ``async def`` function, or an object whose ``__call__`` is one."""
+    call = inspect.getattr_static(type(fn), "__call__", None)
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
 def _accepted(fn: RewardFunction, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     try:
         params = inspect.signature(fn).parameters
@@ -82,7 +88,7 @@ async def call_reward_function(
     name = getattr(fn, "__name__", repr(fn))
     try:
         async with asyncio.timeout(timeout_s):
-            if inspect.iscoroutinefunction(fn):
+            if _is_async(fn):
                 value = await fn(*args, **extra)
             else:
                 value = await in_daemon_thread(fn, *args, **extra)
