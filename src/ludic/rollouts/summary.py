@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ludic.rewards.loop import REWARD_KEY, reward_loop_metrics
 from ludic.rollouts.hooks import RM_SCORES_KEY
 from ludic.types import Rollout
 
@@ -24,7 +25,8 @@ def summarize_rollouts(rollouts: Sequence[Rollout]) -> dict[str, Any]:
     of groups of two or more whose rewards are all equal, so that group-relative
     advantages give them no learning signal. When a reward model
     scored the rollouts (``RewardModelScorer``), ``rm_score_mean`` is the mean of its
-    scores.
+    scores; when a reward loop did (``ludic.rewards.RewardLoop``), the
+    ``reward_loop/...`` figures of :func:`ludic.rewards.loop.reward_loop_metrics`.
     """
     n = len(rollouts)
     rewards = [r.total_reward for r in rollouts]
@@ -37,6 +39,8 @@ def summarize_rollouts(rollouts: Sequence[Rollout]) -> dict[str, Any]:
         if r.meta.get("group_id") is not None and not r.meta.get("delegated"):
             key = (r.meta["group_id"], r.meta.get("agent_id"))  # per player, as GRPO groups
             groups.setdefault(key, []).append(r.total_reward)
+    if any(REWARD_KEY in r.meta for r in rollouts):  # scored by a reward loop
+        extra.update(reward_loop_metrics(rollouts))
     sized = [g for g in groups.values() if len(g) >= 2]
     if sized:
         flat = sum(all(x == g[0] for x in g) for g in sized)

@@ -41,6 +41,7 @@ _EXPORTS: dict[str, str] = {
     "make_reward_rl": "ludic.training.algorithm",
     "RewardModelScorer": "ludic.training.reward_credit",
     "RewardModelCreditAssigner": "ludic.training.reward_credit",
+    "RewardLoopCreditAssigner": "ludic.training.reward_loop_credit",
     # batch sources
     "RolloutEngine": "ludic.training.batching",
     "GRPORequestStrategy": "ludic.training.batching",
