@@ -137,3 +137,16 @@ def _ends_with_newline(path: Path) -> bool:
     with path.open("rb") as f:
         f.seek(-1, os.SEEK_END)
         return f.read(1) == b"\n"
+
+
+def fsync_tree(folder: str | Path) -> None:
+    """Flush every file under ``folder``, then every folder's entries (deepest first), to
+    disk: what a folder written next to its destination needs before it is renamed in."""
+    folder = Path(folder)
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    for sub in sorted((p for p in folder.rglob("*") if p.is_dir()), reverse=True):
+        fsync_dir(sub)
+    fsync_dir(folder)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ludic.distributed import policy_state_dict
-from ludic.jsonl import fsync_dir
+from ludic.jsonl import fsync_dir, fsync_tree
 from ludic.run.builders import load_policy
 from ludic.run.errors import RunError
 from ludic.run.run_dir import RunDirectory
@@ -63,7 +63,7 @@ def save_policy_folder(policy: torch.nn.Module, tokenizer: Any, out: str | Path)
         model = _base_model(policy)
         model.save_pretrained(tmp, state_dict=policy_state_dict(policy), safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
         if not out.exists():
             tmp.rename(out)
         elif not _exchange(tmp, out):  # tmp now holds the old folder, removed below
@@ -115,16 +115,6 @@ def _exchange(a: Path, b: Path) -> bool:
     if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
         return False
     raise OSError(err, f"renameat2({a}, {b}, RENAME_EXCHANGE): {os.strerror(err)}")
-
-
-def _fsync_tree(folder: Path) -> None:
-    """Flush every file of ``folder`` and the folder's entries to disk."""
-    for path in folder.rglob("*"):
-        if path.is_file():
-            with path.open("rb") as f:
-                os.fsync(f.fileno())
-    for sub in [folder, *(p for p in folder.rglob("*") if p.is_dir())]:
-        fsync_dir(sub)
 
 
 def export_run(

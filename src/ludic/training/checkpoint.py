@@ -12,7 +12,6 @@ are refused (:func:`ludic.training.optim.parameter_problem`).
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import random
 import shutil
@@ -24,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ludic.jsonl import fsync_dir
+from ludic.jsonl import fsync_dir, fsync_tree
 from ludic.training.optim import parameter_problem
 
 STEP_PREFIX = "step_"
@@ -123,13 +122,7 @@ class CheckpointManager:
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=2, default=str))
         if self.config.write_extra is not None:
             self.config.write_extra(tmp, model)
-        for path in sorted(tmp.rglob("*")):
-            if path.is_file():
-                with open(path, "rb") as f:
-                    os.fsync(f.fileno())
-        for folder in sorted((p for p in tmp.rglob("*") if p.is_dir()), reverse=True):
-            fsync_dir(folder)
-        fsync_dir(tmp)
+        fsync_tree(tmp)
         old = self.dir / f".old-{final.name}"
         if final.exists():  # moved aside (atomic), so a crash leaves a whole old or new one
             shutil.rmtree(old, ignore_errors=True)
