@@ -149,3 +149,20 @@ def test_a_missing_logger_package_is_named(tmp_path, monkeypatch, capsys) -> Non
     assert main(["train", str(config)]) != 0
     err = capsys.readouterr().err
     assert "logging.wandb" in err and "ludic-rl[wandb]" in err
+
+
+def test_a_torn_wandb_run_id_file_gets_a_fresh_id(tmp_path, monkeypatch) -> None:
+    pytest.importorskip("wandb", reason="the wandb extra is not installed")
+    from ludic.run.loading import load_config
+    from ludic.run.run_dir import RunDirectory
+    from ludic.run.run_loggers import WANDB_ID_FILE, WandbSink
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = RunDirectory.create(tmp_path, "torn")
+    (run.path / WANDB_ID_FILE).write_text("")  # a crash while it was first written
+    config = load_config(None, ["logging.wandb=true", "logging.wandb_mode=offline"])
+    sink = WandbSink(config, run)
+    sink.close()
+    run_id = (run.path / WANDB_ID_FILE).read_text().strip()
+    assert len(run_id) == 16
+    assert [p.name.endswith(run_id) for p in (run.path / "wandb").glob("offline-run-*")] == [True]

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from ludic.jsonl import write_atomic
 from ludic.run.config import RunConfig
 from ludic.run.loading import dump_config
 from ludic.run.run_dir import MetricsSink, RunDirectory
@@ -57,11 +58,10 @@ class WandbSink:
                 "logging.wandb: wandb is not installed; pip install 'ludic-rl[wandb]'"
             ) from e
         id_file = run.path / WANDB_ID_FILE
-        if id_file.is_file():
-            run_id = id_file.read_text().strip()
-        else:
+        run_id = id_file.read_text().strip() if id_file.is_file() else ""
+        if not run_id:  # first start (the file is written atomically, never torn)
             run_id = uuid.uuid4().hex[:16]
-            id_file.write_text(run_id + "\n")
+            write_atomic(id_file, run_id + "\n")
         self._run = wandb.init(
             project=config.logging.wandb_project,
             name=run.path.name,
