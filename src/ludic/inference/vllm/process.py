@@ -36,9 +36,9 @@ import httpx
 from ludic.distributed.weight_transfer.groups import free_port
 from ludic.inference.vllm.security import API_KEY_ENV, PARENT_PID_ENV
 
-ServerKind = Literal["policy", "reward"]
+ServerKind = Literal["policy", "reward", "router"]
 
-SERVER_TYPES: dict[str, str] = {"policy": "policy", "reward": "reward_model"}
+SERVER_TYPES: dict[str, str] = {"policy": "policy", "reward": "reward_model", "router": "router"}
 """Server kind (``ludic serve KIND``) -> the ``type`` its ``GET /health`` reports."""
 
 CPU_DEFAULT_ARGS: tuple[str, ...] = (
@@ -171,21 +171,47 @@ def start_vllm_server(
         wait: block until ``/health`` answers 200 with the ``type`` of ``kind`` (raises
             with the log tail otherwise; the process is stopped first).
     """
-    if kind not in SERVER_TYPES:
-        raise ValueError(f"kind={kind!r}; expected one of {sorted(SERVER_TYPES)}")
+    if kind not in ("policy", "reward"):
+        raise ValueError(f"kind={kind!r}; expected 'policy' or 'reward'")
     if cpu is None:
         cpu = not _cuda_available()
     port = port or free_port(host)
-    group_port = group_port or free_port(host)
     args = [sys.executable, "-m", "ludic", "serve", kind, "--model", str(model_dir)]
     args += ["--host", host, "--port", str(port)]
     if cpu:
         args += cpu_default_args(extra_args)
     args += list(extra_args)
+    return launch_server(
+        args,
+        kind=kind,
+        host=host,
+        port=port,
+        group_port=group_port or free_port(host),
+        api_key=api_key,
+        env={**CPU_DEFAULT_ENV, **(env or {})} if cpu else env,
+        log_path=log_path,
+        wait=wait,
+        health_timeout_s=health_timeout_s,
+    )
 
+
+def launch_server(
+    args: Sequence[str],
+    *,
+    kind: ServerKind,
+    host: str,
+    port: int,
+    group_port: int = 0,
+    api_key: str | None = None,
+    env: Mapping[str, str] | None = None,
+    log_path: str | os.PathLike[str] | None = None,
+    wait: bool = True,
+    health_timeout_s: float = 300.0,
+) -> VLLMServerProcess:
+    """Run the command ``args`` (a ludic server listening on ``host:port``) in a new
+    session that ends with this process; the API key travels as ``LUDIC_API_KEY``. With
+    ``wait``, block until ``/health`` answers 200 with the ``type`` of ``kind``."""
     proc_env = dict(os.environ)
-    if cpu:
-        proc_env.update(CPU_DEFAULT_ENV)
     proc_env.update(env or {})
     if api_key is not None:
         proc_env[API_KEY_ENV] = api_key
@@ -195,13 +221,13 @@ def start_vllm_server(
     on_main_thread = threading.current_thread() is threading.main_thread()
 
     if log_path is None:
-        fd, name = tempfile.mkstemp(prefix="ludic_vllm_", suffix=".log")
+        fd, name = tempfile.mkstemp(prefix=f"ludic_{kind}_", suffix=".log")
         os.close(fd)
         log_path = name
     log_path = Path(log_path)
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            args,
+            list(args),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
