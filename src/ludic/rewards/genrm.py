@@ -38,18 +38,14 @@ async def chat_complete(
     timeout_s: float = 120.0,
 ) -> dict[str, Any]:
     """The JSON of ``POST {address}/v1/chat/completions`` with ``request`` (``messages``
-    plus sampling parameters; ``model`` is filled in from ``/v1/models`` when missing)."""
+    plus sampling parameters). Without a ``model`` a vLLM server answers with the model
+    it serves, and a router sends the request to a backend that serves chat; name the
+    model for servers that need one, or to pick one judge among several."""
     key = (address.rstrip("/"), api_key, timeout_s)
     http = _clients.get(key)
     if http is None:
         http = _clients[key] = AsyncHTTP(key[0], api_key=api_key, timeout_s=timeout_s)
-    body = dict(request)
-    if "model" not in body:
-        models = (await http.get("/v1/models")).json().get("data") or []
-        if not models:
-            raise RuntimeError(f"{address}/v1/models lists no model to ask")
-        body["model"] = models[0]["id"]
-    return (await http.post("/v1/chat/completions", body)).json()
+    return (await http.post("/v1/chat/completions", dict(request))).json()
 
 
 def parse_judgement(text: str, *, pattern: str = SCORE_PATTERN, scale: float = 10.0) -> float:
@@ -68,7 +64,8 @@ class GenRMJudge:
     :func:`parse_judgement` (``pattern``, ``scale``). ``address``: the judge server or the
     reward router; when ``None`` the reward loop's ``reward_router_address`` is used.
     ``sampling``: chat-completion parameters (``temperature``, ``max_tokens``,
-    ``structured_outputs``, ...).
+    ``structured_outputs``, ...). ``model``: the judge's model name (``None``: the one
+    the server, or a router's chat backend, serves).
     """
 
     def __init__(
@@ -81,6 +78,7 @@ class GenRMJudge:
         sampling: Mapping[str, Any] | None = None,
         api_key: str | None = None,
         timeout_s: float = 120.0,
+        model: str | None = None,
     ) -> None:
         re.compile(pattern)  # a bad pattern fails here, not per sample
         if scale <= 0:
@@ -92,6 +90,7 @@ class GenRMJudge:
         self.sampling = dict(sampling or {"temperature": 0.0, "max_tokens": 16})
         self.api_key = api_key
         self.timeout_s = timeout_s
+        self.model = model
         self.__name__ = "GenRMJudge"
 
     async def __call__(
@@ -116,9 +115,12 @@ class GenRMJudge:
                 "ground_truth": ground_truth,
             }
         )
+        request: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}]}
+        if self.model is not None:
+            request["model"] = self.model
         reply = await chat_complete(
             address,
-            {"messages": [{"role": "user", "content": prompt}], **self.sampling},
+            {**request, **self.sampling},
             api_key=self.api_key,
             timeout_s=self.timeout_s,
         )

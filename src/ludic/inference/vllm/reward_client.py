@@ -50,7 +50,7 @@ class VLLMRewardClient:
             retried this many times, with httpx's exponential backoff.
         head_modules: module names of the classification head (for mode checks).
         check_server: ask ``/health`` at construction and refuse a server that is not a
-            reward server.
+            reward server (or a ``ludic serve router`` in front of reward servers).
     """
 
     def __init__(
@@ -83,7 +83,7 @@ class VLLMRewardClient:
         self.weight_sync = self.connection.weight_sync
         if check_server:
             kind = self.control.health().get("type")
-            if kind != "reward_model":
+            if kind not in ("reward_model", "router"):  # a router: over reward servers
                 self.control.close()
                 raise ValueError(
                     f"{self.base_url} is a {kind!r} server, not a reward model server; start "
