@@ -19,6 +19,17 @@ def load_function(spec: str, *, field: str) -> Callable[..., Any]:
         raise ValueError(
             f"{field}: {spec!r} must look like package.module:function or path/to/file.py:function"
         )
+    module = import_module(target, field=field, spec=spec)
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"{field}: {spec!r}: {target} has no function {attr!r}")
+    return fn
+
+
+def import_module(target: str, *, field: str, spec: str | None = None) -> Any:
+    """The module ``target`` names: ``package.module`` (imported) or ``path/to/file.py``
+    (run as a module once). Errors name ``field`` (and ``spec``, the config value)."""
+    spec = spec or target
     if target.endswith(".py"):
         path = Path(target).expanduser()
         if not path.is_file():
@@ -35,12 +46,8 @@ def load_function(spec: str, *, field: str) -> Callable[..., Any]:
             except BaseException:
                 del sys.modules[module_name]
                 raise
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as e:
-            raise ValueError(f"{field}: {spec!r}: cannot import {target!r} ({e})") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"{field}: {spec!r}: {target} has no function {attr!r}")
-    return fn
+        return module
+    try:
+        return importlib.import_module(target)
+    except ImportError as e:
+        raise ValueError(f"{field}: {spec!r}: cannot import {target!r} ({e})") from None

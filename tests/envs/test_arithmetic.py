@@ -53,7 +53,7 @@ def test_env_prompt_is_short_question_with_equals_sign() -> None:
     obs, info = env.reset(seed=3)["agent_0"]
     sample = make_arithmetic_samples(10, seed=4)[3]
     assert obs == f"{sample['question']}="
-    assert info == {"sample_index": 3}
+    assert info == {"sample_index": 3, "target": sample["answer"]}
     assert len(obs) <= 6
 
 

@@ -17,7 +17,7 @@ SAMPLES = [
 
 def test_reset_picks_sample_seed_mod_len() -> None:
     env = DatasetQAEnv(SAMPLES)
-    assert env.reset(seed=4) == {"agent_0": ("2+2?", {"sample_index": 1})}
+    assert env.reset(seed=4) == {"agent_0": ("2+2?", {"sample_index": 1, "target": "4"})}
     assert env.reset(seed=2)["agent_0"][0] == "colour of snow?"
 
 

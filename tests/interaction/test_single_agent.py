@@ -154,6 +154,7 @@ def test_meta_holds_caller_meta_agent_id_seed_and_initial_obs() -> None:
         "env_seed": 7,
         "initial_obs": "pos=7",
         "truncation_reason": None,
+        "reset_info": {"seed": 7},  # what the env's reset returned as info
     }
     assert rollout.initial_obs == "pos=7"
 

@@ -167,7 +167,9 @@ class DatasetQAEnv(SingleAgentEnv):
     def env_reset(self, seed: int | None = None) -> tuple[Observation, Info]:
         n = len(self.samples)
         self._index = self._rng.randrange(n) if seed is None else seed % n
-        return self.render_prompt(self.samples[self._index]), {"sample_index": self._index}
+        sample = self.samples[self._index]
+        info = {"sample_index": self._index, "target": str(sample[self.answer_key])}
+        return self.render_prompt(sample), info
 
     def env_step(self, action: str) -> StepOutcome:
         target = str(self.current_sample[self.answer_key])

@@ -130,6 +130,8 @@ class SingleAgentProtocol:
         )
         rollout = collector.rollout(agent_id)
         rollout.meta["truncation_reason"] = None
+        if info:  # e.g. a QA env's target: what a reward function may need after a parse failure
+            rollout.meta["reset_info"] = dict(info)
         self.agent.on_env_reset(obs, info, system_prompt=self.system_prompt or env.system_prompt)
 
         ended = False

@@ -34,7 +34,8 @@ Mode = Literal["standalone", "colocate"]
 def rollout_reward_sample(rollout: Rollout, *, data_source: str | None = None) -> RewardSample:
     """The reward-function view of a single-turn QA rollout: the last model call's text
     (``solution_str``) and token count, the env's ``target`` (``ground_truth``, from the
-    last env step's info), ``data_source`` (argument, else ``meta["data_source"]``, else
+    last env step's info, else the reset info: a parse failure never reaches the env),
+    ``data_source`` (argument, else ``meta["data_source"]``, else
     the env kind) and the first observation as ``extra_info["question"]``."""
     agent_steps = rollout.agent_steps
     if not agent_steps:
@@ -48,7 +49,7 @@ def rollout_reward_sample(rollout: Rollout, *, data_source: str | None = None) -
         or rollout.meta.get("data_source")
         or rollout.meta.get("env_kind", ""),
         solution_str=last.completion,
-        ground_truth=info.get("target"),
+        ground_truth=info.get("target", rollout.meta.get("reset_info", {}).get("target")),
         extra_info={"question": rollout.initial_obs, **rollout.meta.get("extra_info", {})},
         response_length=None if trace is None else len(trace.completion_token_ids),
         sample_id=rollout.id,

@@ -5,6 +5,8 @@
 * MATH (``math``, ``hendrycks_math``, ``DigitalLearningGmbH/MATH-lighteval``, ...): the
   content of the response's last ``\\boxed{}`` is equivalent to the ground truth through
   ``math-verify`` (fractions, LaTeX, intervals; the ``math`` extra). No box: 0.
+* arithmetic (``arithmetic``, the demo env): the response is the ground truth's number
+  (``numeric_match``: ``"19"``, ``" 19 "`` and ``"19.0"`` match 19).
 * ``format_score``: 1 when the response has a non-empty ``\\boxed{}`` answer (or, with
   ``tag="answer"``, an ``<answer>...</answer>``), else 0; a shaping term to add to the above.
 
@@ -17,10 +19,11 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ludic.envs.dataset_qa_env import gsm8k_match
+from ludic.envs.dataset_qa_env import gsm8k_match, numeric_match
 from ludic.parsers import last_boxed_content
 
 GSM8K_SOURCES = frozenset({"gsm8k", "openai/gsm8k"})
+NUMERIC_SOURCES = frozenset({"arithmetic"})
 MATH_SOURCES = frozenset(
     {
         "math",
@@ -59,6 +62,13 @@ def math_score(
         raise ValueError(f"math reward ({data_source}): {e}") from None
 
 
+def arithmetic_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None
+) -> float:
+    """1.0 when the response is the ground truth's number (``numeric_match``)."""
+    return 1.0 if numeric_match(solution_str, str(ground_truth)) else 0.0
+
+
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
 
 
@@ -84,6 +94,7 @@ def format_score(
 RULES: Mapping[str, Callable[..., float]] = {
     **dict.fromkeys(GSM8K_SOURCES, gsm8k_score),
     **dict.fromkeys(MATH_SOURCES, math_score),
+    **dict.fromkeys(NUMERIC_SOURCES, arithmetic_score),
 }
 
 

@@ -9,7 +9,7 @@ import copy
 import inspect
 import os
 import secrets
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -292,8 +292,10 @@ def make_engine(
     template: HFChatTemplate,
     *,
     env_overrides: Mapping[str, Any] | None = None,
+    on_episode: Sequence[Callable[[list[Any]], None]] = (),
 ) -> RolloutEngine:
-    """One env kind and one single-agent protocol, built fresh for every episode."""
+    """One env kind and one single-agent protocol, built fresh for every episode;
+    ``on_episode`` callbacks see each episode's rollouts as it ends (the reward loop)."""
     parser = resolve("parser", config.agent.parser, PARSERS)
     field = "env.kwargs" if env_overrides is None else "env.eval_kwargs"
 
@@ -318,6 +320,7 @@ def make_engine(
         {PROTOCOL_NAME: make_protocol},
         timeout_s=config.env.episode_timeout_s,
         env_calls="thread" if config.env.run_in_thread else "inline",
+        on_episode=on_episode,
     )
 
 

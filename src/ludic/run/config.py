@@ -26,6 +26,7 @@ from ludic.run.config_common import (
 )
 from ludic.run.config_reward import (
     PreferenceDataConfig,
+    RewardLoopSection,
     RewardModelSection,
     RewardSection,
     SyntheticPreferencesConfig,
@@ -34,6 +35,7 @@ from ludic.run.config_reward import (
 __all__ = [
     "LoraConfig",
     "PreferenceDataConfig",
+    "RewardLoopSection",
     "RewardModelSection",
     "RewardSection",
     "RunConfig",
@@ -381,6 +383,7 @@ POLICY_SECTIONS = (
     "trainer",
     "eval",
     "reward",
+    "reward_loop",
     "pipeline",
 )
 """Sections only policy training (``task: policy``) reads."""
@@ -410,6 +413,8 @@ class RunConfig(Section):
     """Read only with ``task: reward_model``."""
     reward: RewardSection | None = None
     """A learned reward for ``algorithm.name: reward_rl`` (required there, unused otherwise)."""
+    reward_loop: RewardLoopSection | None = None
+    """The reward loop (rule / DisRM / GenRM rewards per sample); null: the env's reward."""
 
     @model_validator(mode="after")
     def _sections_match_task(self) -> RunConfig:
@@ -449,6 +454,11 @@ class RunConfig(Section):
             raise ValueError(
                 "algorithm.name=reward_rl needs a reward section (reward.path: a reward "
                 "model folder, e.g. RUN_DIR/reward_model of a task: reward_model run)"
+            )
+        if self.reward_loop is not None and self.algorithm.name == "reward_rl":
+            raise ValueError(
+                "reward_loop and algorithm.name=reward_rl are two ways to score samples; "
+                "pick one (reward_loop.disrm runs a reward model inside the reward loop)"
             )
         if self.reward is not None and self.algorithm.name != "reward_rl":
             raise ValueError(

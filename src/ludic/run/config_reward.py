@@ -1,16 +1,22 @@
-"""Reward-model sections of the run config: ``reward_model`` (``task: reward_model``,
-training a reward model on preference pairs) and ``reward`` (a learned reward for RL)."""
+"""Reward sections of the run config: ``reward_model`` (``task: reward_model``, training a
+reward model on preference pairs), ``reward`` (a learned reward for RL) and
+``reward_loop`` (spec 5: rule, DisRM and GenRM rewards scored per sample behind a router)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from ludic.run.config_common import Device, LoraConfig, Section, TinyModelConfig, VLLMConfig
 
 __all__ = [
+    "DisRMConfig",
+    "GenRMConfig",
     "PreferenceDataConfig",
+    "RewardLoopSection",
+    "RewardRouterConfig",
+    "RewardServersConfig",
     "RewardModelSection",
     "RewardSection",
     "SyntheticPreferencesConfig",
@@ -144,3 +150,120 @@ class RewardSection(Section):
     """The env reward's share in mode weighted."""
     normalize: bool = True
     """Score with the sigmoid of the reward model's logit (false: the raw logit)."""
+
+
+class RewardServersConfig(Section):
+    """N vLLM servers of one model, started by the run behind its reward router (or
+    running already: ``server.start_server: false`` with ``server.port`` for one)."""
+
+    path: str | None = None
+    """The model folder: a one-label sequence classifier (``disrm``) or a causal LM with a
+    chat template (``genrm``, the judge). null: a tiny random one built in
+    RUN_DIR/{disrm,genrm}_model, to try the plumbing."""
+    num_servers: int = Field(1, ge=1)
+    """Servers started on ``path``, each on its own port, all behind the router."""
+    weight: float = 1.0
+    """This component's weight in the hybrid reward."""
+    server: VLLMConfig = VLLMConfig()
+    """Settings of each server (``port`` must be null when num_servers > 1)."""
+
+    @model_validator(mode="after")
+    def _ports(self) -> RewardServersConfig:
+        if self.num_servers > 1 and self.server.port is not None:
+            raise ValueError(
+                f"server.port={self.server.port} with num_servers={self.num_servers}: each "
+                "server needs its own port; leave server.port null (free ports are picked)"
+            )
+        if not self.server.start_server and self.num_servers > 1:
+            raise ValueError(
+                "server.start_server=false connects to one running server; list several "
+                "running servers behind a router of your own (reward_loop.router.address)"
+            )
+        return self
+
+
+class DisRMConfig(RewardServersConfig):
+    """A discriminative reward model (``ludic serve reward``) scoring ``question`` +
+    ``solution``."""
+
+    normalize: bool = True
+    """The sigmoid of the reward model's logit (false: the raw logit)."""
+
+
+class GenRMConfig(RewardServersConfig):
+    """A generative judge (``ludic serve policy`` on a causal LM) asked through chat
+    completions; its reply is parsed into a score (``ludic.rewards.genrm``)."""
+
+    template: str | None = None
+    """Prompt with {question}, {solution}, {ground_truth} and any extra_info key (null:
+    ``ludic.rewards.genrm.DEFAULT_TEMPLATE``)."""
+    pattern: str = r"Score:\s*(\d+(?:\.\d+)?)"
+    """Regex whose last match's group is the judgement."""
+    scale: float = Field(10.0, gt=0)
+    """score = judgement / scale."""
+    sampling: dict[str, Any] = {"temperature": 0.0, "max_tokens": 16}
+    """Chat-completion parameters, e.g. {"structured_outputs": {"regex": "Score: [0-9]"}}
+    to force the judgement's format."""
+
+
+class RewardRouterConfig(Section):
+    """The router every reward server sits behind (``ludic serve router``)."""
+
+    address: str | None = None
+    """A running router (e.g. http://host:port) to use instead: then disrm/genrm name no
+    servers to start (their ``path`` still picks nothing; only ``weight``, ``normalize``
+    and the judge settings are read)."""
+    api_key: str | None = Field(None, exclude=True, repr=False)
+    """The running router's key (null: $LUDIC_API_KEY). A router the run starts gets the
+    run's server key. Never saved."""
+    port: int | None = Field(None, ge=1, le=65535)
+    health_interval_s: float = Field(2.0, gt=0)
+    request_timeout_s: float = Field(300.0, gt=0)
+
+
+class RewardLoopSection(Section):
+    """The reward loop (spec 5): every rollout scored per sample by a reward function
+    (rule, discriminative and generative reward models, or a weighted mix), as its episode
+    ends (standalone) or after the batch (colocate); the score replaces or joins the env's
+    reward before the algorithm's credit assignment."""
+
+    function: str | None = None
+    """A reward function ``path/to/file.py:fn`` or ``module:fn`` with the signature
+    (data_source, solution_str, ground_truth, extra_info, **kwargs), sync or async; null:
+    the built-in rules by data_source (gsm8k, math, arithmetic)."""
+    function_kwargs: dict[str, Any] = {}
+    """Extra keyword arguments for the function (those it accepts)."""
+    data_source: str | None = None
+    """The data_source the function sees (null: env.kind)."""
+    rule_weight: float = 1.0
+    """The function's weight when disrm or genrm is set (0 leaves it out)."""
+    disrm: DisRMConfig | None = None
+    genrm: GenRMConfig | None = None
+    router: RewardRouterConfig = RewardRouterConfig()
+    manager: str = "naive"
+    """A registered reward manager: naive, dapo, rate_limited, or one of yours
+    (``@ludic.rewards.register``, imported through ``manager_module``)."""
+    manager_kwargs: dict[str, Any] = {}
+    """Arguments of the manager, e.g. dapo: {overlong_buffer_len: 16}; rate_limited:
+    {requests_per_s: 10, max_concurrency: 4}."""
+    manager_module: str | None = None
+    """A module or .py file imported first, so that its @register runs."""
+    mode: Literal["standalone", "colocate"] = "standalone"
+    """standalone: score each rollout as its episode ends, overlapping generation;
+    colocate: after the whole batch."""
+    num_workers: int = Field(8, ge=1)
+    """Samples scored at once."""
+    timeout_s: float | None = Field(60.0, gt=0)
+    """Most seconds one sample's scoring may take (a longer one is a failure)."""
+    on_error: float | Literal["drop"] = "drop"
+    """The score of a sample whose scoring failed, or drop (its group trains on nothing);
+    failures are counted in batch/reward_loop/errors either way."""
+    combine: Literal["replace", "add", "weighted"] = "replace"
+    """How score s and env return r combine: s, r + s, or env_weight*r + (1-env_weight)*s."""
+    env_weight: float = Field(0.5, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _router_or_servers(self) -> RewardLoopSection:
+        if self.rule_weight == 0 and self.disrm is None and self.genrm is None:
+            raise ValueError("rule_weight=0 leaves no reward: set disrm or genrm, or rule_weight")
+        return self

@@ -30,6 +30,7 @@ from rich.console import Console
 
 from ludic.distributed import ClientPolicyPublisher, policy_state_dict
 from ludic.inference import HFChatTemplate
+from ludic.rewards import RewardLoop
 from ludic.run.builders import (
     RunError,
     batch_requests,
@@ -55,6 +56,7 @@ from ludic.run.phases import (
 from ludic.run.plot import plot_reward_curve
 from ludic.run.preflight import check_config
 from ludic.run.progress import print_summary
+from ludic.run.reward_loop import reward_loop_from_config, with_reward_loop
 from ludic.run.run_dir import RunDirectory, open_run
 from ludic.run.run_loggers import run_loggers
 from ludic.run.signals import terminate_as_interrupt
@@ -151,7 +153,11 @@ def _reinforce(
     backend = inference_backend(
         config, policy, tokenizer, model_dir=run.model_dir, log_dir=run.path
     )
-    with backend as client, reward_backend(config, log_dir=run.path) as reward_client:
+    with (
+        backend as client,
+        reward_backend(config, log_dir=run.path) as reward_client,
+        reward_loop_from_config(config, log_dir=run.path) as reward_loop,
+    ):
         _reinforce_with(
             config,
             run,
@@ -159,6 +165,7 @@ def _reinforce(
             tokenizer,
             client,
             reward_client=reward_client,
+            reward_loop=reward_loop,
             resuming=resuming,
             console=console,
         )
@@ -172,13 +179,18 @@ def _reinforce_with(
     client,
     *,
     reward_client=None,
+    reward_loop: RewardLoop | None = None,
     resuming: bool,
     console: Console,
 ) -> None:
     template = HFChatTemplate(tokenizer)
-    engine = make_engine(config, client, template)
+    # standalone reward loop: each rollout is scored as its episode ends
+    on_episode = [reward_loop.on_episode] if reward_loop is not None else []
+    engine = make_engine(config, client, template, on_episode=on_episode)
     eval_engine = make_engine(config, client, template, env_overrides=config.env.eval_kwargs)
     algorithm = make_algorithm(config, reward_client=reward_client)
+    if reward_loop is not None:  # evaluation keeps the env's reward
+        algorithm = with_reward_loop(algorithm, reward_loop, config)
     trainer: Trainer
 
     batch_index: list[int] = []  # async: batches are numbered in the order they start

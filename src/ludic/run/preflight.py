@@ -39,6 +39,9 @@ def check_config(config: RunConfig) -> None:
     _check_agent(config, env)
     _check_algorithm(config)
     _check_trainer_configs(config)
+    from ludic.run.reward_loop import check_reward_loop  # (it imports the builders)
+
+    check_reward_loop(config)
 
 
 def check_device(field: str, device: str) -> None:

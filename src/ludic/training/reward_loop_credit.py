@@ -1,6 +1,6 @@
 """Credit from the reward loop (:mod:`ludic.rewards`): a rollout's score from
 ``meta["reward_loop"]`` (written by the ``RewardLoop`` rollout hook), combined with its env
-return, into per-turn weights.
+return, handed to any credit assigner.
 
 For rollout i with env return R_env and reward-loop score s::
 
@@ -8,25 +8,34 @@ For rollout i with env return R_env and reward-loop score s::
     add:      R = R_env + s
     weighted: R = weight * R_env + (1 - weight) * s
 
-then, with ``group_normalize`` (GRPO), every turn gets A_i = (R_i - mean_g(R)) / (std_g(R)
-+ eps) over its group (as :class:`~ludic.training.credit_assignment.GroupNormalizedReturn`),
-else every turn gets R_i.
+The ``inner`` credit assigner (an algorithm preset's: GRPO's group-normalized return,
+REINFORCE's return-to-go, ...) then sees each rollout with return R: the difference
+R - R_env is added to the reward of its last environment step. Without ``inner``:
+``GroupNormalizedReturn(group_size, eps)`` with ``group_normalize`` (GRPO: A_i = (R_i -
+mean_g R) / (std_g R + eps)), else ``EpisodicReturn`` (every turn gets R_i).
 
 A rollout the reward loop dropped (score ``None``: its reward function failed and the
-manager has no fallback) trains on nothing: weight 0 for all its turns, and with
-``group_normalize`` its whole group gets 0 too, since the group's baseline is unknown
-without it. Never a silent 0 reward: the group is out, and ``dropped_groups`` counts it.
+manager has no fallback) trains on nothing: weight 0 for all its turns; with a
+group-relative ``inner`` (one with a ``group_size``) its whole group gets 0 too, since
+the group's baseline is unknown without it. Never a silent 0 reward: the group is out,
+and ``dropped_groups`` counts it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from ludic.rewards.loop import REWARD_KEY
-from ludic.training.credit_assignment import group_relative_advantages, rollout_group_key
-from ludic.types import Rollout
+from ludic.training.credit_assignment import (
+    EpisodicReturn,
+    GroupNormalizedReturn,
+    rollout_group_key,
+)
+from ludic.training.types import CreditAssigner
+from ludic.types import EnvironmentStep, Rollout
 
 Combine = Literal["replace", "add", "weighted"]
 
@@ -40,6 +49,8 @@ class RewardLoopCreditAssigner:
     group_normalize: bool = True
     group_size: int | None = None
     eps: float = 1e-6
+    inner: CreditAssigner | None = None
+    """The credit assigner given the combined returns (default: see the module doc)."""
     dropped_groups: int = field(default=0, init=False)
     """Groups zeroed in the last ``compute`` because a member was dropped."""
 
@@ -49,9 +60,16 @@ class RewardLoopCreditAssigner:
             raise ValueError(f"{name}: mode={self.mode!r}; choose replace, add or weighted")
         if not 0.0 <= self.weight <= 1.0:
             raise ValueError(f"{name}: weight={self.weight!r}; expected 0 <= weight <= 1")
-        if self.group_normalize and (self.group_size is None or self.group_size < 2):
-            raise ValueError(
-                f"{name}: group_normalize=True needs group_size >= 2, got {self.group_size!r}"
+        if self.inner is None:
+            if self.group_normalize and (self.group_size is None or self.group_size < 2):
+                raise ValueError(
+                    f"{name}: group_normalize=True needs group_size >= 2, got "
+                    f"{self.group_size!r} (or pass inner=, e.g. an algorithm's credit assigner)"
+                )
+            self.inner = (
+                GroupNormalizedReturn(self.group_size, eps=self.eps)  # type: ignore[arg-type]
+                if self.group_normalize
+                else EpisodicReturn()
             )
 
     def combined_return(self, rollout: Rollout) -> float | None:
@@ -73,20 +91,36 @@ class RewardLoopCreditAssigner:
         return self.weight * env + (1.0 - self.weight) * float(score)
 
     def compute(self, rollouts: Sequence[Rollout]) -> list[list[float]]:
+        assert self.inner is not None
         returns = [self.combined_return(r) for r in rollouts]
-        self.dropped_groups = 0
-        if not self.group_normalize:
-            return [[0.0 if R is None else R] * len(r.turns()) for r, R in zip(rollouts, returns)]
-        dropped = {rollout_group_key(r) for r, R in zip(rollouts, returns) if R is None}
-        self.dropped_groups = len(dropped)
-        kept = [i for i, r in enumerate(rollouts) if rollout_group_key(r) not in dropped]
-        assert self.group_size is not None
-        advantages = group_relative_advantages(
-            [rollouts[i] for i in kept],
-            [returns[i] for i in kept],  # type: ignore[misc]  # None only in dropped groups
-            group_size=self.group_size,
-            eps=self.eps,
-            owner="RewardLoopCreditAssigner",
+        grouped = getattr(self.inner, "group_size", None) is not None
+        if grouped:
+            out = {rollout_group_key(r) for r, R in zip(rollouts, returns) if R is None}
+            self.dropped_groups = len(out)
+            kept = [i for i, r in enumerate(rollouts) if rollout_group_key(r) not in out]
+        else:
+            self.dropped_groups = 0
+            kept = [i for i, R in enumerate(returns) if R is not None]
+        weights = self.inner.compute(
+            [with_return(rollouts[i], returns[i]) for i in kept]  # type: ignore[arg-type]
         )
-        by_index = dict(zip(kept, advantages))
-        return [[by_index.get(i, 0.0)] * len(r.turns()) for i, r in enumerate(rollouts)]
+        by_index = dict(zip(kept, weights))
+        return [by_index.get(i, [0.0] * len(r.turns())) for i, r in enumerate(rollouts)]
+
+
+def with_return(rollout: Rollout, total: float) -> Rollout:
+    """A copy of ``rollout`` whose ``total_reward`` is ``total``: the difference is added to
+    the reward of its last environment step (steps are shared, not copied)."""
+    last = max(
+        (i for i, s in enumerate(rollout.steps) if isinstance(s, EnvironmentStep)), default=None
+    )
+    if last is None:
+        raise ValueError(
+            f"RewardLoopCreditAssigner: rollout {rollout.id!r} has no environment step to "
+            "carry its reward-loop score"
+        )
+    steps = list(rollout.steps)
+    step = steps[last]
+    assert isinstance(step, EnvironmentStep)
+    steps[last] = dataclasses.replace(step, reward=step.reward + total - rollout.total_reward)
+    return dataclasses.replace(rollout, steps=steps)

@@ -1,0 +1,240 @@
+"""The ``reward_loop`` section as running parts: reward servers (DisRM, GenRM) started
+behind one router, the reward function (rule, or a weighted rule + DisRM + GenRM), the
+manager and the :class:`~ludic.rewards.RewardLoop`; and the algorithm that trains on its
+scores.
+
+Every server the run starts and the router share one API key: ``disrm.server.api_key``,
+else ``genrm.server.api_key``, else ``$LUDIC_API_KEY``, else a fresh random key. The
+reward function gets ``reward_router_address`` and ``reward_router_api_key`` (when it
+accepts them) so that a function of yours can call ``ludic.rewards.chat_complete`` on the
+same servers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ludic._imports import import_module
+from ludic.rewards import (
+    DisRMScore,
+    GenRMJudge,
+    RewardLoop,
+    WeightedReward,
+    default_compute_score,
+    load_reward_function,
+    make_reward_manager,
+    rollout_reward_sample,
+)
+from ludic.rewards.genrm import DEFAULT_TEMPLATE
+from ludic.run.builders import server_api_key
+from ludic.run.config import RunConfig
+from ludic.run.config_reward import RewardLoopSection, RewardServersConfig
+from ludic.run.errors import RunError
+from ludic.training import RewardLoopCreditAssigner
+from ludic.training.algorithm import RLAlgorithm
+
+_NEEDS_VLLM = (
+    "{field} starts vLLM servers, which needs vLLM ({error}); pip install 'ludic-rl[vllm]'"
+)
+
+
+def check_reward_loop(config: RunConfig) -> None:
+    """Preflight: the function loads, the manager is registered and takes its arguments."""
+    section = config.reward_loop
+    if section is None:
+        return
+    if config.trainer.mode == "pipeline":
+        raise RunError(
+            "reward_loop is not supported with trainer.mode=pipeline yet; use trainer.mode "
+            "sync or async"
+        )
+    make_manager(section, config, _rule_function(section))
+
+
+@contextlib.contextmanager
+def reward_loop_from_config(config: RunConfig, *, log_dir: Path) -> Iterator[RewardLoop | None]:
+    """The configured :class:`RewardLoop` (``None`` without a ``reward_loop`` section),
+    with its servers and router running; all stopped on exit."""
+    section = config.reward_loop
+    if section is None:
+        yield None
+        return
+    with contextlib.ExitStack() as stack:
+        address, key = _router_address(section, config, log_dir, stack)
+        function: Any = _rule_function(section)
+        if section.disrm is not None or section.genrm is not None:
+            function = _hybrid(section, function, address, key)
+        manager = make_manager(
+            section,
+            config,
+            function,
+            {"reward_router_address": address, "reward_router_api_key": key} if address else {},
+        )
+        yield RewardLoop(
+            manager,
+            mode=section.mode,
+            num_workers=section.num_workers,
+            to_sample=functools.partial(
+                rollout_reward_sample, data_source=section.data_source or config.env.kind
+            ),
+        )
+
+
+def with_reward_loop(algorithm: RLAlgorithm, loop: RewardLoop, config: RunConfig) -> RLAlgorithm:
+    """``algorithm`` training on the reward loop's scores: ``loop`` joins its rollout hooks
+    and its credit assigner sees each rollout's combined return (``reward_loop.combine``)."""
+    section = config.reward_loop
+    assert section is not None
+    credit = RewardLoopCreditAssigner(
+        mode=section.combine, weight=section.env_weight, inner=algorithm.credit_assigner
+    )
+    return dataclasses.replace(
+        algorithm, credit_assigner=credit, rollout_hooks=(*algorithm.rollout_hooks, loop)
+    )
+
+
+def make_manager(
+    section: RewardLoopSection,
+    config: RunConfig,
+    function: Any,
+    function_kwargs: dict[str, Any] | None = None,
+) -> Any:
+    """The configured reward manager over ``function`` (errors name the field)."""
+    if section.manager_module is not None:
+        try:
+            import_module(section.manager_module, field="reward_loop.manager_module")
+        except (ValueError, FileNotFoundError) as e:
+            raise RunError(str(e)) from None
+    kwargs = dict(section.manager_kwargs)
+    if section.manager == "dapo":
+        kwargs.setdefault("max_response_length", config.sampling.max_tokens)
+    try:
+        return make_reward_manager(
+            section.manager,
+            compute_score=function,
+            timeout_s=section.timeout_s,
+            on_error=section.on_error,
+            function_kwargs={**section.function_kwargs, **(function_kwargs or {})},
+            **kwargs,
+        )
+    except (TypeError, ValueError) as e:
+        raise RunError(f"reward_loop.manager / reward_loop.manager_kwargs: {e}") from None
+
+
+# ------------------------------------------------------------------------------ parts
+def _rule_function(section: RewardLoopSection) -> Any:
+    if section.function is None:
+        return default_compute_score
+    try:
+        return load_reward_function(section.function, field="reward_loop.function")
+    except (TypeError, ValueError, FileNotFoundError) as e:
+        raise RunError(str(e)) from None
+
+
+def _hybrid(section: RewardLoopSection, rule: Any, address: str, key: str | None) -> Any:
+    from ludic.inference.vllm.reward_client import VLLMRewardClient
+
+    components: dict[str, tuple[Any, float]] = {}
+    if section.rule_weight:
+        components["rule"] = (rule, section.rule_weight)
+    if section.disrm is not None:
+        client = VLLMRewardClient(
+            address, api_key=key, timeout_s=section.router.request_timeout_s, check_server=False
+        )
+        score = DisRMScore(client, normalize=section.disrm.normalize)
+        components["disrm"] = (score, section.disrm.weight)
+    if section.genrm is not None:
+        g = section.genrm
+        judge = GenRMJudge(
+            address,
+            template=g.template or DEFAULT_TEMPLATE,
+            pattern=g.pattern,
+            scale=g.scale,
+            sampling=g.sampling,
+            api_key=key,
+            timeout_s=section.router.request_timeout_s,
+        )
+        components["genrm"] = (judge, g.weight)
+    return WeightedReward(components)
+
+
+def _router_address(
+    section: RewardLoopSection, config: RunConfig, log_dir: Path, stack: contextlib.ExitStack
+) -> tuple[str | None, str | None]:
+    """Start the reward servers and a router over them; (router URL, key), or (None,
+    None) when the loop uses no server."""
+    r = section.router
+    if r.address is not None:
+        from ludic.inference.vllm.security import API_KEY_ENV
+
+        return r.address.rstrip("/"), r.api_key or os.environ.get(API_KEY_ENV) or None
+    groups = [(n, g) for n, g in (("disrm", section.disrm), ("genrm", section.genrm)) if g]
+    if not groups:
+        return None, None
+    try:
+        from ludic.inference.router import start_router
+        from ludic.inference.vllm.process import start_vllm_server
+    except ImportError as e:
+        raise RunError(_NEEDS_VLLM.format(field="reward_loop", error=e)) from None
+    key = server_api_key(groups[0][1].server)
+    cuda = config.model.device.startswith("cuda")
+    urls: list[str] = []
+    starting = []
+    for name, group in groups:
+        if not group.server.start_server:
+            if group.server.port is None:
+                raise RunError(f"reward_loop.{name}.server.port: set the running server's port")
+            urls.append(f"http://{group.server.host}:{group.server.port}")
+            continue
+        model = group.path or _tiny_model(name, log_dir)
+        for i in range(group.num_servers):
+            server = start_vllm_server(
+                model,
+                kind="reward" if name == "disrm" else "policy",
+                host=group.server.host,
+                port=group.server.port,
+                api_key=key,
+                extra_args=_extra_args(group, cuda),
+                cpu=not cuda,
+                log_path=log_dir / f"vllm_{name}_{i}.log",
+                wait=False,
+            )
+            stack.callback(server.stop)
+            starting.append((server, group.server.timeout_s))
+            urls.append(server.url)
+    for server, timeout_s in starting:  # started together, waited for in turn
+        server.wait_until_healthy(max(timeout_s, 300.0))
+    router = start_router(
+        urls,
+        host="127.0.0.1",
+        port=r.port,
+        api_key=key,
+        backend_api_key=key,
+        health_interval_s=r.health_interval_s,
+        request_timeout_s=r.request_timeout_s,
+        log_path=log_dir / "reward_router.log",
+    )
+    stack.callback(router.stop)
+    return router.url, key
+
+
+def _tiny_model(name: str, run_dir: Path) -> Path:
+    from ludic.models.tiny import save_tiny_model, save_tiny_reward_model
+
+    folder = run_dir / f"{name}_model"
+    if not (folder / "config.json").is_file():
+        (save_tiny_reward_model if name == "disrm" else save_tiny_model)(folder)
+    return folder
+
+
+def _extra_args(group: RewardServersConfig, cuda: bool) -> list[str]:
+    extra = list(group.server.extra_args)
+    if cuda:
+        extra += ["--gpu-memory-utilization", str(group.server.gpu_memory_utilization)]
+    return extra

@@ -1,0 +1,118 @@
+"""``ludic train`` with a ``reward_loop`` section, on the in-process backend: a reward
+function from a file scores every sample (standalone and colocate), the scores drive
+training and are logged; bad settings are config errors naming the field. The hybrid
+example with real vLLM reward servers behind the router: tests/vllm/test_vllm_reward_loop_job.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ludic.run import job
+from ludic.run.builders import RunError
+from ludic.run.loading import load_config
+from ludic.run.preflight import check_config
+
+TINY = [
+    "warm_start.steps=2",
+    "warm_start.num_demos=8",
+    "warm_start.batch_size=8",
+    "trainer.steps=3",
+    "trainer.prompts_per_step=2",
+    "trainer.checkpoint_every=3",
+    "algorithm.group_size=2",
+    "eval.num_problems=4",
+    "env.kwargs.num_problems=8",
+]
+
+REWARD_FILE = """\
+import json, os
+
+def length_reward(data_source, solution_str, ground_truth, extra_info, log=None):
+    with open(log, "a") as f:
+        f.write(json.dumps([data_source, solution_str, ground_truth, extra_info["question"]]) + "\\n")
+    return {"score": min(len(solution_str), 4) / 4, "chars": float(len(solution_str))}
+
+async def failing(data_source, solution_str, ground_truth, extra_info):
+    raise RuntimeError("judge down")
+"""
+
+
+def _config(tmp_path: Path, *extra: str):
+    demo = Path(job.__file__).parents[1] / "configs" / "arithmetic_demo.yaml"
+    return load_config(demo, [f"output_dir={tmp_path}", *TINY, *extra])
+
+
+def _rl(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["phase"] == "rl"]
+
+
+@pytest.mark.parametrize("mode", ["standalone", "colocate"])
+def test_a_reward_function_from_a_file_scores_every_sample(tmp_path: Path, mode: str) -> None:
+    fn = tmp_path / "my_reward.py"
+    fn.write_text(REWARD_FILE)
+    log = tmp_path / "calls.jsonl"
+    run_dir = job.train(
+        _config(
+            tmp_path,
+            f"reward_loop.function={fn}:length_reward",
+            f"reward_loop.function_kwargs.log={log}",
+            f"reward_loop.mode={mode}",
+        )
+    )
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(calls) == 3 * 2 * 2  # steps x prompts x group: every sample, once
+    assert {c[0] for c in calls} == {"arithmetic"}  # data_source: the env kind
+    assert all(c[3].endswith("=") and c[2] for c in calls)  # question and ground truth
+    for record in _rl(run_dir):
+        assert record["batch/reward_loop/errors"] == 0
+        assert 0.0 <= record["batch/reward_loop/score_mean"] <= 1.0
+        assert record["batch/reward_loop/chars"] >= 0
+
+
+def test_failing_samples_are_counted_and_dropped_never_scored_zero(tmp_path: Path) -> None:
+    fn = tmp_path / "my_reward.py"
+    fn.write_text(REWARD_FILE)
+    run_dir = job.train(_config(tmp_path, f"reward_loop.function={fn}:failing"))
+    for record in _rl(run_dir):
+        assert record["batch/reward_loop/errors"] == 4
+        assert record["batch/reward_loop/dropped"] == 4
+        assert "batch/reward_loop/score_mean" not in record
+        assert record["loss"] == 0.0  # every group out: nothing to train on
+
+
+def test_the_built_in_rule_scores_the_arithmetic_env_like_its_verifier(tmp_path: Path) -> None:
+    run_dir = job.train(_config(tmp_path, "reward_loop.mode=colocate", "logging.console_every=1"))
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    scored = [s for s in samples if "reward_loop" in s["meta"]]
+    assert len(scored) >= 4
+    for sample in scored:
+        correct = any(
+            step.get("info", {}).get("correct") for step in sample["steps"] if step["kind"] == "env"
+        )
+        assert sample["meta"]["reward_loop"]["score"] == float(correct)
+        assert sample["meta"]["reset_info"][
+            "target"
+        ]  # the ground truth, even after a parse failure
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["reward_loop.function=nowhere.py:f"], "reward_loop.function"),
+        (["reward_loop.manager=naiive"], "did you mean 'naive'"),
+        (["reward_loop.manager=dapo"], "overlong_buffer_len"),
+        (["reward_loop.mode=later"], "reward_loop.mode"),
+        (["reward_loop.rule_weight=0"], "no reward"),
+        (["reward_loop.disrm.num_servers=2", "reward_loop.disrm.server.port=9000"], "own port"),
+        (["reward_loop.manager_module=no_such_module_x"], "reward_loop.manager_module"),
+        (["trainer.mode=pipeline", "reward_loop.num_workers=2"], "pipeline"),
+    ],
+)
+def test_bad_reward_loop_settings_name_the_field(tmp_path, overrides, message) -> None:
+    with pytest.raises((RunError, ValueError)) as error:
+        check_config(_config(tmp_path, *overrides))
+    assert message in str(error.value)
