@@ -95,3 +95,41 @@ def test_other_combinations_and_bad_settings(tiny_tokenizer) -> None:
         RewardLoopCreditAssigner()
     with pytest.raises(ValueError, match="mode='multiply'"):
         RewardLoopCreditAssigner(mode="multiply", group_size=2)  # type: ignore[arg-type]
+
+
+def _scored(env_rewards: list[float], score: float | None, obs: str):
+    from tests.training.test_credit_assignment import make_rollout
+
+    rollout = make_rollout(env_rewards, obs=obs)
+    rollout.meta[REWARD_KEY] = {"score": score, "metrics": {}, "error": None}
+    return rollout
+
+
+def test_any_preset_credit_assigner_sees_the_combined_return() -> None:
+    from ludic.training.credit_assignment import GroupNormalizedReturn, MonteCarloReturn
+
+    # two turns, env rewards [0.5, 1.0] (R_env = 1.5), score 0.2; weighted with 0.25:
+    # R = 0.25 * 1.5 + 0.75 * 0.2 = 0.525; the last turn carries R - 0.5 = 0.025
+    rollout = _scored([0.5, 1.0], 0.2, "q")
+    reinforce = RewardLoopCreditAssigner(mode="weighted", weight=0.25, inner=MonteCarloReturn())
+    assert reinforce.compute([rollout]) == [pytest.approx([0.525, 0.025])]
+    assert rollout.total_reward == 1.5  # the rollout itself is not changed
+    # a group-relative inner drops a group with a dropped member, keeps the others
+    group = [
+        _scored([1.0], 0.9, "a"),
+        _scored([0.0], 0.1, "a"),
+        _scored([1.0], None, "b"),
+        _scored([0.0], 0.3, "b"),
+    ]
+    grpo = RewardLoopCreditAssigner(inner=GroupNormalizedReturn(group_size=2, eps=0.0))
+    assert grpo.compute(group) == [pytest.approx([1.0]), pytest.approx([-1.0]), [0.0], [0.0]]
+    assert grpo.dropped_groups == 1
+    # a per-rollout inner drops only the rollout
+    plain = RewardLoopCreditAssigner(mode="add", inner=MonteCarloReturn())
+    assert plain.compute(group) == [
+        pytest.approx([1.9]),
+        pytest.approx([0.1]),
+        [0.0],
+        pytest.approx([0.3]),
+    ]
+    assert plain.dropped_groups == 0
