@@ -7,8 +7,9 @@ import concurrent.futures
 import contextlib
 import contextvars
 import threading
+import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -25,6 +26,28 @@ async def gather_or_cancel(*aws: Awaitable[T]) -> list[T]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+
+
+class PerLoop(Generic[T]):
+    """One ``make()`` value per running event loop, made on first use in that loop.
+
+    asyncio locks and semaphores belong to the loop they first wait on; an object that
+    successive ``asyncio.run`` calls share (a reward manager, a reward loop) keeps its
+    primitives here so that each loop gets its own instead of a "bound to a different
+    event loop" error."""
+
+    def __init__(self, make: Callable[[], T]) -> None:
+        self._make = make
+        self._values: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, T] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def get(self) -> T:
+        loop = asyncio.get_running_loop()
+        value = self._values.get(loop)
+        if value is None:
+            value = self._values[loop] = self._make()
+        return value
 
 
 async def in_daemon_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

@@ -145,3 +145,25 @@ def test_format_rule_and_the_dispatch() -> None:
     assert default_compute_score("other", "\\boxed{4}", "4", fallback=format_score) == 1.0
     with pytest.raises(ValueError, match="no built-in reward for data_source='other'"):
         default_compute_score("other", "4", "4")
+
+
+def test_a_manager_and_a_reward_loop_serve_one_event_loop_after_another() -> None:
+    """Their locks and semaphores belong to a loop: a second ``asyncio.run`` (a new
+    loop) must get its own, not a "bound to a different event loop" error."""
+    from ludic.rewards import REWARD_KEY, RewardLoop
+    from ludic.types import Rollout
+
+    async def slow(*_args) -> float:
+        await asyncio.sleep(0.01)
+        return 1.0
+
+    manager = make_reward_manager(
+        "rate_limited", compute_score=slow, requests_per_s=500, max_concurrency=1
+    )
+    reward_loop = RewardLoop(
+        manager, mode="colocate", num_workers=1, to_sample=lambda r: RewardSample("s", "x", "y")
+    )
+    for _ in range(2):  # more samples than slots: each primitive has waiters
+        rollouts = [Rollout() for _ in range(3)]
+        asyncio.run(reward_loop(rollouts))
+        assert [r.meta[REWARD_KEY]["score"] for r in rollouts] == [1.0] * 3

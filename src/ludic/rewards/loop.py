@@ -20,7 +20,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from ludic._async import gather_or_cancel
+from ludic._async import PerLoop, gather_or_cancel
 from ludic.rewards.managers import RewardManager
 from ludic.rewards.sample import RewardResult, RewardSample
 from ludic.types import Rollout
@@ -82,7 +82,7 @@ class RewardLoop:
         self.mode = mode
         self.num_workers = num_workers
         self.to_sample = to_sample
-        self._workers: asyncio.Semaphore | None = None
+        self._workers = PerLoop(lambda: asyncio.Semaphore(num_workers))
         self._pending: dict[str, asyncio.Task[RewardResult]] = {}
 
     def on_episode(self, rollouts: list[Rollout]) -> None:
@@ -105,9 +105,7 @@ class RewardLoop:
             }
 
     async def _score(self, rollout: Rollout) -> RewardResult:
-        if self._workers is None:
-            self._workers = asyncio.Semaphore(self.num_workers)
-        async with self._workers:
+        async with self._workers.get():
             return await self.manager.run_single(self.to_sample(rollout))
 
     async def aclose(self) -> None:

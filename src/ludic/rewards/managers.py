@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
+from ludic._async import PerLoop
 from ludic.rewards.functions import (
     RewardFunction,
     RewardFunctionError,
@@ -174,23 +175,23 @@ class DAPORewardManager(RewardManager):
 
 
 class _Pace:
-    """Spaces acquisitions so that ``rate`` units/s are never exceeded (each acquisition
-    of ``cost`` units starts at least ``cost / rate`` s after the previous one's start)."""
+    """Spaces acquisitions so that ``rate`` units/s are never exceeded: one of ``cost``
+    units lets the next one through ``cost / rate`` s after it returned (measured once it
+    has, so a late wake-up under load never lets the next come early)."""
 
     def __init__(self, rate: float) -> None:
         if rate <= 0:
             raise ValueError(f"rate={rate!r}; expected > 0")
         self.rate = rate
         self._next = 0.0
-        self._lock = asyncio.Lock()
+        self._lock = PerLoop(asyncio.Lock)
 
     async def acquire(self, cost: float = 1.0) -> None:
-        async with self._lock:
-            now = time.monotonic()
-            start = max(now, self._next)
-            self._next = start + cost / self.rate
-            if start > now:
-                await asyncio.sleep(start - now)
+        async with self._lock.get():
+            wait = self._next - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self._next = time.monotonic() + cost / self.rate
 
 
 @register("rate_limited")
@@ -214,7 +215,9 @@ class RateLimitedRewardManager(RewardManager):
             raise ValueError(f"max_concurrency={max_concurrency}; expected >= 1")
         self._requests = None if requests_per_s is None else _Pace(requests_per_s)
         self._tokens = None if tokens_per_s is None else _Pace(tokens_per_s)
-        self._slots = None if max_concurrency is None else asyncio.Semaphore(max_concurrency)
+        self._slots = (
+            None if max_concurrency is None else PerLoop(lambda: asyncio.Semaphore(max_concurrency))
+        )
 
     async def run_single(self, sample: RewardSample) -> RewardResult:
         if self._requests is not None:
@@ -224,5 +227,5 @@ class RateLimitedRewardManager(RewardManager):
             await self._tokens.acquire(len(sample.solution_str) // 4 if tokens is None else tokens)
         if self._slots is None:
             return await self.score(sample)
-        async with self._slots:
+        async with self._slots.get():
             return await self.score(sample)
