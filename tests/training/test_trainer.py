@@ -87,7 +87,7 @@ def test_microbatched_gradients_equal_full_batch_gradients(tiny_tokenizer) -> No
         model = build_tiny_causal_lm(tiny_tokenizer, seed=0)
         trainer = Trainer(model, _algorithm(), ListSource(), _config())
         microbatches = split_microbatches(items, budget)
-        loss, _ = trainer._accumulate_gradients(microbatches, totals)
+        loss, _, _ = trainer._accumulate_gradients(microbatches, totals)
         grads.append(
             (len(microbatches), loss, {n: p.grad.clone() for n, p in model.named_parameters()})
         )

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 LRSchedule = Literal["constant", "linear", "cosine"]
+LogprobsMode = Literal["chunked", "full"]
+LOGPROBS_MODES: tuple[str, ...] = ("chunked", "full")
 LR_SCHEDULES: tuple[str, ...] = ("constant", "linear", "cosine")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 
@@ -37,8 +39,9 @@ class TrainerConfig:
     total_steps: int | None = None
     """Length of the run in optimizer steps; required by the linear and cosine schedules."""
     max_tokens_per_microbatch: int = 8192
-    """Padded-token budget of one forward/backward pass: ``B * T_max <= budget``. Lower it
-    to save activation memory; the loss and gradient do not depend on it."""
+    """Token budget of one forward/backward pass: ``B * T_max <= budget`` padded, or
+    ``R * L <= budget`` packed into ``R`` rows of ``L`` tokens (``packing``). Lower it to
+    save activation memory; the loss and gradient do not depend on it."""
     pad_token_id: int = 0
     """Token id used to right-pad sequences (padded positions are masked out of attention
     and of the loss; use ``tokenizer.pad_token_id``)."""
@@ -63,6 +66,28 @@ class TrainerConfig:
     its KV cache expanded to every row (:mod:`ludic.training.shared_prefix`): the same
     logits and gradients up to float rounding, for fewer tokens through the model. Off:
     one plain forward pass over the padded micro-batch."""
+    packing: bool = True
+    """Pack a micro-batch's sequences end to end without padding, position ids restarting
+    per sequence (:mod:`ludic.training.packing`), when that runs fewer tokens than padding
+    or a shared prefix: the same logprobs and gradients. Micro-batches are then budgeted
+    by packed tokens. Needs a model that reads packed position ids (Hugging Face decoders
+    with sdpa, eager or flash-attention)."""
+    logprobs: LogprobsMode = "chunked"
+    """How token logprobs are computed from the model: ``"chunked"`` runs the decoder and
+    applies the output head to the action tokens a chunk at a time, so the float32
+    ``[tokens, vocab]`` logits never exist in full (:mod:`ludic.training.logprobs`);
+    ``"full"`` takes the model's logits and a log-softmax over the whole vocabulary (for
+    models whose head cannot be split off, e.g. with logit soft-capping)."""
+    logprob_chunk_tokens: int | None = None
+    """Tokens per output-head chunk with ``logprobs="chunked"``; None: as many as keep a
+    chunk's float32 logits at 256 MiB (V = 151,936: 441 tokens)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of storing
+    them (Hugging Face ``gradient_checkpointing_enable``, non-reentrant). Turns the KV
+    cache off in training, so it needs ``shared_prefix=False``."""
+    reference_device: str | None = None
+    """Device of the reference model (KL penalties); None: ``device``. Its logprobs are
+    computed once per step, without gradient."""
     flat_parameters: bool = False
     """Keep the model's parameters back to back in one buffer per dtype
     (:func:`ludic.training.flat_parameters.flatten_parameters`), so weight sync sends
@@ -122,6 +147,20 @@ class TrainerConfig:
             "publish_every",
         )
         _check(self.dtype is None or self.dtype in DTYPES, "dtype", self.dtype, DTYPES)
+        _check(self.logprobs in LOGPROBS_MODES, "logprobs", self.logprobs, LOGPROBS_MODES)
+        _check(
+            self.logprob_chunk_tokens is None or self.logprob_chunk_tokens >= 1,
+            "logprob_chunk_tokens",
+            self.logprob_chunk_tokens,
+            ">= 1, or None for 256 MiB of logits per chunk",
+        )
+        _check(
+            not (self.gradient_checkpointing and self.shared_prefix),
+            "gradient_checkpointing",
+            self.gradient_checkpointing,
+            "shared_prefix=False alongside: checkpointed layers keep no KV cache, which the "
+            "shared-prefix forward needs (set shared_prefix=False; packing still applies)",
+        )
 
     def _check_total_steps(self) -> None:
         if self.total_steps is not None:

@@ -8,7 +8,8 @@ first action token (the prompt, the same for every sample of a group):
 2. the cache is expanded to one entry per row (``index_select``, differentiable);
 3. each row's suffix (its completion, and any later turns) runs on top of its prefix's
    cache, with position ids continuing from the prefix's length;
-4. the logits are laid back out as the plain forward's ``[B, T, V]``: a row's prefix
+4. the outputs (logits, or the decoder's hidden states) are laid back out as the plain
+   forward's ``[B, T, D]``: a row's prefix
    positions from its prefix's logits, the rest from its suffix's.
 
 Every logit equals the plain forward's up to float rounding, and so do the gradients:
@@ -27,7 +28,12 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SharedPrefixPlan", "plan_shared_prefixes", "shared_prefix_logits"]
+__all__ = [
+    "SharedPrefixPlan",
+    "plan_shared_prefixes",
+    "shared_prefix_forward",
+    "shared_prefix_logits",
+]
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,11 @@ class SharedPrefixPlan:
     def tokens_run(self) -> int:
         """Tokens the model runs (real ones, not padding)."""
         return int(self.prefix_mask.sum()) + int(self.suffix_mask.sum())
+
+    @property
+    def padded_tokens_run(self) -> int:
+        """Positions the model runs, padding included: ``G * P + B * S``."""
+        return int(self.prefix_ids.numel()) + int(self.suffix_ids.numel())
 
 
 def plan_shared_prefixes(
@@ -100,25 +111,39 @@ def plan_shared_prefixes(
 def shared_prefix_logits(
     model: torch.nn.Module, plan: SharedPrefixPlan, seq_len: int
 ) -> torch.Tensor:
-    """The logits ``[B, seq_len, V]`` of the plain forward pass, computed per ``plan``.
+    """The logits ``[B, seq_len, V]`` of the plain forward pass, computed per ``plan``."""
+    return shared_prefix_forward(model, plan, seq_len, output="logits")
 
-    Positions past a row's length (padding) hold copies of real logits; the plain
+
+def shared_prefix_forward(
+    module: torch.nn.Module, plan: SharedPrefixPlan, seq_len: int, *, output: str = "logits"
+) -> torch.Tensor:
+    """``module``'s ``output`` ``[B, seq_len, D]`` (``"logits"`` of a causal LM, or
+    ``"last_hidden_state"`` of its decoder) as the plain forward pass gives it, computed
+    per ``plan``.
+
+    Positions past a row's length (padding) hold copies of real outputs; the plain
     forward's padded positions are not meaningful either, and both are masked out of
     every loss.
     """
-    prefix = model(input_ids=plan.prefix_ids, attention_mask=plan.prefix_mask, use_cache=True)
+    prefix = module(input_ids=plan.prefix_ids, attention_mask=plan.prefix_mask, use_cache=True)
     cache = prefix.past_key_values
+    if cache is None:
+        raise RuntimeError(
+            "shared_prefix_forward: the model returned no KV cache (gradient checkpointing "
+            "turns caching off in training); set TrainerConfig.shared_prefix=False"
+        )
     cache.reorder_cache(plan.group)  # one cache entry per row
     width = plan.prefix_ids.shape[1]
     steps = torch.arange(plan.suffix_ids.shape[1], device=plan.suffix_ids.device)
-    suffix = model(
+    suffix = module(
         input_ids=plan.suffix_ids,
         attention_mask=torch.cat([plan.prefix_mask[plan.group], plan.suffix_mask], dim=1),
         position_ids=plan.prefix_lengths[:, None] + steps,
         past_key_values=cache,
         use_cache=True,
     )
-    both = torch.cat([prefix.logits[plan.group], suffix.logits], dim=1)  # [B, P + S, V]
+    both = torch.cat([getattr(prefix, output)[plan.group], getattr(suffix, output)], dim=1)
     t = torch.arange(seq_len, device=both.device)[None, :]
     starts = plan.prefix_lengths[:, None]
     index = torch.where(t < starts, t, width + t - starts)  # prefix part, then suffix part

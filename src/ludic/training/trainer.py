@@ -6,9 +6,11 @@ An algorithm is ``RLAlgorithm`` = credit assigner (already applied by the batch 
     batch   = await batch_source.next_batch()
     items   = preprocess, sample_filter, staleness            (dropped counts are logged)
     prox    = logprobs of the weights at the start of the step (losses that need pi_prox)
+    ref     = logprobs of the reference model, once per step, no grad (KL losses)
     for each of ppo_epochs x num_minibatches updates (1 x 1 by default):
-        for each micro-batch (<= max_tokens_per_microbatch padded tokens):
-            logprobs = log_softmax(model(input_ids).logits)[next tokens]     [B, T-1], float32
+        for each micro-batch (<= max_tokens_per_microbatch tokens, padded or packed):
+            logprobs = the action tokens' logprobs, [B, T-1] float32 (token_scores:
+                       packed or shared-prefix forward, output head a chunk at a time)
             loss     = algorithm.loss(LossInputs(normalizers over the mini-batch))
             loss.backward()                 (micro-batch losses sum to the mini-batch loss)
         check grads finite -> clip -> optimizer.step
@@ -27,7 +29,6 @@ max_staleness`` are dropped (``dropped/stale``) and staleness is logged per step
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import math
 import random
@@ -55,8 +56,16 @@ from ludic.training.core import (  # noqa: F401 (NonFiniteError re-exported)
 from ludic.training.filters import SampleFilter
 from ludic.training.flat_parameters import flatten_parameters
 from ludic.training.loggers import TrainingLogger
-from ludic.training.losses.base import LossInputs, masked_token_entropy
-from ludic.training.shared_prefix import plan_shared_prefixes, shared_prefix_logits
+from ludic.training.logprobs import token_logprobs  # noqa: F401 (re-exported)
+from ludic.training.losses.base import LossInputs
+from ludic.training.packing import split_packed_microbatches
+from ludic.training.token_scores import (
+    CausalLMParts,
+    ScoringOptions,
+    TokenScores,
+    score_tokens,
+    split_causal_lm,
+)
 from ludic.training.types import BatchSource, DataExhausted, EmptyBatchError, SAWBatch, SAWItem
 
 
@@ -78,17 +87,13 @@ class StepResult:
     lr: float
     num_updates: int
     num_microbatches: int
+    tokens_run: int = 0
+    """Positions the model ran (padding included), over every update."""
 
 
 MAX_EMPTY_ASYNC_BATCHES = 8
 """How many batches in a row an asynchronous step may find empty (all stale or filtered)
 before it raises ``EmptyBatchError``."""
-
-
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """``log softmax(logits[:, t])[input_ids[:, t+1]]`` in float32: [B, T, V] -> [B, T-1]."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    return logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
 
 
 class Trainer(HasTrainingCore):
@@ -132,6 +137,8 @@ class Trainer(HasTrainingCore):
         self.device = torch.device(config.device)
         _seed_everything(config.seed)
         self.model = model.to(self.device)
+        if config.gradient_checkpointing:
+            _enable_gradient_checkpointing(self.model)
         if config.flat_parameters:
             flatten_parameters(self.model)
         self.algorithm = algorithm
@@ -140,6 +147,19 @@ class Trainer(HasTrainingCore):
         self.publisher = publisher
         self.sample_filter = sample_filter
         self.reference_model = self._prepare_reference(reference_model)
+        self._parts = self._split(self.model)
+        self._reference_parts = (
+            None if self.reference_model is None else self._split(self.reference_model)
+        )
+        self.scoring = ScoringOptions(
+            logprobs=config.logprobs,
+            chunk_tokens=config.logprob_chunk_tokens,
+            packing=config.packing,
+            row_tokens=self._packed_row_tokens(),
+            shared_prefix=config.shared_prefix,
+            dtype=config.dtype,
+            pad_token_id=config.pad_token_id,
+        )
         self.metric_reducers = tuple(metric_reducers)
         self._concurrent = bool(getattr(batch_source, "is_concurrent", False))
         self.core = TrainingCore(
@@ -326,18 +346,22 @@ class Trainer(HasTrainingCore):
         passes = [self._minibatches(batch.items, epoch) for epoch in range(self.config.ppo_epochs)]
         updates = [mb for minibatches in passes for mb in minibatches]
         proximal = self._proximal_logprobs(batch.items) if len(updates) > 1 else None
+        reference = self._reference_logprobs(batch.items)
         losses, norms, stats = [], [], dict[str, float]()
-        num_microbatches = 0
+        num_microbatches = tokens_run = 0
         for u, items in enumerate(updates):
-            microbatches = split_microbatches(items, self.config.max_tokens_per_microbatch)
+            microbatches = self._microbatches(items)
             totals = StepTotals(
                 num_sequences=len(items),
                 num_action_tokens=sum(item.num_action_tokens for item in items),
             )
-            loss, loss_stats = self._accumulate_gradients(microbatches, totals, proximal)
+            loss, loss_stats, run = self._accumulate_gradients(
+                microbatches, totals, proximal, reference
+            )
             norms.append(self.core.optimizer_step(schedule=u == len(updates) - 1))
             losses.append(loss)
             num_microbatches += len(microbatches)
+            tokens_run += run
             for key, value in loss_stats.items():
                 stats[key] = stats.get(key, 0.0) + value / len(updates)
         return StepResult(
@@ -347,7 +371,21 @@ class Trainer(HasTrainingCore):
             lr=lr,
             num_updates=len(updates),
             num_microbatches=num_microbatches,
+            tokens_run=tokens_run,
         )
+
+    def _microbatches(self, items: Sequence[SAWItem]) -> list[list[SAWItem]]:
+        """Padded micro-batches (``B * T_max`` within the budget), or with ``packing``
+        packed ones (``R * L`` within it)."""
+        budget = self.config.max_tokens_per_microbatch
+        if not self.config.packing:
+            return split_microbatches(items, budget)
+        for item in items:
+            if item.num_tokens > budget:
+                return split_microbatches([item], budget)  # raises, naming the item
+        lengths = [item.num_tokens for item in items]
+        groups = split_packed_microbatches(lengths, budget, self.scoring.row_tokens)
+        return [[items[i] for i in group] for group in groups]
 
     def _minibatches(self, items: Sequence[SAWItem], epoch: int) -> list[list[SAWItem]]:
         n = min(self.config.num_minibatches, len(items))
@@ -364,14 +402,34 @@ class Trainer(HasTrainingCore):
         update's own forward gives them); keyed by ``id(item)``."""
         if not getattr(self.loss, "requires_proximal_logprobs", False):
             return None
-        out: dict[int, torch.Tensor] = {}
         self.model.train()  # the mode of the gradient forward (dropout alike)
+        return self._logprobs_without_grad(self.model, self._parts, items, self.device)
+
+    def _reference_logprobs(self, items: Sequence[SAWItem]) -> dict[int, torch.Tensor] | None:
+        """The reference model's next-token logprobs [T-1] per item (no grad, on
+        ``reference_device``), once per step for every update; keyed by ``id(item)``."""
+        if self.reference_model is None or not getattr(self.loss, "requires_ref_logprobs", False):
+            return None
+        device = torch.device(self.config.reference_device or self.config.device)
+        return self._logprobs_without_grad(
+            self.reference_model, self._reference_parts, items, device
+        )
+
+    def _logprobs_without_grad(
+        self,
+        model: torch.nn.Module,
+        parts: CausalLMParts | None,
+        items: Sequence[SAWItem],
+        device: torch.device,
+    ) -> dict[int, torch.Tensor]:
+        out: dict[int, torch.Tensor] = {}
         with torch.no_grad():
-            for mb_items in split_microbatches(items, self.config.max_tokens_per_microbatch):
-                mb = collate(mb_items, self.config.pad_token_id, self.device)
-                logprobs = token_logprobs(self._forward(self.model, mb), mb.input_ids)
+            for mb_items in self._microbatches(items):
+                mb = collate(mb_items, self.config.pad_token_id, device)
+                scores = score_tokens(model, mb, self.scoring, parts=parts)
+                logprobs = scores.logprobs.to(self.device)
                 for row, item in enumerate(mb_items):
-                    out[id(item)] = logprobs[row, : item.num_tokens - 1].detach()
+                    out[id(item)] = logprobs[row, : item.num_tokens - 1]
         return out
 
     def _accumulate_gradients(
@@ -379,86 +437,84 @@ class Trainer(HasTrainingCore):
         microbatches: list[list[SAWItem]],
         totals: StepTotals,
         proximal: Mapping[int, torch.Tensor] | None = None,
-    ) -> tuple[float, dict[str, float]]:
+        reference: Mapping[int, torch.Tensor] | None = None,
+    ) -> tuple[float, dict[str, float], int]:
         """Forward + loss + backward per micro-batch.
 
         Returns the update's loss (the sum over micro-batches, which equals the full-batch
-        loss because the normalizers are global) and the loss stats, averaged over
-        micro-batches with weights = their share of action tokens. A stat named ``"loss"``
-        is left out: the summed loss is the authoritative value.
+        loss because the normalizers are global), the loss stats, averaged over
+        micro-batches with weights = their share of action tokens (a stat named
+        ``"loss"`` is left out: the summed loss is the authoritative value), and the
+        positions the model ran.
         """
         self.model.train()
-        total_loss, stats = 0.0, dict[str, float]()
+        total_loss, stats, tokens_run = 0.0, dict[str, float](), 0
         for items in microbatches:
             mb = collate(items, self.config.pad_token_id, self.device)
-            inputs = self._loss_inputs(mb, totals, items, proximal)
+            scores = score_tokens(
+                self.model, mb, self.scoring, with_entropy=True, parts=self._parts
+            )
+            inputs = self._loss_inputs(mb, scores, totals, items, proximal, reference)
             out = self.loss(inputs)
             value = float(out.loss.detach())
             if not math.isfinite(value):
                 self.core.abort_step(f"loss is {value}")
             out.loss.backward()
             total_loss += value
+            tokens_run += scores.tokens_run
             share = mb.num_action_tokens / max(totals.num_action_tokens, 1)
             for key, stat in out.stats.items():
                 if key != "loss":
                     stats[key] = stats.get(key, 0.0) + share * float(stat)
-            entropy = _action_token_entropy(inputs.logits, mb.action_mask)
+            assert scores.entropy is not None
+            entropy = float(scores.entropy.detach().sum()) / max(mb.num_action_tokens, 1)
             stats[ENTROPY_STAT] = stats.get(ENTROPY_STAT, 0.0) + share * entropy
-        return total_loss, stats
+        return total_loss, stats, tokens_run
 
     def _loss_inputs(
         self,
         mb: CollatedBatch,
+        scores: TokenScores,
         totals: StepTotals,
         items: Sequence[SAWItem] = (),
         proximal: Mapping[int, torch.Tensor] | None = None,
+        reference: Mapping[int, torch.Tensor] | None = None,
     ) -> LossInputs:
-        logits = self._forward(self.model, mb)  # [B, T, V]
-        ref_logprobs = None
-        if self.reference_model is not None and getattr(self.loss, "requires_ref_logprobs", False):
-            with torch.no_grad():
-                ref_logprobs = token_logprobs(self._forward(self.reference_model, mb), mb.input_ids)
-        logprobs = token_logprobs(logits, mb.input_ids)  # [B, T-1]
+        logprobs = scores.logprobs  # [B, T-1], 0.0 off the action mask
         extra: dict[str, Any] = {}
         if proximal is not None:
-            rows = torch.zeros_like(mb.action_mask)
-            for row, item in enumerate(items):
-                values = proximal[id(item)]
-                rows[row, : values.shape[0]] = values
-            extra["proximal_logprobs"] = rows * mb.action_mask  # 0.0 off-mask, as old_logprobs
+            extra["proximal_logprobs"] = _rows(proximal, items, mb)
         elif getattr(self.loss, "requires_proximal_logprobs", False):
             # One update per step: the weights at its start are the ones of this forward.
-            extra["proximal_logprobs"] = logprobs.detach() * mb.action_mask
+            extra["proximal_logprobs"] = logprobs.detach()
+        if reference is not None:
+            extra["ref_logprobs"] = _rows(reference, items, mb)
+        if getattr(self.loss, "requires_entropy", False):
+            extra["entropy"] = scores.entropy
         return LossInputs(
-            logits=logits,
             logprobs=logprobs,
             action_mask=mb.action_mask,
             weights=mb.weights,
             num_sequences=totals.num_sequences,
             num_action_tokens=totals.num_action_tokens,
             old_logprobs=mb.old_logprobs,
-            ref_logprobs=ref_logprobs,
             **extra,
         )
 
-    def _forward(self, model: torch.nn.Module, mb: CollatedBatch) -> torch.Tensor:
-        dtype = self.config.dtype
-        autocast = (
-            torch.autocast(device_type=self.device.type, dtype=getattr(torch, dtype))
-            if dtype is not None
-            else contextlib.nullcontext()
-        )
-        plan = (
-            plan_shared_prefixes(mb.input_ids, mb.attention_mask, mb.action_mask)
-            if self.config.shared_prefix
-            else None
-        )
-        with autocast:
-            if plan is not None:
-                return shared_prefix_logits(model, plan, mb.input_ids.shape[1])
-            return model(
-                input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False
-            ).logits
+    def _split(self, model: torch.nn.Module) -> CausalLMParts | None:
+        """The decoder and output head of ``model`` for chunked logprobs (checked here, at
+        construction, so an unsupported model fails before the first step)."""
+        return split_causal_lm(model) if self.config.logprobs == "chunked" else None
+
+    def _packed_row_tokens(self) -> int | None:
+        """Packed rows as long as the budget with flash-attention (its varlen kernel does
+        not attend across sequences), else as long as the micro-batch's longest sequence
+        (a dense mask costs ``row_len^2`` per row)."""
+        config = getattr(self.model, "config", None)
+        implementation = str(getattr(config, "_attn_implementation", "") or "")
+        if implementation.startswith("flash"):
+            return self.config.max_tokens_per_microbatch
+        return None
 
     # ---------------------------------------------------------------- sync, save, log
     def publish_policy(self) -> None:
@@ -511,6 +567,7 @@ class Trainer(HasTrainingCore):
             "num_tokens": num_tokens,
             "num_action_tokens": sum(item.num_action_tokens for item in items),
             "num_microbatches": result.num_microbatches,
+            "num_tokens_run": result.tokens_run,
             "tokens_per_s": num_tokens / max(timing["time/compute_s"], 1e-9),
             **timing,
             **selection,
@@ -531,7 +588,7 @@ class Trainer(HasTrainingCore):
                     "Trainer(reference_model=...) (a frozen copy of the initial policy)"
                 )
             return None
-        model = model.to(self.device).eval()
+        model = model.to(self.config.reference_device or self.device).eval()
         model.requires_grad_(False)
         return model
 
@@ -570,22 +627,28 @@ def _run_outside_loop(coro: Any, name: str, async_name: str) -> Any:
     )
 
 
-ENTROPY_CHUNK_ELEMENTS = 1 << 24
-"""Most logits (64 MiB in float32) whose entropy is computed at once."""
 ENTROPY_STAT = "_token_entropy"
 """The trainer's own stat in a step's loss stats, logged as ``entropy``."""
 
 
-def _action_token_entropy(logits: torch.Tensor, action_mask: torch.Tensor) -> float:
-    """Mean next-token entropy of the policy over action tokens (nats), a few rows at a
-    time so the float32 copy of the logits stays under :data:`ENTROPY_CHUNK_ELEMENTS`.
-    Logged every update: a policy whose entropy collapses stops exploring, and GRPO groups
-    stop disagreeing."""
-    with torch.no_grad():
-        total, count = 0.0, float(action_mask.sum())
-        per_row = max(1, logits.shape[1] * logits.shape[2])
-        step = max(1, ENTROPY_CHUNK_ELEMENTS // per_row)
-        for row in range(0, logits.shape[0], step):
-            entropy = masked_token_entropy(logits[row : row + step].detach())
-            total += float((entropy * action_mask[row : row + step]).sum())
-        return total / max(count, 1.0)
+def _rows(
+    values: Mapping[int, torch.Tensor], items: Sequence[SAWItem], mb: CollatedBatch
+) -> torch.Tensor:
+    """Per-item logprobs [T_i - 1] (keyed by ``id(item)``) laid out as ``[B, T-1]``, 0.0
+    off the action mask (as ``old_logprobs``)."""
+    dtype = next(iter(values.values())).dtype if values else mb.action_mask.dtype
+    rows = mb.action_mask.new_zeros(mb.action_mask.shape, dtype=dtype)
+    for row, item in enumerate(items):
+        value = values[id(item)]
+        rows[row, : value.shape[0]] = value
+    return rows * mb.action_mask
+
+
+def _enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    enable = getattr(model, "gradient_checkpointing_enable", None)
+    if enable is None:
+        raise ValueError(
+            f"TrainerConfig.gradient_checkpointing=True but {type(model).__name__} has no "
+            "gradient_checkpointing_enable() (a Hugging Face model has); set it to False"
+        )
+    enable(gradient_checkpointing_kwargs={"use_reentrant": False})

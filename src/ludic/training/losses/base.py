@@ -27,8 +27,8 @@ import torch
 class LossInputs:
     """Tensors for one micro-batch.
 
-    * ``logits``: [B, T, V] model outputs (for entropy terms).
-    * ``logprobs``: [B, T-1] log pi_theta(x_{t+1} | x_<=t), differentiable.
+    * ``logprobs``: [B, T-1] log pi_theta(x_{t+1} | x_<=t), differentiable; the Trainer
+      scores action tokens only, so it is 0.0 off ``action_mask``.
     * ``action_mask``: [B, T-1] float, 1.0 where x_{t+1} is a trainable action token.
     * ``weights``: [B] credit-assignment weight (advantage) per sequence.
     * ``old_logprobs``: [B, T-1] behaviour-policy logprobs (0 off-mask) or ``None``.
@@ -37,9 +37,12 @@ class LossInputs:
       log pi_prox of the same tokens under the weights at the start of the optimizer step,
       computed without gradient (decoupled PPO, arXiv:2505.24298).
     * ``num_sequences`` / ``num_action_tokens``: counts over the whole optimizer step.
+    * ``entropy``: [B, T-1] next-token entropy, differentiable, or ``None``: the Trainer
+      fills it for a loss with ``requires_entropy`` (``EntropyBonus``).
+    * ``logits``: [B, T, V] model outputs, or ``None``. The Trainer never materializes
+      them (see :mod:`ludic.training.token_scores`); read ``entropy`` instead.
     """
 
-    logits: torch.Tensor
     logprobs: torch.Tensor
     action_mask: torch.Tensor
     weights: torch.Tensor
@@ -48,6 +51,8 @@ class LossInputs:
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     proximal_logprobs: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
 
 
 @dataclass
@@ -68,8 +73,9 @@ class Loss(Protocol):
     Optional: ``requires_proximal_logprobs`` (a bool, False when absent; the trainer reads
     ``getattr(loss, "requires_proximal_logprobs", False)``). When true, the trainer fills
     ``LossInputs.proximal_logprobs`` with the logprobs of the weights at the start of the
-    optimizer step (``DecoupledClippedSurrogateLoss``). It is not a Protocol member, so a
-    loss written before it existed still satisfies the contract.
+    optimizer step (``DecoupledClippedSurrogateLoss``). Likewise ``requires_entropy``: the
+    trainer fills ``LossInputs.entropy`` (with gradient). Neither is a Protocol member, so
+    a loss written before them still satisfies the contract.
     """
 
     requires_old_logprobs: bool
@@ -121,6 +127,20 @@ def aggregate_tokens(
 def aggregate_sequences(values: torch.Tensor, inputs: LossInputs) -> torch.Tensor:
     """Mean of per-sequence ``values`` [B] over the step's sequences."""
     return values.sum() / max(inputs.num_sequences, 1)
+
+
+def token_entropy(inputs: LossInputs, owner: str) -> torch.Tensor:
+    """``inputs.entropy`` [B, T-1], else the entropy of ``inputs.logits``; a
+    ``ValueError`` naming ``owner`` and the fix when neither is there."""
+    if inputs.entropy is not None:
+        return inputs.entropy
+    if inputs.logits is not None:
+        return masked_token_entropy(inputs.logits)
+    raise ValueError(
+        f"{owner} needs the token entropy but LossInputs has neither entropy nor logits; the "
+        "Trainer fills entropy for a loss whose requires_entropy is True (check that a "
+        "wrapping loss forwards that flag)"
+    )
 
 
 def masked_token_entropy(logits: torch.Tensor) -> torch.Tensor:

@@ -85,6 +85,10 @@ class CompositeLoss:
     def requires_proximal_logprobs(self) -> bool:
         return any(getattr(loss, "requires_proximal_logprobs", False) for _, _, loss in self.terms)
 
+    @property
+    def requires_entropy(self) -> bool:
+        return any(getattr(loss, "requires_entropy", False) for _, _, loss in self.terms)
+
     def __call__(self, inputs: LossInputs) -> LossOutput:
         total: torch.Tensor | None = None
         stats: dict[str, float] = {}

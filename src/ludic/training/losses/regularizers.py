@@ -16,9 +16,9 @@ from ludic.training.losses.base import (
     check_aggregation,
     check_log_ratio_clamp,
     masked_mean,
-    masked_token_entropy,
     require_old_logprobs,
     require_ref_logprobs,
+    token_entropy,
 )
 
 KLEstimator = Literal["k1", "k2", "k3"]
@@ -124,7 +124,7 @@ class EntropyBonus:
     Minimizing L raises the policy's entropy on action positions. ``aggregation`` None
     (the default) follows the policy loss in a ``CompositeLoss``, as for ``KLPenalty``;
     on its own it is TOKEN_MEAN.
-    Reads: logits [B, T, V] (through ``masked_token_entropy``), action_mask [B, T-1].
+    Reads: entropy [B, T-1] (else the entropy of logits [B, T, V]), action_mask [B, T-1].
     Stats: loss, entropy (micro-batch token mean).
     """
 
@@ -135,6 +135,7 @@ class EntropyBonus:
     requires_old_logprobs: ClassVar[bool] = False
     requires_ref_logprobs: ClassVar[bool] = False
     requires_proximal_logprobs: ClassVar[bool] = False
+    requires_entropy: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if not (self.coef >= 0 and self.coef < float("inf")):
@@ -142,7 +143,7 @@ class EntropyBonus:
         _check_follower_aggregation(self, "EntropyBonus")
 
     def __call__(self, inputs: LossInputs) -> LossOutput:
-        entropy = masked_token_entropy(inputs.logits)  # [B, T-1]
+        entropy = token_entropy(inputs, "EntropyBonus")  # [B, T-1]
         loss = -self.coef * aggregate_tokens(
             entropy, inputs, _own_or_token_mean(self), constant_normalizer=self.constant_normalizer
         )
