@@ -185,3 +185,33 @@ def test_partial_rollouts_need_a_backend_that_can_abort(tmp_path: Path) -> None:
     assert "transformers backend cannot abort" in text and "\n" not in text
     with pytest.raises(ConfigError, match="partial_rollouts: Input should be 'off'"):
         load_config(None, ["inference.backend=vllm", "inference.vllm.partial_rollouts=resume"])
+
+
+def test_memory_switches_reach_the_trainer_and_the_model(tmp_path: Path) -> None:
+    from ludic.run.builders import load_policy, rl_trainer_config
+
+    config = load_config(
+        None,
+        [
+            "model.gradient_checkpointing=true",
+            "model.attn_implementation=eager",
+            "trainer.shared_prefix=false",
+            "trainer.packing=false",
+            "trainer.logprobs=full",
+            "trainer.logprob_chunk_tokens=64",
+        ],
+    )
+    trainer_config = rl_trainer_config(config, pad_token_id=0)
+    assert trainer_config.gradient_checkpointing and not trainer_config.packing
+    assert (trainer_config.logprobs, trainer_config.logprob_chunk_tokens) == ("full", 64)
+    model, _ = load_policy(config, tmp_path / "model")
+    assert model.config._attn_implementation == "eager"
+
+
+def test_gradient_checkpointing_with_a_shared_prefix_is_refused_by_name() -> None:
+    with pytest.raises(
+        ConfigError, match="model.gradient_checkpointing=true needs trainer.shared_prefix"
+    ):
+        load_config(None, ["model.gradient_checkpointing=true"])
+    with pytest.raises(ConfigError, match="logprobs"):
+        load_config(None, ["trainer.logprobs=dense"])

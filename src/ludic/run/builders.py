@@ -78,13 +78,15 @@ def load_policy(config: RunConfig, model_dir: Path) -> tuple[torch.nn.Module, An
             model.save_pretrained(model_dir)
             tokenizer.save_pretrained(model_dir)
         path = str(model_dir)
-    model, tokenizer = _from_pretrained(path)
+    model, tokenizer = _from_pretrained(path, attn_implementation=config.model.attn_implementation)
     if config.model.lora is not None:
         model = _with_lora(model, config)
     return model.to(config.model.device), tokenizer
 
 
-def _from_pretrained(path: str) -> tuple[torch.nn.Module, Any]:
+def _from_pretrained(
+    path: str, *, attn_implementation: str | None = None
+) -> tuple[torch.nn.Module, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -94,7 +96,8 @@ def _from_pretrained(path: str) -> tuple[torch.nn.Module, Any]:
     source = str(local_path(path) or path)
     with naming_load_errors("model.path", path):
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+        extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **extra)
     if tokenizer.chat_template is None:
         raise RunError(f"model.path: the tokenizer of {path!r} has no chat template")
     return model, tokenizer
@@ -480,6 +483,10 @@ def rl_trainer_config(config: RunConfig, pad_token_id: int) -> TrainerConfig:
         publish_every=t.publish_every,
         flat_parameters=t.flat_parameters,
         shared_prefix=t.shared_prefix,
+        packing=t.packing,
+        logprobs=t.logprobs,
+        logprob_chunk_tokens=t.logprob_chunk_tokens,
+        gradient_checkpointing=config.model.gradient_checkpointing,
         seed=config.seed,
         device=config.model.device,
         dtype=None if config.model.dtype == "float32" else config.model.dtype,
@@ -494,6 +501,11 @@ def warm_start_trainer_config(config: RunConfig, pad_token_id: int) -> TrainerCo
         total_steps=max(w.steps, 1),
         max_tokens_per_microbatch=config.trainer.max_tokens_per_microbatch,
         pad_token_id=pad_token_id,
+        shared_prefix=config.trainer.shared_prefix,
+        packing=config.trainer.packing,
+        logprobs=config.trainer.logprobs,
+        logprob_chunk_tokens=config.trainer.logprob_chunk_tokens,
+        gradient_checkpointing=config.model.gradient_checkpointing,
         seed=config.seed,
         device=config.model.device,
         dtype=None if config.model.dtype == "float32" else config.model.dtype,

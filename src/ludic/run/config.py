@@ -54,6 +54,12 @@ class ModelConfig(Section):
     lora: LoraConfig | None = None
     device: Device = "cpu"
     """Trainer device, e.g. "cpu" or "cuda"."""
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] | None = None
+    """The policy's attention kernel (Hugging Face ``attn_implementation``); null: the
+    library's default (sdpa). flash_attention_2 needs a GPU and the flash-attn package."""
+    gradient_checkpointing: bool = False
+    """Recompute decoder activations in the backward pass instead of keeping them (less
+    memory, about a third more compute); needs trainer.shared_prefix: false."""
 
 
 class InferenceConfig(Section):
@@ -254,6 +260,15 @@ class TrainerSection(Section):
     shared_prefix: bool = True
     """Run a prompt that several samples of a micro-batch share (a GRPO group) through the
     model once in the training forward pass; same logits and gradients, fewer tokens."""
+    packing: bool = True
+    """Pack a micro-batch's samples end to end without padding (position ids restarting
+    per sample) when that runs fewer tokens; same logprobs and gradients."""
+    logprobs: Literal["chunked", "full"] = "chunked"
+    """chunked: the output head runs on the action tokens a chunk at a time, so the
+    [tokens, vocab] float32 logits never exist in full; full: whole logits (for models
+    whose head cannot be split off, e.g. with logit soft-capping)."""
+    logprob_chunk_tokens: int | None = Field(None, ge=1)
+    """Tokens per output-head chunk; null: 256 MiB of float32 logits per chunk."""
     checkpoint_every: int = Field(25, ge=1)
     keep_last: int = Field(2, ge=1)
     """Checkpoints kept per phase."""
@@ -473,6 +488,16 @@ class RunConfig(Section):
             raise ValueError(
                 "sampling.structured_outputs needs inference.backend=vllm (the in-process "
                 f"transformers backend cannot constrain sampling); got {self.inference.backend!r}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _checkpointing_without_shared_prefix(self) -> RunConfig:
+        if self.model.gradient_checkpointing and self.trainer.shared_prefix:
+            raise ValueError(
+                "model.gradient_checkpointing=true needs trainer.shared_prefix: false "
+                "(checkpointed layers keep no KV cache, which the shared-prefix forward "
+                "needs; packing still applies)"
             )
         return self
 

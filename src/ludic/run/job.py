@@ -78,6 +78,11 @@ RESUMABLE_CHANGES = {
     "eval.every",
     "trainer.checkpoint_policy",
     "trainer.shared_prefix",
+    "trainer.packing",
+    "trainer.logprobs",
+    "trainer.logprob_chunk_tokens",
+    "model.gradient_checkpointing",
+    "model.attn_implementation",
 }
 """Config fields a resumed run may change; anything else must match the saved config."""
 
