@@ -130,7 +130,7 @@ class _ChunkedHead(torch.autograd.Function):
                 logp[rows] = z.gather(1, targets[rows, None]).squeeze(1) - lse[rows]
                 if with_entropy:
                     p = torch.exp(z - lse[rows, None])
-                    entropy[rows] = lse[rows] - (p * z).sum(dim=-1)
+                    entropy[rows] = lse[rows] - _rowwise_dot(p, z)
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
         ctx.chunk, ctx.compute = chunk, compute
         if not with_entropy:
@@ -157,17 +157,21 @@ class _ChunkedHead(torch.autograd.Function):
             for start in range(0, n, ctx.chunk):
                 rows = slice(start, start + ctx.chunk)
                 h = hidden[rows].to(compute)
-                z = F.linear(h, w, b).to(acc)
-                log_p = z - lse[rows, None]
-                p = torch.exp(log_p)
-                dz = torch.zeros_like(z)
-                if grad_logp is not None:
-                    g = grad_logp[rows].to(acc)
-                    dz = -p * g[:, None]
-                    dz.scatter_add_(1, targets[rows, None], g[:, None])
-                if use_entropy:
+                log_p = F.linear(h, w, b).to(acc).sub_(lse[rows, None])  # [c, V], in place
+                g = (
+                    grad_logp[rows].to(acc)
+                    if grad_logp is not None
+                    else log_p.new_zeros(log_p.shape[0])
+                )
+                if use_entropy:  # -p (log p + H) e, reusing log_p's memory
                     e = grad_entropy[rows].to(acc)  # type: ignore[index]
-                    dz -= (p * (log_p + entropy[rows, None])) * e[:, None]
+                    p = log_p.exp()
+                    dz = p * -g[:, None]
+                    dz.sub_(log_p.add_(entropy[rows, None]).mul_(p).mul_(e[:, None]))
+                    del p
+                else:  # -p g, computed in log_p's memory
+                    dz = log_p.exp_().mul_(-g[:, None])
+                dz.scatter_add_(1, targets[rows, None], g[:, None])
                 if grad_b is not None:
                     grad_b += dz.sum(dim=0)
                 dz_c = dz.to(compute)
@@ -178,6 +182,12 @@ class _ChunkedHead(torch.autograd.Function):
         grad_w = grad_w.to(weight.dtype) if grad_w is not None else None
         grad_b = grad_b.to(bias.dtype) if grad_b is not None else None
         return grad_h, grad_w, grad_b, None, None, None, None
+
+
+def _rowwise_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``(a * b).sum(-1)`` for [c, V] rows, as a batched matrix-vector product (no [c, V]
+    temporary)."""
+    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).reshape(a.shape[0])
 
 
 def _cast_head(
