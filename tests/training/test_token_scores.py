@@ -4,6 +4,8 @@ same logprobs, entropies and gradients, in float64, as the plain forward pass.""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from tests.training.test_shared_prefix import grpo_like_items
@@ -13,6 +15,7 @@ from ludic.training.collate import collate
 from ludic.training.logprobs import token_logprobs
 from ludic.training.losses.base import masked_token_entropy
 from ludic.training.token_scores import ScoringOptions, score_tokens, split_causal_lm
+from ludic.training.varlen_attention import use_varlen_sdpa
 
 CPU = torch.device("cpu")
 
@@ -20,6 +23,7 @@ LAYOUTS = {  # options -> the layout they must pick on grpo_like_items
     "padded": {"packing": False, "shared_prefix": False},
     "shared_prefix": {"packing": False, "shared_prefix": True},
     "packed": {"packing": True, "shared_prefix": False},
+    "packed_varlen": {"packing": True, "shared_prefix": False, "varlen": True},
 }
 
 
@@ -49,9 +53,13 @@ def test_every_layout_and_mode_equals_the_plain_forward_in_float64(model64, mode
     weights = weights.reshape(mb.action_mask.shape)
     ref_lp, ref_ent = reference(model64, mb)
     ref_grads = grads_of(model64, ref_lp, ref_ent, weights)
+    model64.zero_grad()
     options = ScoringOptions(logprobs=mode, chunk_tokens=5, **LAYOUTS[layout])
+    if options.varlen:  # one row, attention per sequence: ludic_varlen_sdpa
+        model64 = copy.deepcopy(model64)
+        assert use_varlen_sdpa(model64)
     scores = score_tokens(model64, mb, options, with_entropy=True)
-    assert scores.layout == layout
+    assert scores.layout == layout.removesuffix("_varlen")
     assert scores.logprobs.dtype == torch.float64
     torch.testing.assert_close(scores.logprobs, ref_lp, atol=1e-10, rtol=0)
     torch.testing.assert_close(scores.entropy, ref_ent, atol=1e-10, rtol=0)
@@ -61,6 +69,8 @@ def test_every_layout_and_mode_equals_the_plain_forward_in_float64(model64, mode
         torch.testing.assert_close(grads[name], grad, atol=1e-6, rtol=0)
     if layout != "padded":
         assert scores.tokens_run < mb.input_ids.numel()
+    if options.varlen:
+        assert scores.tokens_run == int(mb.attention_mask.sum())  # no padding at all
 
 
 def test_packing_rows_restart_positions_and_hold_every_token(model64) -> None:
@@ -87,3 +97,19 @@ def test_a_head_that_is_not_a_plain_linear_layer_is_refused(tiny_tokenizer) -> N
         split_causal_lm(model)
     with pytest.raises(ValueError, match="not a Hugging Face causal LM"):
         split_causal_lm(torch.nn.Linear(2, 2))
+
+
+def test_varlen_sdpa_without_sequence_bounds_is_plain_sdpa(model64) -> None:
+    """Switched, a model's padded forward (masks, no bounds) is unchanged, and one that
+    uses another implementation is left alone."""
+    mb = collate(grpo_like_items(), pad_token_id=0, device=CPU)
+    switched = copy.deepcopy(model64)
+    assert use_varlen_sdpa(switched)
+    with torch.no_grad():
+        a = model64(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        b = switched(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+    real = mb.attention_mask.bool()
+    torch.testing.assert_close(a[real], b[real], atol=1e-12, rtol=0)
+    eager = copy.deepcopy(model64)
+    eager.set_attn_implementation("eager")
+    assert not use_varlen_sdpa(eager) and eager.config._attn_implementation == "eager"

@@ -71,7 +71,10 @@ class TrainerConfig:
     per sequence (:mod:`ludic.training.packing`), when that runs fewer tokens than padding
     or a shared prefix: the same logprobs and gradients. Micro-batches are then budgeted
     by packed tokens. Needs a model that reads packed position ids (Hugging Face decoders
-    with sdpa, eager or flash-attention)."""
+    with sdpa, eager or flash-attention). With flash-attention, or sdpa (which the trainer
+    switches to ``ludic_varlen_sdpa``: the same attention, one causal sdpa call per
+    sequence, :mod:`ludic.training.varlen_attention`), a micro-batch is one row of the
+    whole budget with no padding; with eager, rows as long as its longest sequence."""
     logprobs: LogprobsMode = "chunked"
     """How token logprobs are computed from the model: ``"chunked"`` runs the decoder and
     applies the output head to the action tokens a chunk at a time, so the float32

@@ -118,6 +118,10 @@ class ScoringOptions:
     row_tokens: int | None = None
     """Packed row length; None: the micro-batch's longest sequence."""
     shared_prefix: bool = True
+    varlen: bool = False
+    """Pack into one row and pass the sequences' boundaries (``cu_seq_lens_q``/``_k``)
+    to the attention: for flash-attention and ``ludic_varlen_sdpa``, which attend per
+    sequence (see :mod:`~ludic.training.varlen_attention`)."""
     dtype: str | None = None
     """Autocast dtype of the forward pass; None: the model's own."""
     pad_token_id: int = 0
@@ -195,8 +199,14 @@ def _run(
         out = shared_prefix_forward(module, plan, mb.input_ids.shape[1], output=output)
         return layout, costs[layout], out[b_idx, t_idx]
     if layout == "packed" and packed is not None:
+        extra = _sequence_bounds(mb, packed) if options.varlen else {}
         out = getattr(
-            module(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False),
+            module(
+                input_ids=packed.input_ids,
+                position_ids=packed.position_ids,
+                use_cache=False,
+                **extra,
+            ),
             output,
         )
         return layout, costs[layout], out[packed.row[b_idx], packed.offset[b_idx] + t_idx]
@@ -216,9 +226,24 @@ def _packed(mb: CollatedBatch, options: ScoringOptions) -> PackedRows | None:
     if not options.packing or mb.num_sequences < 2:
         return None
     lengths = mb.attention_mask.sum(dim=1).tolist()
-    return pack_rows(
-        mb.input_ids, lengths, row_len=options.row_tokens, pad_token_id=options.pad_token_id
-    )
+    row_len = sum(lengths) if options.varlen else options.row_tokens
+    return pack_rows(mb.input_ids, lengths, row_len=row_len, pad_token_id=options.pad_token_id)
+
+
+def _sequence_bounds(mb: CollatedBatch, packed: PackedRows) -> dict[str, torch.Tensor | int]:
+    """flash-attention's varlen keywords for one packed row: cumulative sequence
+    lengths ``[0, L_1, L_1 + L_2, ...]`` (int32) and the longest."""
+    lengths = mb.attention_mask.sum(dim=1)
+    order = torch.argsort(packed.offset)
+    cu = torch.zeros(len(order) + 1, dtype=torch.int32, device=mb.input_ids.device)
+    cu[1:] = torch.cumsum(lengths[order], dim=0)
+    longest = int(lengths.max())
+    return {
+        "cu_seq_lens_q": cu,
+        "cu_seq_lens_k": cu,
+        "max_length_q": longest,
+        "max_length_k": longest,
+    }
 
 
 def _scatter(

@@ -67,6 +67,7 @@ from ludic.training.token_scores import (
     split_causal_lm,
 )
 from ludic.training.types import BatchSource, DataExhausted, EmptyBatchError, SAWBatch, SAWItem
+from ludic.training.varlen_attention import use_varlen_sdpa
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +148,7 @@ class Trainer(HasTrainingCore):
         self.publisher = publisher
         self.sample_filter = sample_filter
         self.reference_model = self._prepare_reference(reference_model)
+        self._varlen = self._varlen_attention()
         self._parts = self._split(self.model)
         self._reference_parts = (
             None if self.reference_model is None else self._split(self.reference_model)
@@ -157,6 +159,7 @@ class Trainer(HasTrainingCore):
             packing=config.packing,
             row_tokens=self._packed_row_tokens(),
             shared_prefix=config.shared_prefix,
+            varlen=self._varlen,
             dtype=config.dtype,
             pad_token_id=config.pad_token_id,
         )
@@ -506,15 +509,21 @@ class Trainer(HasTrainingCore):
         construction, so an unsupported model fails before the first step)."""
         return split_causal_lm(model) if self.config.logprobs == "chunked" else None
 
-    def _packed_row_tokens(self) -> int | None:
-        """Packed rows as long as the budget with flash-attention (its varlen kernel does
-        not attend across sequences), else as long as the micro-batch's longest sequence
-        (a dense mask costs ``row_len^2`` per row)."""
+    def _varlen_attention(self) -> bool:
+        """With packing: whether the policy's attention runs per sequence over one packed
+        row (flash-attention's varlen kernel; sdpa, switched to
+        :data:`~ludic.training.varlen_attention.VARLEN_SDPA`, which computes the same)."""
+        if not self.config.packing:
+            return False
         config = getattr(self.model, "config", None)
         implementation = str(getattr(config, "_attn_implementation", "") or "")
-        if implementation.startswith("flash"):
-            return self.config.max_tokens_per_microbatch
-        return None
+        return implementation.startswith("flash") or use_varlen_sdpa(self.model)
+
+    def _packed_row_tokens(self) -> int | None:
+        """One row of the whole budget when attention runs per sequence (varlen), else
+        rows as long as the micro-batch's longest sequence (eager's dense mask costs
+        ``row_len^2`` per row)."""
+        return self.config.max_tokens_per_microbatch if self._varlen else None
 
     # ---------------------------------------------------------------- sync, save, log
     def publish_policy(self) -> None:
