@@ -30,6 +30,8 @@ float32, so the output head dominates as it does in a 0.5B model's memory.
    micro-batches of ``B * T_max`` <= budget) vs packed (``packing=True``: rows of the
    longest sequence, ``R * L`` <= budget). Same items, the two in turn for ``--rounds``
    rounds after a warm-up; tokens/s = real tokens / step time. Goal: packed/padded >= 1.5.
+   ``--with-full`` adds padded micro-batches with whole logits (``logprobs="full"``: the
+   model's ``[B, T, V]`` logits, padding included), close to the forward before issue 13.
 """
 
 from __future__ import annotations
@@ -201,11 +203,15 @@ def run_packing(args: argparse.Namespace) -> None:
     tokens = sum(i.num_tokens for i in items)
     model = build_model(args)
     trainers = {}
-    for name, packing in (("padded", False), ("packed", True)):
+    variants = {"padded": (False, "chunked"), "packed": (True, "chunked")}
+    if args.with_full:
+        variants["padded_full"] = (False, "full")
+    for name, (packing, logprobs) in variants.items():
         config = TrainerConfig(
             lr=1e-6,
             max_tokens_per_microbatch=args.budget,
             packing=packing,
+            logprobs=logprobs,  # type: ignore[arg-type]
             shared_prefix=False,
             pad_token_id=0,
             publish_every=0,
@@ -218,10 +224,10 @@ def run_packing(args: argparse.Namespace) -> None:
         f"({tokens} in all, a quarter of each the completion), budget {args.budget} tokens "
         f"per micro-batch, V = {VOCAB}, hidden {args.hidden} x {args.layers} layers"
     )
-    times: dict[str, list[float]] = {"padded": [], "packed": []}
+    times: dict[str, list[float]] = {name: [] for name in variants}
     run: dict[str, float] = {}
     for r in range(args.rounds + 1):
-        order = ("padded", "packed") if r % 2 == 0 else ("packed", "padded")
+        order = list(variants) if r % 2 == 0 else list(reversed(variants))
         for name in order:
             started = time.perf_counter()
             (metrics,) = trainers[name].train_sync(1)
@@ -236,7 +242,7 @@ def run_packing(args: argparse.Namespace) -> None:
                 f"{times['padded'][-1] / times['packed'][-1]:.2f}"
             )
     ratios = [a / b for a, b in zip(times["padded"], times["packed"])]
-    for name in ("padded", "packed"):
+    for name in variants:
         t = statistics.median(times[name])
         print(
             f"  {name}: {tokens / t:8.0f} tokens/s (median {t:.2f} s/step), positions run "
@@ -246,6 +252,13 @@ def run_packing(args: argparse.Namespace) -> None:
         f"  packed/padded tokens/s: {statistics.median(ratios):.2f} (range "
         f"{min(ratios):.2f}-{max(ratios):.2f}; goal >= 1.5)"
     )
+    if "padded_full" in times:
+        before = [a / b for a, b in zip(times["padded_full"], times["packed"])]
+        print(
+            f"  packed/padded_full tokens/s: {statistics.median(before):.2f} (range "
+            f"{min(before):.2f}-{max(before):.2f}): the new forward against the padded "
+            "whole-logits one"
+        )
 
 
 def main() -> None:
@@ -263,6 +276,11 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=1024)
     parser.add_argument("--budget", type=int, default=8192)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--with-full",
+        action="store_true",
+        help="also time padded micro-batches with whole logits (logprobs=full)",
+    )
     parser.add_argument("--_variant", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._variant:
