@@ -89,17 +89,11 @@ def split_microbatches(
     of items therefore changes; the loss does not depend on it because normalizers count
     the whole optimizer step.
     """
+    require_fits(items, max_tokens_per_microbatch)
     ordered = sorted(items, key=lambda item: item.num_tokens, reverse=True)
     microbatches: list[list[SAWItem]] = []
     current: list[SAWItem] = []
     for item in ordered:
-        if item.num_tokens > max_tokens_per_microbatch:
-            raise ValueError(
-                f"SAWItem of {item.num_tokens} tokens (rollout "
-                f"{item.meta.get('rollout_id')!r}) exceeds max_tokens_per_microbatch="
-                f"{max_tokens_per_microbatch}; raise TrainerConfig.max_tokens_per_microbatch "
-                "to at least the longest sequence, or cap the generation length"
-            )
         # Sorted longest first, so the current micro-batch's T_max is its first item's length.
         t_max = current[0].num_tokens if current else item.num_tokens
         if current and (len(current) + 1) * t_max > max_tokens_per_microbatch:
@@ -109,3 +103,15 @@ def split_microbatches(
     if current:
         microbatches.append(current)
     return microbatches
+
+
+def require_fits(items: Sequence[SAWItem], max_tokens_per_microbatch: int) -> None:
+    """A ``ValueError`` naming the first item longer than the micro-batch budget."""
+    for item in items:
+        if item.num_tokens > max_tokens_per_microbatch:
+            raise ValueError(
+                f"SAWItem of {item.num_tokens} tokens (rollout "
+                f"{item.meta.get('rollout_id')!r}) exceeds max_tokens_per_microbatch="
+                f"{max_tokens_per_microbatch}; raise TrainerConfig.max_tokens_per_microbatch "
+                "to at least the longest sequence, or cap the generation length"
+            )

@@ -46,7 +46,7 @@ from ludic.distributed.interfaces import PolicyPublisher
 from ludic.distributed.weights import policy_state_dict
 from ludic.stats import Reducer, aggregate_stats
 from ludic.training.checkpoint import CheckpointConfig
-from ludic.training.collate import CollatedBatch, collate, split_microbatches
+from ludic.training.collate import CollatedBatch, collate, require_fits, split_microbatches
 from ludic.training.config import TrainerConfig
 from ludic.training.core import (  # noqa: F401 (NonFiniteError re-exported)
     HasTrainingCore,
@@ -383,9 +383,7 @@ class Trainer(HasTrainingCore):
         budget = self.config.max_tokens_per_microbatch
         if not self.config.packing:
             return split_microbatches(items, budget)
-        for item in items:
-            if item.num_tokens > budget:
-                return split_microbatches([item], budget)  # raises, naming the item
+        require_fits(items, budget)
         lengths = [item.num_tokens for item in items]
         groups = split_packed_microbatches(lengths, budget, self.scoring.row_tokens)
         return [[items[i] for i in group] for group in groups]
@@ -517,6 +515,8 @@ class Trainer(HasTrainingCore):
             return False
         config = getattr(self.model, "config", None)
         implementation = str(getattr(config, "_attn_implementation", "") or "")
+        if self.reference_model is not None:  # it runs the same packed rows
+            use_varlen_sdpa(self.reference_model)
         return implementation.startswith("flash") or use_varlen_sdpa(self.model)
 
     def _packed_row_tokens(self) -> int | None:
