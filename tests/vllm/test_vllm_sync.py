@@ -182,12 +182,15 @@ def test_update_param_batch_rejects_malformed_requests(served):
     with pytest.raises(VLLMServerError, match="unknown weight update request kind") as info:
         control.post("/update_param_batch", {"kind": "pickle", "names": []})
     assert info.value.status_code == 400
-    with pytest.raises(VLLMServerError, match="world_size") as info:
-        control.post(
-            "/init_communicator",
-            {"master_addr": "127.0.0.1", "master_port": 1, "world_size": 5},
-        )
-    assert info.value.status_code == 400
+    group = {"master_addr": "127.0.0.1", "master_port": 1}
+    for bad, match in [
+        ({"world_size": 1}, "world_size=1"),  # no room for a worker
+        ({"world_size": 3, "rank_offset": 3}, "rank_offset=3"),  # first worker out of range
+        ({"world_size": 3, "rank_offset": 0}, "rank_offset=0"),  # the trainer's rank
+    ]:
+        with pytest.raises(VLLMServerError, match=match) as info:
+            control.post("/init_communicator", {**group, **bad})
+        assert info.value.status_code == 400
     assert control.post("/get_num_background_tasks")["num_background_tasks"] == 0
 
 

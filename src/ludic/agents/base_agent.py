@@ -14,6 +14,7 @@ earlier tokens).
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,10 @@ class Agent:
             ``finish_reason == "length"`` is not parsed: it is a parse failure with this
             reward and feedback asking for a shorter answer (so truncated actions are not
             trained on as if valid). ``None`` parses truncated completions as usual.
+
+    Every request of one episode (from one ``on_env_reset`` to the next) carries the same
+    ``session_id``, so a server pool keeps the episode on one server (prefix cache). A
+    step's ``info["server"]`` names the server that produced it, when the client says.
     """
 
     def __init__(
@@ -86,6 +91,7 @@ class Agent:
         self.chat_template = chat_template
         self.incomplete_completion_penalty = incomplete_completion_penalty
         self._turn: _Turn | None = None
+        self._session_id = uuid.uuid4().hex
 
     # ---- ActingAgent ------------------------------------------------------------------
     def on_env_reset(
@@ -93,6 +99,7 @@ class Agent:
     ) -> None:
         self.context.on_env_reset(obs, info, system_prompt=system_prompt)
         self._turn = None
+        self._session_id = uuid.uuid4().hex
 
     def on_tool_results(self, messages: list[Message]) -> None:
         """Add tool results (or other messages) to the history; the next ``act`` of the
@@ -129,7 +136,9 @@ class Agent:
         calls_before = self.model_calls_in_turn(turn_id)
         tools = self.tool_schemas()
         prompt_ids, messages = self._next_prompt(turn_id, tools)
-        request = CompletionRequest(prompt_token_ids=tuple(prompt_ids), inference=inference)
+        request = CompletionRequest(
+            prompt_token_ids=tuple(prompt_ids), inference=inference, session_id=self._session_id
+        )
         response = await self.client.complete(request)
         trace = self._checked_trace(request, response)
 
@@ -143,6 +152,8 @@ class Agent:
             model_calls=calls_before + 1,
         )
         info: Info = {"finish_reason": response.finish_reason}
+        if "server" in response.meta:
+            info["server"] = response.meta["server"]
         if tools:
             info["tools"] = tools
         return AgentStep(

@@ -83,11 +83,16 @@ class InferenceSpec:
 
 @dataclass(frozen=True)
 class CompletionRequest:
-    """A token-in completion request: the rendered prompt's token ids plus options."""
+    """A token-in completion request: the rendered prompt's token ids plus options.
+
+    ``session_id``: requests of one session (an agent's episode) go to the same server of
+    a pool (``ludic.inference.vllm.pool``), whose prefix cache holds the earlier turns.
+    """
 
     prompt_token_ids: tuple[int, ...]
     inference: InferenceSpec = field(default_factory=InferenceSpec)
     request_id: str | None = None
+    session_id: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_token_ids", tuple(self.prompt_token_ids))

@@ -218,7 +218,13 @@ class WeightSyncInfo:
 class TorchDistributedWeightSyncInfo(WeightSyncInfo):
     """A process group of the trainer (rank 0) and every inference worker
     (ranks 1..world_size-1). The trainer hosts the rendezvous store at
-    ``master_addr:master_port``."""
+    ``master_addr:master_port``.
+
+    ``rank_offset``: the rank of the receiving server's first worker (its workers take
+    ``rank_offset .. rank_offset + workers - 1``). 1 when one server forms the group; in a
+    group spanning several servers (``ludic.inference.vllm.pool``) each server is sent its
+    own offset.
+    """
 
     master_addr: str
     master_port: int
@@ -226,12 +232,18 @@ class TorchDistributedWeightSyncInfo(WeightSyncInfo):
     backend: str = "gloo"
     group_name: str = "ludic_weight_sync"
     timeout_s: float = 120.0
+    rank_offset: int = 1
 
     def __post_init__(self) -> None:
         if self.backend not in ("gloo", "nccl"):
             raise ValueError(f"backend={self.backend!r}; expected 'gloo' (CPU) or 'nccl' (GPU)")
         if self.world_size < 2:
             raise ValueError(f"world_size={self.world_size}; need the trainer plus >= 1 worker")
+        if not 1 <= self.rank_offset < self.world_size:
+            raise ValueError(
+                f"rank_offset={self.rank_offset} with world_size={self.world_size}; the "
+                "trainer is rank 0, so a server's first worker is a rank in 1..world_size-1"
+            )
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,11 @@ SERVER_TYPES = ("policy", "reward_model")
 """What ``GET /health`` reports as ``type``: which ludic server answers on a port."""
 LOCK_TIMEOUT_S = 10.0
 """How long ``/close_communicator`` waits for the operation holding the control plane."""
-JOIN_POLL_S = 0.2
+JOIN_POLL_S = (0.05, 2.0)
+"""How often the server asks its workers whether they joined: from the first value,
+doubling up to the second. A worker busy-spins for a second after each request, so
+polling a long join (a group spanning several servers) every fraction of a second kept
+each worker spinning a whole core, starving the others on a small machine."""
 GRACE_S = 5.0  # on top of the cap: the engine round trips around a worker's own timeout
 PAUSE_MODES = ("abort", "wait", "keep")
 """``/pause?mode=``: abort in-flight requests (the publish cycle), wait for them to finish,
@@ -208,18 +212,22 @@ def make_control_router(
         except (TypeError, ValueError) as e:
             raise HTTPException(HTTPStatus.BAD_REQUEST, f"bad sync info: {e}") from None
         workers = num_workers(engine)
-        if info.world_size != workers + 1:
+        if info.rank_offset + workers > info.world_size:
             raise HTTPException(
                 HTTPStatus.BAD_REQUEST,
-                f"world_size={info.world_size}, but this server has {workers} worker(s): "
-                f"use world_size={workers + 1} (GET /get_world_size, plus the trainer)",
+                f"world_size={info.world_size} with rank_offset={info.rank_offset}, but this "
+                f"server has {workers} worker(s): use world_size >= {info.rank_offset + workers} "
+                "(GET /get_world_size gives each server's workers; add the trainer)",
             )
         info = replace(info, timeout_s=capped_timeout(info.timeout_s, cap))
         state.communicator = True
 
         async def work() -> None:
-            await engine.collective_rpc("init_communicator", args=(info.to_dict(), 1))
+            await engine.collective_rpc(
+                "init_communicator", args=(info.to_dict(), info.rank_offset)
+            )
             deadline = time.monotonic() + info.timeout_s + GRACE_S
+            poll_s, max_poll_s = JOIN_POLL_S
             while True:  # the workers join in a thread; the engine keeps generating
                 states = await engine.collective_rpc("communicator_status")
                 failed = [s["error"] for s in states if s["state"] == "failed"]
@@ -234,7 +242,8 @@ def make_control_router(
                         f"the workers did not join {info.master_addr}:{info.master_port} "
                         f"within {info.timeout_s:.0f}s"
                     )
-                await asyncio.sleep(JOIN_POLL_S)
+                await asyncio.sleep(poll_s)
+                poll_s = min(2 * poll_s, max_poll_s)
 
         state.join_task = start_background(state, "init_communicator", work, info.timeout_s)
         return {"status": "ok", "error_count": state.error_count, "timeout_s": info.timeout_s}

@@ -104,7 +104,9 @@ def next_request(
     spec = replace(spec, returns=returns)
     if mode == "continue" and generated:
         spec = _continued(spec, len(generated))
-    return CompletionRequest((*request.prompt_token_ids, *generated), spec, request.request_id)
+    return replace(
+        request, prompt_token_ids=(*request.prompt_token_ids, *generated), inference=spec
+    )
 
 
 def _continued(spec: InferenceSpec, done: int) -> InferenceSpec:

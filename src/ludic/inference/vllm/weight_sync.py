@@ -10,32 +10,45 @@ weight-transfer layer's (``ludic.distributed.weight_transfer``), shared, not cop
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
+from ludic.distributed.weight_transfer.base import (
+    TorchDistributedWeightSyncInfo,
+    WeightUpdateRequest,
+)
 from ludic.inference.vllm.http import AsyncHTTP, VLLMControlPlane, VLLMServerError
 
 
 class WeightSyncSession:
-    """Rank 0 of one server's weight-sync group.
+    """Rank 0 of a weight-sync group with the workers of one server or of several.
 
     Args:
-        control: the server's control plane.
+        control: the server's control plane, or several servers' (one group spans them
+            all: each chunk is announced to every server and broadcast once to every
+            worker; see :class:`FanOutControlPlane`).
         timeout_s: bound on joining, on each collective and on waiting for a sync to be
             applied.
     """
 
-    def __init__(self, control: VLLMControlPlane, *, timeout_s: float) -> None:
-        self.control = control
+    def __init__(
+        self, control: VLLMControlPlane | Sequence[VLLMControlPlane], *, timeout_s: float
+    ) -> None:
+        controls = [control] if isinstance(control, VLLMControlPlane) else list(control)
+        if not controls:
+            raise ValueError("WeightSyncSession needs at least one server's control plane")
+        self.controls = controls
+        self.control = FanOutControlPlane(controls) if len(controls) > 1 else controls[0]
         self.timeout_s = timeout_s
         self.sender: Any = None  # the weight-transfer sender after init
         self.publisher: Any = None  # BroadcastPolicyPublisher after init
 
     @property
     def base_url(self) -> str:
-        return self.control.policy.base_url
+        return ", ".join(c.policy.base_url for c in self.controls)
 
     def init(
         self,
@@ -46,10 +59,11 @@ class WeightSyncSession:
         strategy: Any = None,
         extractor: Any = None,
     ) -> None:
-        """Form the group: ask the server for its worker count, let its workers join
-        (ranks 1..W, in the background) and join as rank 0 (hosting the rendezvous at
+        """Form the group: ask each server for its worker count, let its workers join
+        (the first server's as ranks 1..W1, the next server's after them, ..., in the
+        background) and join as rank 0 (hosting the rendezvous at
         ``master_addr:master_port``, default a free port). A busy ``master_port`` raises
-        ``GroupPortBusyError`` naming it before the server is asked to do anything.
+        ``GroupPortBusyError`` naming it before any server is asked to do anything.
 
         ``backend``: ``"gloo"`` (CPU tensors) or ``"nccl"`` (default: nccl when CUDA is
         available). ``strategy`` / ``extractor`` default to ``BroadcastTransferStrategy``
@@ -73,12 +87,16 @@ class WeightSyncSession:
             if backend is None:
                 backend = "nccl" if torch.cuda.is_available() else "gloo"
             strategy = BroadcastTransferStrategy(backend=backend, timeout_s=self.timeout_s)
+        workers = [c.world_size() for c in self.controls]
         info = strategy.create_sync_info(
-            master_addr=master_addr,
-            master_port=master_port,
-            world_size=self.control.world_size() + 1,
+            master_addr=master_addr, master_port=master_port, world_size=1 + sum(workers)
         )
-        self.control.init_communicator(info)  # the workers join in the background
+        offset = 1
+        for control, n in zip(self.controls, workers):
+            # the workers join in the background; rank 0 joining below completes the group
+            spanning = isinstance(info, TorchDistributedWeightSyncInfo)
+            control.init_communicator(replace(info, rank_offset=offset) if spanning else info)
+            offset += n
         try:
             sender = strategy.create_sender(info)  # blocks until every rank has joined
         except Exception as e:
@@ -99,7 +117,7 @@ class WeightSyncSession:
 
     def publish(self, params: Mapping[str, torch.Tensor], *, version: int | None) -> None:
         """Push ``params`` (served names -> tensors; a subset is fine); returns once every
-        worker has loaded them, raises otherwise (with the server's own error attached)."""
+        worker has loaded them, raises otherwise (with the servers' own errors attached)."""
         if self.publisher is None:
             raise RuntimeError(
                 f"weight sync with {self.base_url} needs a group: call "
@@ -113,19 +131,53 @@ class WeightSyncSession:
             raise
 
     def close(self) -> None:
-        """Leave the group (telling the server, if it still answers)."""
+        """Leave the group (telling the servers, if they still answer)."""
         sender, self.sender, self.publisher = self.sender, None, None
         if sender is not None:
-            # the server may be gone or broken; release our side regardless
-            with contextlib.suppress(ConnectionError, TimeoutError, VLLMServerError):
-                self.control.close_communicator()
+            for control in self.controls:
+                # a server may be gone or broken; release our side regardless
+                with contextlib.suppress(ConnectionError, TimeoutError, VLLMServerError):
+                    control.close_communicator()
             close_quietly(sender)
 
     def _note_server_error(self, error: Exception) -> None:
-        """Let the server settle what it was given and attach its side of the failure."""
-        server_error = self.control.settle(self.timeout_s)
-        if server_error:
-            error.add_note(f"vLLM server at {self.base_url} reported: {server_error}")
+        """Let the servers settle what they were given and attach their side of the
+        failure."""
+        for control in self.controls:
+            server_error = control.settle(self.timeout_s)
+            if server_error:
+                error.add_note(f"vLLM server at {control.policy.base_url} reported: {server_error}")
+
+
+class FanOutControlPlane:
+    """Several servers' control planes as one ``ControlPlane`` (a weight-sync group that
+    spans them all): a chunk is announced to every server; an update is applied when
+    every server has applied it."""
+
+    def __init__(self, controls: Sequence[VLLMControlPlane]) -> None:
+        self.controls = list(controls)
+
+    def announce(self, request: WeightUpdateRequest) -> None:
+        for control in self.controls:
+            control.announce(request)
+
+    def wait_until_applied(self, timeout_s: float) -> None:
+        """Wait for every server (each within ``timeout_s``); raise the first failure,
+        the others' attached as notes."""
+        errors: list[Exception] = []
+        for control in self.controls:
+            try:
+                control.wait_until_applied(timeout_s)
+            except Exception as e:
+                errors.append(e)
+        if errors:
+            for other in errors[1:]:
+                errors[0].add_note(f"also: {type(other).__name__}: {other}")
+            raise errors[0]
+
+    def begin_sync(self) -> None:
+        for control in self.controls:
+            control.begin_sync()
 
 
 def close_quietly(sender: Any) -> None:

@@ -36,6 +36,16 @@ from typing import Any
 
 import torch
 
+# Imported with the extension (at worker start), not at the first /init_communicator: on
+# a busy CPU (several servers spinning) a first import there took longer than the join
+# timeout of the other ranks.
+from ludic.distributed.weight_transfer import (
+    BroadcastTransferStrategy,
+    TorchDistributedWeightSyncInfo,
+    VLLMWeightLoader,
+    sync_info_from_dict,
+)
+
 logger = logging.getLogger(__name__)
 
 
@@ -57,12 +67,6 @@ class WeightSyncWorkerExtension:
         trainer is rank 0, so the server passes ``rank_offset=1``). The join runs in a
         thread and this returns at once, so the engine keeps generating while the worker
         waits for the trainer; poll :meth:`communicator_status`."""
-        from ludic.distributed.weight_transfer import (
-            BroadcastTransferStrategy,
-            TorchDistributedWeightSyncInfo,
-            sync_info_from_dict,
-        )
-
         self.close_communicator()
         info = sync_info_from_dict(sync_info)
         if not isinstance(info, TorchDistributedWeightSyncInfo):
@@ -142,8 +146,6 @@ class WeightSyncWorkerExtension:
         return torch.device(self.model_runner.device).type == "cpu"  # type: ignore[attr-defined]
 
     def _load(self, named: Mapping[str, torch.Tensor]) -> None:
-        from ludic.distributed.weight_transfer import VLLMWeightLoader
-
         model = self.model_runner.model  # type: ignore[attr-defined]
         hf_config = self.model_runner.vllm_config.model_config.hf_config  # type: ignore[attr-defined]
         check_update(

@@ -1,0 +1,503 @@
+"""Data-parallel inference: one ``ChatClient`` over several ludic vLLM policy servers.
+
+    pool = VLLMClientPool.connect([url_a, url_b], api_key=key, partial_rollouts="continue")
+    pool.init_weight_sync()                    # a group per server (default) or one for all
+    response = await pool.complete(request)    # least in flight; a session stays on its server
+    pool.sync_weights(state_dict, version=3)   # every live server, then every one serves 3
+
+**Generation.** A request goes to the live server with the fewest of this pool's requests
+in flight (ties rotate, so an idle pool spreads round-robin). A request carrying a
+``session_id`` (an agent sends one per episode) goes to the server that served its session
+before, whose prefix cache holds the earlier turns, as long as that server is live. A
+server that fails a request with ``ConnectionError`` / ``TimeoutError`` (dead, or silent
+for ``timeout_s``) is taken out and the request is sent to another one (each server is
+tried once per request). ``ChatResponse.meta["server"]`` names the server that answered;
+``TokenTrace.policy_version`` the version it served.
+
+**Taken out, and back.** A server taken out is asked ``GET /health`` every
+``probe_interval_s``. Once it answers it comes back at once if no weights were published
+through the pool; otherwise it may hold old weights (a restarted server holds the
+initial ones), so it stays out until the next :meth:`VLLMClientPool.sync_weights`, which
+forms its weight-sync group again and sends it the full update. A server never serves a
+version older than the pool's.
+
+**Weight sync.** ``publish`` chooses how one update reaches every server:
+
+* ``"per_server"`` (default): a group per server, pushed concurrently (a thread each). A
+  server that dies during the push fails only its own: it is taken out, the others are
+  updated.
+* ``"one_group"``: one group spanning every server's workers (``WeightSyncSession`` over
+  several control planes); each chunk is announced to every server and broadcast once. A
+  server that dies breaks the collective for all: the pool takes out the servers that no
+  longer answer ``/health``, forms the group again over the others and pushes once more.
+
+A failure on a server that still answers ``/health`` (a rejected update, a name the model
+does not have) fails the publish with that server's error. A publish that reaches no
+server raises. With ``pause`` (the default when the clients' ``partial_rollouts`` is on)
+each server is paused before its push and resumed after it, whatever happened.
+``benchmarks/data_parallel.py`` measures both modes against one server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, get_args
+
+import torch
+
+from ludic.inference.request import CompletionRequest
+from ludic.inference.vllm.client import VLLMChatClient
+from ludic.inference.vllm.http import VLLMServerError
+from ludic.inference.vllm.weight_sync import WeightSyncSession
+from ludic.types import ChatResponse
+
+logger = logging.getLogger("ludic.inference.vllm.pool")
+
+PublishMode = Literal["per_server", "one_group"]
+PUBLISH_MODES: tuple[str, ...] = get_args(PublishMode)
+DEAD_ERRORS = (ConnectionError, TimeoutError)
+"""What a request failing on a server means it is dead or stuck: the request goes
+elsewhere and the server is taken out."""
+
+
+class NoServerAvailableError(ConnectionError):
+    """Every server of the pool is taken out (or was tried) for this request."""
+
+
+@dataclass(eq=False)
+class PoolServer:
+    """One server of a pool and its live state (as this pool sees it)."""
+
+    client: VLLMChatClient
+    index: int
+    in_flight: int = 0
+    served: int = 0
+    failures: int = 0
+    """Requests that failed here and went to another server."""
+    live: bool = True
+    """Taking requests: cleared when taken out, set again by a probe or a publish."""
+    stale: bool = False
+    """May hold weights older than the pool's: takes no request until a publish reaches it."""
+    version: int | None = None
+    """The last version published to it through the pool."""
+    last_error: str | None = None
+    next_probe_at: float = 0.0
+
+    @property
+    def url(self) -> str:
+        return self.client.base_url
+
+    @property
+    def serving(self) -> bool:
+        return self.live and not self.stale
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "live": self.live,
+            "stale": self.stale,
+            "in_flight": self.in_flight,
+            "served": self.served,
+            "failures": self.failures,
+            "version": self.version,
+            "last_error": self.last_error,
+        }
+
+
+@dataclass
+class _SyncSettings:
+    backend: str | None = None
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+    extractor: Any = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def for_server(self, index: int) -> dict[str, Any]:
+        """``init_weight_sync`` arguments of server ``index``'s own group (per_server): a
+        given ``master_port`` is the first server's; the others count up from it."""
+        port = None if self.master_port is None else self.master_port + index
+        return {
+            "backend": self.backend,
+            "master_addr": self.master_addr,
+            "master_port": port,
+            "extractor": self.extractor,
+        }
+
+
+class VLLMClientPool:
+    """A ``ChatClient`` over several :class:`VLLMChatClient` s (see the module docstring).
+
+    Args:
+        clients: one client per server (each with its own ``timeout_s``, retries and
+            ``partial_rollouts``).
+        publish: ``"per_server"`` or ``"one_group"``.
+        probe_interval_s: how often a server taken out is asked ``GET /health``.
+        max_sessions: sessions remembered for stickiness (least recently used forgotten).
+    """
+
+    def __init__(
+        self,
+        clients: Sequence[VLLMChatClient],
+        *,
+        publish: PublishMode = "per_server",
+        probe_interval_s: float = 5.0,
+        max_sessions: int = 100_000,
+    ) -> None:
+        if not clients:
+            raise ValueError("VLLMClientPool: give at least one client")
+        urls = [c.base_url for c in clients]
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"VLLMClientPool: a server is listed twice: {urls}")
+        if publish not in PUBLISH_MODES:
+            raise ValueError(f"VLLMClientPool.publish={publish!r}; expected one of {PUBLISH_MODES}")
+        if probe_interval_s <= 0 or max_sessions < 1:
+            raise ValueError("VLLMClientPool: probe_interval_s must be > 0, max_sessions >= 1")
+        self.servers = [PoolServer(c, i) for i, c in enumerate(clients)]
+        self.publish = publish
+        self.probe_interval_s = probe_interval_s
+        self.max_sessions = max_sessions
+        self.version: int | None = None
+        """The last version published through the pool."""
+        self._lock = threading.Lock()  # server state; never held across an await
+        self._sessions: OrderedDict[str, PoolServer] = OrderedDict()
+        self._next = 0
+        self._probes: set[asyncio.Task[None]] = set()
+        self._sync: _SyncSettings | None = None
+        self._group: WeightSyncSession | None = None  # one_group: spans self._grouped
+        self._grouped: list[PoolServer] = []
+
+    @classmethod
+    def connect(
+        cls,
+        urls: Sequence[str],
+        *,
+        publish: PublishMode = "per_server",
+        probe_interval_s: float = 5.0,
+        **client_kwargs: Any,
+    ) -> VLLMClientPool:
+        """A pool of ``VLLMChatClient(url, **client_kwargs)`` for each of ``urls``."""
+        clients = [VLLMChatClient(url, **client_kwargs) for url in urls]
+        return cls(clients, publish=publish, probe_interval_s=probe_interval_s)
+
+    @property
+    def partial_rollouts(self) -> str:
+        return self.servers[0].client.partial_rollouts
+
+    # ---- ChatClient: generation ----------------------------------------------------
+    async def complete(self, request: CompletionRequest) -> ChatResponse:
+        """One completion on the chosen server; on another one if that server is dead."""
+        tried: list[PoolServer] = []
+        while True:
+            server = self._pick(request.session_id, tried)
+            try:
+                response = await server.client.complete(request)
+            except DEAD_ERRORS as e:
+                self._take_out(server, e)
+                tried.append(server)
+                continue
+            finally:
+                with self._lock:
+                    server.in_flight -= 1
+            with self._lock:
+                server.served += 1
+            return replace(response, meta={**response.meta, "server": server.url})
+
+    def _pick(self, session_id: str | None, tried: Sequence[PoolServer]) -> PoolServer:
+        self._start_probes()
+        with self._lock:
+            ready = [s for s in self.servers if s.serving and s not in tried]
+            if not ready:
+                states = "; ".join(
+                    f"{s.url}: {'tried' if s in tried else 'stale' if s.live else 'down'}"
+                    f"{'' if s.last_error is None else ' (' + s.last_error + ')'}"
+                    for s in self.servers
+                )
+                raise NoServerAvailableError(f"no vLLM server can take the request: {states}")
+            chosen = self._sessions.get(session_id) if session_id is not None else None
+            if chosen is None or chosen not in ready:
+                n = len(self.servers)
+                chosen = min(ready, key=lambda s: (s.in_flight, (s.index - self._next) % n))
+                self._next = (chosen.index + 1) % n
+            if session_id is not None:
+                self._sessions[session_id] = chosen
+                self._sessions.move_to_end(session_id)
+                if len(self._sessions) > self.max_sessions:
+                    self._sessions.popitem(last=False)
+            chosen.in_flight += 1
+            return chosen
+
+    def _take_out(self, server: PoolServer, error: BaseException) -> None:
+        with self._lock:
+            was_live = server.live
+            server.live = False
+            # it may miss publishes while out (and its group is likely broken)
+            server.stale = server.stale or self._sync is not None
+            server.failures += 1
+            server.last_error = f"{type(error).__name__}: {error}"
+            server.next_probe_at = time.monotonic() + self.probe_interval_s
+        if was_live:
+            logger.warning("vLLM server %s taken out of the pool: %s", server.url, error)
+
+    def _start_probes(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            due = [s for s in self.servers if not s.live and now >= s.next_probe_at]
+            for server in due:
+                server.next_probe_at = now + self.probe_interval_s
+        for server in due:
+            task = asyncio.get_running_loop().create_task(self._probe(server))
+            self._probes.add(task)
+            task.add_done_callback(self._probes.discard)
+
+    async def _probe(self, server: PoolServer) -> None:
+        try:
+            await server.client.http.get("/health")
+        except (*DEAD_ERRORS, VLLMServerError):
+            return
+        with self._lock:
+            if not server.live:
+                server.live = True
+                logger.info(
+                    "vLLM server %s answers again%s", server.url,
+                    " (stale: back after the next publish)" if server.stale else "",
+                )  # fmt: skip
+
+    # ---- ChatClient: weights -------------------------------------------------------
+    def init_weight_sync(
+        self,
+        *,
+        backend: str | None = None,
+        master_addr: str = "127.0.0.1",
+        master_port: int | None = None,
+        extractor: Any = None,
+    ) -> None:
+        """Form the weight-sync group(s) with every server (all must answer). With
+        ``publish="per_server"`` a given ``master_port`` is the first server's group's and
+        server ``i``'s is ``master_port + i``; with ``"one_group"`` it is the one group's."""
+        if self._sync is not None:
+            raise RuntimeError("init_weight_sync was already called; call close() first")
+        settings = _SyncSettings(backend, master_addr, master_port, extractor)
+        if self.publish == "one_group":
+            self._form_group(self.servers, settings)
+        else:
+            for server in self.servers:
+                server.client.init_weight_sync(**settings.for_server(server.index))
+        self._sync = settings
+
+    def sync_weights(
+        self, params: Mapping[str, torch.Tensor], *, version: int, pause: bool | None = None
+    ) -> str:
+        """Push ``params`` as ``version`` to every live server (and to servers back from
+        being taken out); returns once each has loaded them. Raises if a server that still
+        answers fails the update, or if no server took it."""
+        if self._sync is None:
+            raise RuntimeError("VLLMClientPool.sync_weights needs init_weight_sync() first")
+        if pause is None:
+            pause = self.partial_rollouts != "off"
+        with self._lock:
+            targets = [s for s in self.servers if s.live]
+            missed = [s for s in self.servers if not s.live]
+        for server in missed:  # taken out: catches up once back
+            server.stale = True
+        if not targets:
+            raise NoServerAvailableError(
+                f"weight sync (version {version}): every server is taken out: "
+                + "; ".join(f"{s.url}: {s.last_error}" for s in self.servers)
+            )
+        if self.publish == "one_group":
+            reached = self._publish_one_group(targets, params, version, pause)
+        else:
+            reached = self._publish_per_server(targets, params, version, pause)
+        with self._lock:
+            for server in reached:
+                server.version = version
+                server.stale = not server.live  # taken out meanwhile: may restart stale
+            self.version = version
+        skipped = [s.url for s in self.servers if s not in reached]
+        note = f"; not reached (taken out): {skipped}" if skipped else ""
+        return (
+            f"synced {len(params)} tensors to {len(reached)}/{len(self.servers)} server(s) "
+            f"as version {version} ({self.publish}{', paused' if pause else ''}){note}"
+        )
+
+    def _publish_per_server(
+        self,
+        targets: list[PoolServer],
+        params: Mapping[str, torch.Tensor],
+        version: int,
+        pause: bool,
+    ) -> list[PoolServer]:
+        assert self._sync is not None
+        settings = self._sync
+
+        def push(server: PoolServer) -> None:
+            session = server.client.weight_sync
+            if server.stale or session.publisher is None:  # back from being taken out
+                session.close()
+                server.client.init_weight_sync(**settings.for_server(server.index))
+            with _paused([server] if pause else []):
+                session.publish(params, version=version)
+
+        return self._settle(targets, run_each(push, targets))
+
+    def _publish_one_group(
+        self,
+        targets: list[PoolServer],
+        params: Mapping[str, torch.Tensor],
+        version: int,
+        pause: bool,
+    ) -> list[PoolServer]:
+        assert self._sync is not None
+        for attempt in range(2):
+            if self._group is None or self._grouped != targets or any(s.stale for s in targets):
+                self._form_group(targets, self._sync)
+            group = self._group
+            assert group is not None
+            try:
+                with _paused(targets if pause else []):
+                    group.publish(params, version=version)
+                return targets
+            except Exception as e:
+                dead = [s for s in targets if not answers(s.client)]
+                if not dead or attempt == 1:
+                    raise
+                for server in dead:
+                    self._take_out(server, e)
+                targets = [s for s in targets if s not in dead]
+                if not targets:
+                    raise
+                logger.warning(
+                    "weight sync (version %d): %s died; pushing again to %s",
+                    version, [s.url for s in dead], [s.url for s in targets],
+                )  # fmt: skip
+        raise AssertionError("unreachable")
+
+    def _form_group(self, servers: list[PoolServer], settings: _SyncSettings) -> None:
+        if self._group is not None:
+            self._group.close()
+            self._group, self._grouped = None, []
+        timeout_s = min(s.client.timeout_s for s in servers)
+        group = WeightSyncSession([s.client.control for s in servers], timeout_s=timeout_s)
+        group.init(
+            backend=settings.backend,
+            master_addr=settings.master_addr,
+            master_port=settings.master_port,
+            extractor=settings.extractor,
+        )
+        self._group, self._grouped = group, list(servers)
+
+    def _settle(
+        self, targets: list[PoolServer], errors: list[BaseException | None]
+    ) -> list[PoolServer]:
+        """The servers reached; a failed server that no longer answers is taken out, one
+        that answers fails the publish (raised, after every push has ended)."""
+        reached, raised = [], []
+        for server, error in zip(targets, errors):
+            if error is None:
+                reached.append(server)
+            elif isinstance(error, Exception) and not answers(server.client):
+                self._take_out(server, error)
+                close_weight_sync(server.client)
+            else:
+                error.add_note(f"(on the vLLM server at {server.url})")
+                raised.append(error)
+        if raised:
+            for other in raised[1:]:
+                raised[0].add_note(f"also: {type(other).__name__}: {other}")
+            raise raised[0]
+        if not reached:
+            raise NoServerAvailableError(
+                "weight sync reached no server: "
+                + "; ".join(f"{s.url}: {s.last_error}" for s in targets)
+            )
+        return reached
+
+    def get_policy_version(self) -> int:
+        """The version last published through the pool, else the first serving server's."""
+        if self.version is not None:
+            return self.version
+        for server in self.servers:
+            if server.serving:
+                return server.client.get_policy_version()
+        raise NoServerAvailableError("no vLLM server of the pool is live")
+
+    def status(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [s.status() for s in self.servers]
+
+    # ---- lifecycle -----------------------------------------------------------------
+    def close(self) -> None:
+        """Leave every weight-sync group and close every client."""
+        if self._group is not None:
+            self._group.close()
+            self._group, self._grouped = None, []
+        self._sync = None
+        for server in self.servers:
+            server.client.close()
+
+    async def aclose(self) -> None:
+        for server in self.servers:
+            await server.client.http.aclose()
+        self.close()
+
+    def __enter__(self) -> VLLMClientPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def answers(client: VLLMChatClient) -> bool:
+    """Whether the server answers ``GET /health`` with 200 now."""
+    try:
+        client.control.health()
+    except (*DEAD_ERRORS, VLLMServerError):
+        return False
+    return True
+
+
+def close_weight_sync(client: VLLMChatClient) -> None:
+    with contextlib.suppress(Exception):  # the server is gone; release our side
+        client.weight_sync.close()
+
+
+def run_each(
+    fn: Callable[[PoolServer], None], servers: list[PoolServer]
+) -> list[BaseException | None]:
+    """``fn(server)`` for every server at once (a thread each); each one's exception or
+    ``None``, in order."""
+
+    def run(server: PoolServer) -> BaseException | None:
+        try:
+            fn(server)
+        except BaseException as e:  # returned, raised by the caller
+            return e
+        return None
+
+    if len(servers) == 1:
+        return [run(servers[0])]
+    with ThreadPoolExecutor(len(servers), thread_name_prefix="ludic-publish") as executor:
+        return list(executor.map(run, servers))
+
+
+@contextlib.contextmanager
+def _paused(servers: Sequence[PoolServer]) -> Any:
+    """Pause (``mode=abort``) every server, and resume each one paused, whatever happens."""
+    paused: list[PoolServer] = []
+    try:
+        for server in servers:
+            server.client.control.pause("abort")
+            paused.append(server)
+        yield
+    finally:
+        for server in paused:
+            with contextlib.suppress(*DEAD_ERRORS):  # a dead server needs no resume
+                server.client.control.resume()
