@@ -48,7 +48,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args
 
 import torch
@@ -118,7 +118,6 @@ class _SyncSettings:
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
     extractor: Any = None
-    kwargs: dict[str, Any] = field(default_factory=dict)
 
     def for_server(self, index: int) -> dict[str, Any]:
         """``init_weight_sync`` arguments of server ``index``'s own group (per_server): a
