@@ -186,6 +186,9 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_OK
     if not {"-h", "--help"} & set(args.server_args):
         _check_model_folder(args.kind, args.server_args)  # before vLLM takes it for a hub id
+    from ludic.inference.vllm.process import pin_to_env_cores
+
+    pin_to_env_cores()  # before vLLM starts its engine and worker processes
     if importlib.util.find_spec("vllm") is None:
         raise FileNotFoundError(
             f"ludic serve {args.kind} needs vLLM, which is not installed; "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -185,6 +186,35 @@ def test_partial_rollouts_need_a_backend_that_can_abort(tmp_path: Path) -> None:
     assert "transformers backend cannot abort" in text and "\n" not in text
     with pytest.raises(ConfigError, match="partial_rollouts: Input should be 'off'"):
         load_config(None, ["inference.backend=vllm", "inference.vllm.partial_rollouts=resume"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["num_servers=2", "port=8000"], "port=8000 with num_servers=2: each server needs"),
+        (["num_servers=0"], "num_servers: Input should be greater than or equal to 1"),
+        (["num_servers=2", "start_server=false"], "list the running servers in urls"),
+        (["urls=[http://a:1]"], "set start_server: false to use them"),
+        (["start_server=false", "urls=[http://a:1,http://a:1]"], "lists a server twice"),
+        (["start_server=false", "urls=[a:1]"], "'a:1' is not a base URL"),
+        (["num_servers=2", "cpu_cores=[0]"], "lists 1 core sets for num_servers=2"),
+        (["cpu_cores=[0-]"], "'0-' is not a core list"),
+        (["publish=all"], "publish: Input should be 'per_server' or 'one_group'"),
+    ],
+)
+def test_policy_servers_config_names_the_bad_field(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        load_config(None, [f"inference.vllm.{o}" for o in overrides])
+    assert str(err.value).startswith("inference.vllm")
+
+
+def test_policy_servers_config_takes_core_numbers_and_running_urls() -> None:
+    v = load_config(None, ["inference.vllm.num_servers=2", "inference.vllm.cpu_cores=[0,1-3]"])
+    assert v.inference.vllm.cpu_cores == ["0", "1-3"] and v.inference.vllm.num_servers == 2
+    v = load_config(
+        None, ["inference.vllm.start_server=false", "inference.vllm.urls=[http://h:1,http://h:2/]"]
+    )
+    assert v.inference.vllm.urls == ["http://h:1", "http://h:2/"]
 
 
 def test_memory_switches_reach_the_trainer_and_the_model(tmp_path: Path) -> None:

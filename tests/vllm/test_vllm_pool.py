@@ -38,7 +38,11 @@ class Pair:
         self.model_dir = save_tiny_model(root / "model")
         self.servers = [
             start_vllm_server(
-                self.model_dir, api_key=API_KEY, log_path=root / f"server{i}.log", wait=False
+                self.model_dir,
+                api_key=API_KEY,
+                log_path=root / f"server{i}.log",
+                wait=False,
+                cpu_cores=str(i % (os.cpu_count() or 1)),  # one core each, as ludic train does
             )
             for i in range(2)
         ]
@@ -86,6 +90,20 @@ def complete_all(pool: VLLMClientPool, requests: list[CompletionRequest]):
         return await asyncio.gather(*(pool.complete(r) for r in requests))
 
     return asyncio.run(go())
+
+
+def test_every_thread_of_a_pinned_server_runs_on_its_core(pair):
+    import psutil
+
+    for i, server in enumerate(pair.servers):
+        core = i % (os.cpu_count() or 1)
+        root = psutil.Process(server.pid)
+        procs = [root, *root.children(recursive=True)]
+        assert len(procs) >= 2  # ludic serve and vLLM's engine core at least
+        for proc in procs:
+            for thread in proc.threads():
+                assert os.sched_getaffinity(thread.id) == {core}, (proc.cmdline(), thread.id)
+        assert f"core ids=[{core}]" in server.log_tail(400)  # vLLM's OpenMP binding
 
 
 def test_concurrent_requests_are_spread_evenly(pair):

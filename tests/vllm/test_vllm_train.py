@@ -93,3 +93,42 @@ def test_async_train_on_vllm_with_partial_rollouts_stays_within_max_staleness(
             assert sample["step"] - 2 <= versions[0] and versions[-1] <= sample["step"] - 1
     spans = [r["staleness/version_span_max"] for r in rl]
     assert all(0 <= span <= 1 for span in spans)  # a completion straddles at most η updates
+
+
+def test_train_over_two_pinned_servers_publishes_to_both(tmp_path: Path) -> None:
+    # inference.vllm.num_servers=2: two servers (one core each) behind a VLLMClientPool,
+    # one weight-sync group spanning both; every step's rollouts come from the version
+    # of the step before, whichever server sampled them, and both servers sample.
+    config = load_config(
+        DEMO,
+        [
+            f"output_dir={tmp_path}",
+            "inference.backend=vllm",
+            "inference.vllm.num_servers=2",
+            "inference.vllm.publish=one_group",
+            "inference.vllm.cpu_cores=[0,1]",
+            "warm_start.steps=0",
+            "trainer.steps=2",
+            "trainer.prompts_per_step=4",
+            "algorithm.group_size=2",
+            "sampling.max_tokens=16",
+            "eval.num_problems=2",
+            "logging.console_every=1",
+            "logging.num_sample_rollouts=8",
+            "env.kwargs.num_problems=8",
+        ],
+    )
+    run_dir = job.train(config)
+
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy_version"] for r in lines if r["phase"] == "rl"] == [1, 2]
+    samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    servers = set()
+    for sample in samples:
+        agent_steps = [s for s in sample["steps"] if s["kind"] == "agent"]
+        assert {s["trace"]["policy_version"] for s in agent_steps} == {sample["step"] - 1}
+        servers |= {s["info"]["server"] for s in agent_steps}
+    assert len(servers) == 2, servers
+    for i, core in enumerate([0, 1]):  # vLLM's worker bound its OpenMP threads there
+        log = (run_dir / f"vllm_server_{i}.log").read_text()
+        assert f"core ids=[{core}]" in log, log[-2000:]

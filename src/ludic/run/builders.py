@@ -162,6 +162,9 @@ def _vllm_backend(config: RunConfig, *, model_dir: Path, log_dir: Path) -> Itera
         from ludic.inference.vllm.client import VLLMChatClient
     except ImportError as e:
         raise RunError(_NEEDS_VLLM.format(field="inference.backend=vllm", error=e)) from None
+    if config.inference.vllm.urls or config.inference.vllm.num_servers > 1:
+        yield from _vllm_pool(config, model_dir=model_dir, log_dir=log_dir)
+        return
     with vllm_server_client(
         config.inference.vllm,
         kind="policy",
@@ -175,8 +178,59 @@ def _vllm_backend(config: RunConfig, *, model_dir: Path, log_dir: Path) -> Itera
             api_key=key,
             partial_rollouts=config.inference.vllm.partial_rollouts,
         ),
+        cpu_cores=config.inference.vllm.cpu_cores[0] if config.inference.vllm.cpu_cores else None,
     ) as client:
         yield client
+
+
+def _vllm_pool(config: RunConfig, *, model_dir: Path, log_dir: Path) -> Iterator[ChatClient]:
+    """Several policy servers (started here, or ``urls``) behind one ``VLLMClientPool``,
+    its weight-sync group(s) formed; everything started is stopped on exit."""
+    from ludic.inference.vllm.client import VLLMChatClient
+    from ludic.inference.vllm.pool import VLLMClientPool
+    from ludic.inference.vllm.process import start_vllm_server
+
+    v = config.inference.vllm
+    cuda = config.model.device.startswith("cuda")
+    api_key = server_api_key(v)
+    with contextlib.ExitStack() as stack:
+        urls = [url.rstrip("/") for url in v.urls]
+        if v.start_server:
+            servers = []
+            for i in range(v.num_servers):  # started together, waited for in turn
+                server = start_vllm_server(
+                    config.model.path or model_dir,
+                    kind="policy",
+                    host=v.host,
+                    api_key=api_key,
+                    extra_args=server_args(v, cuda),
+                    cpu=not cuda,
+                    cpu_cores=v.cpu_cores[i] if v.cpu_cores and not cuda else None,
+                    log_path=log_dir / f"vllm_server_{i}.log",
+                    wait=False,
+                )
+                stack.callback(server.stop)
+                servers.append(server)
+            for server in servers:
+                server.wait_until_healthy(max(v.timeout_s, 300.0))
+            urls = [server.url for server in servers]
+        clients = [
+            VLLMChatClient(
+                url, timeout_s=v.timeout_s, api_key=api_key, partial_rollouts=v.partial_rollouts
+            )
+            for url in urls
+        ]
+        pool = VLLMClientPool(clients, publish=v.publish)
+        stack.callback(pool.close)
+        pool.init_weight_sync(backend=v.sync_backend, master_addr=v.host, master_port=v.group_port)
+        yield pool
+
+
+def server_args(v: VLLMConfig, cuda: bool) -> list[str]:
+    extra = [*v.extra_args]
+    if cuda:
+        extra += ["--gpu-memory-utilization", str(v.gpu_memory_utilization)]
+    return extra
 
 
 _NEEDS_VLLM = (
@@ -195,12 +249,13 @@ def vllm_server_client(
     log_dir: Path,
     connect: Callable[[str, float, str | None], Any],
     weight_sync: bool = True,
+    cpu_cores: str | None = None,
 ) -> Iterator[Any]:
     """A client (``connect(base_url, timeout_s, api_key)``) of a ludic vLLM server of
     ``kind`` (``"policy"`` / ``"reward"``), with its weight-sync group formed unless
     ``weight_sync`` is false. The server is started on ``model`` as a subprocess unless
     ``v.start_server`` is false; everything started is stopped on exit. ``field`` names
-    the config section in errors. The API key: ``v.api_key``, else ``$LUDIC_API_KEY``,
+    the config section in errors; ``cpu_cores`` pins a CPU server. The API key: ``v.api_key``, else ``$LUDIC_API_KEY``,
     else a fresh random one for a server started here."""
     try:
         from ludic.inference.vllm.process import start_vllm_server
@@ -209,17 +264,15 @@ def vllm_server_client(
     api_key = server_api_key(v)
     with contextlib.ExitStack() as stack:
         if v.start_server:
-            extra = [*v.extra_args]
-            if cuda:
-                extra += ["--gpu-memory-utilization", str(v.gpu_memory_utilization)]
             server = start_vllm_server(
                 model,
                 kind=kind,
                 host=v.host,
                 port=v.port,
                 api_key=api_key,
-                extra_args=extra,
+                extra_args=server_args(v, cuda),
                 cpu=not cuda,
+                cpu_cores=None if cuda else cpu_cores,
                 log_path=log_dir
                 / ("vllm_server.log" if kind == "policy" else f"vllm_{kind}_server.log"),
                 health_timeout_s=max(v.timeout_s, 300.0),

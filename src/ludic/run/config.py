@@ -20,6 +20,7 @@ from ludic.run.config_common import (
     EnvKind,
     LoraConfig,
     ParserName,
+    PolicyServersConfig,
     Section,
     TinyModelConfig,
     VLLMConfig,
@@ -34,6 +35,7 @@ from ludic.run.config_reward import (
 
 __all__ = [
     "LoraConfig",
+    "PolicyServersConfig",
     "PreferenceDataConfig",
     "RewardLoopSection",
     "RewardModelSection",
@@ -66,7 +68,7 @@ class InferenceConfig(Section):
     backend: Literal["transformers", "vllm"] = "transformers"
     """transformers: in-process, embedded; vllm: a vLLM server with live weight sync."""
     max_batch_size: int = Field(64, ge=1)
-    vllm: VLLMConfig = VLLMConfig()
+    vllm: PolicyServersConfig = PolicyServersConfig()
 
     @model_validator(mode="after")
     def _partial_rollouts_need_vllm(self) -> InferenceConfig:

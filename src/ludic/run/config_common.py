@@ -20,6 +20,7 @@ __all__ = [
     "EnvKind",
     "LoraConfig",
     "ParserName",
+    "PolicyServersConfig",
     "Section",
     "TinyModelConfig",
     "VLLMConfig",
@@ -109,3 +110,66 @@ class VLLMConfig(Section):
     @classmethod
     def _yaml_off(cls, value: Any) -> Any:
         return "off" if value is False else value  # YAML 1.1 reads a bare `off` as false
+
+
+class PolicyServersConfig(VLLMConfig):
+    """The policy's vLLM servers: one, or several behind a ``VLLMClientPool``
+    (``ludic.inference.vllm.pool``: least in flight, an episode sticks to one server, a
+    dead server is taken out and its requests sent elsewhere)."""
+
+    num_servers: int = Field(1, ge=1)
+    """Servers ludic starts on the policy, each on a free port; more than one needs
+    ``port`` null."""
+    urls: list[str] = []
+    """Base URLs of running servers to pool (``start_server`` false); empty: the one at
+    ``host``:``port``."""
+    publish: Literal["per_server", "one_group"] = "per_server"
+    """How a publish reaches several servers: a weight-sync group per server, pushed
+    concurrently (a dead server fails only its own push), or one group spanning every
+    server's workers (one broadcast). ``group_port`` is the first group's port; server i's
+    is ``group_port + i`` in per_server."""
+    cpu_cores: list[str] = []
+    """CPU only: the cores of each server, e.g. ["0-3", "4-7"] (``VLLM_CPU_OMP_THREADS_BIND``;
+    every process of server i is also pinned there). Empty: vLLM's own binding."""
+
+    @field_validator("cpu_cores", mode="before")
+    @classmethod
+    def _core_numbers(cls, value: Any) -> Any:
+        """YAML reads ``[0, 1]`` as numbers: one core each."""
+        if isinstance(value, list):
+            return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
+        return value
+
+    @model_validator(mode="after")
+    def _servers(self) -> PolicyServersConfig:
+        n = self.num_servers
+        if n > 1 and self.port is not None:
+            raise ValueError(
+                f"port={self.port} with num_servers={n}: each server needs its own port; "
+                "leave port null (free ports are picked)"
+            )
+        if n > 1 and not self.start_server:
+            raise ValueError(
+                f"num_servers={n} with start_server=false: list the running servers in urls"
+            )
+        if self.urls and self.start_server:
+            raise ValueError("urls lists running servers; set start_server: false to use them")
+        if len(set(self.urls)) != len(self.urls):
+            raise ValueError(f"urls lists a server twice: {self.urls}")
+        for url in self.urls:
+            if not re.fullmatch(r"https?://[^/\s]+/?", url):
+                raise ValueError(f"urls: {url!r} is not a base URL like http://host:port")
+        if self.cpu_cores and len(self.cpu_cores) != n:
+            raise ValueError(
+                f"cpu_cores lists {len(self.cpu_cores)} core sets for num_servers={n}; "
+                "give one per server"
+            )
+        for cores in self.cpu_cores:
+            if not re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", cores):
+                raise ValueError(f"cpu_cores: {cores!r} is not a core list like '0-3' or '0,2'")
+        return self
+
+    @property
+    def server_count(self) -> int:
+        """How many servers the run talks to."""
+        return len(self.urls) if self.urls else self.num_servers

@@ -148,18 +148,21 @@ def _inference(
             )
         return client, tokenizer, subscriber.refresh
     from ludic.inference.vllm.client import VLLMChatClient
+    from ludic.inference.vllm.pool import VLLMClientPool
     from ludic.inference.vllm.security import API_KEY_ENV
 
-    url = learner.get("inference_url")
-    if not url:
+    urls = learner.get("inference_urls")
+    if not urls:
         raise RunError(
             "inference.backend=vllm but the learner serves no vLLM server (it runs "
             f"{learner.get('weights')!r} weights); use the learner's inference.backend"
         )
     v = config.inference.vllm
-    client = VLLMChatClient(
-        url, api_key=v.api_key or os.environ.get(API_KEY_ENV), timeout_s=v.timeout_s
-    )
+    clients = [
+        VLLMChatClient(url, api_key=v.api_key or os.environ.get(API_KEY_ENV), timeout_s=v.timeout_s)
+        for url in urls
+    ]
+    client: Any = clients[0] if len(clients) == 1 else VLLMClientPool(clients)
     stack.callback(client.close)
     return client, _load_tokenizer(config, run), client.get_policy_version
 

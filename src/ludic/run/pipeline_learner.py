@@ -183,7 +183,7 @@ def _reinforce_from_queue(
                 "version": trainer.step,
                 "steps": config.trainer.steps,
                 "weights": "vllm" if vllm else "redis",
-                "inference_url": client.base_url if vllm else None,
+                "inference_urls": _server_urls(client) if vllm else [],
                 "max_staleness": config.trainer.staleness,
                 "run_dir": str(run.path),
                 "host": socket.gethostname(),
@@ -266,3 +266,10 @@ def _check_vllm_key(config: RunConfig) -> None:
             f"know its key; set ${API_KEY_ENV} (or inference.vllm.api_key) for the learner "
             "and every actor (`ludic train` does this for you)"
         )
+
+
+def _server_urls(client: Any) -> list[str]:
+    """The base URLs of the policy server(s) behind ``client`` (a pool or one client)."""
+    from ludic.inference.vllm.pool import VLLMClientPool
+
+    return client.base_urls if isinstance(client, VLLMClientPool) else [client.base_url]

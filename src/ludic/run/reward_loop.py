@@ -32,9 +32,9 @@ from ludic.rewards import (
     rollout_reward_sample,
 )
 from ludic.rewards.genrm import DEFAULT_TEMPLATE
-from ludic.run.builders import server_api_key
+from ludic.run.builders import server_api_key, server_args
 from ludic.run.config import RunConfig
-from ludic.run.config_reward import RewardLoopSection, RewardServersConfig
+from ludic.run.config_reward import RewardLoopSection
 from ludic.run.errors import RunError
 from ludic.training import RewardLoopCreditAssigner
 from ludic.training.algorithm import RLAlgorithm
@@ -200,7 +200,7 @@ def _router_address(
                 host=group.server.host,
                 port=group.server.port,
                 api_key=key,
-                extra_args=_extra_args(group, cuda),
+                extra_args=server_args(group.server, cuda),
                 cpu=not cuda,
                 log_path=log_dir / f"vllm_{name}_{i}.log",
                 wait=False,
@@ -231,10 +231,3 @@ def _tiny_model(name: str, run_dir: Path) -> Path:
     if not (folder / "config.json").is_file():
         (save_tiny_reward_model if name == "disrm" else save_tiny_model)(folder)
     return folder
-
-
-def _extra_args(group: RewardServersConfig, cuda: bool) -> list[str]:
-    extra = list(group.server.extra_args)
-    if cuda:
-        extra += ["--gpu-memory-utilization", str(group.server.gpu_memory_utilization)]
-    return extra

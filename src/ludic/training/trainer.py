@@ -43,6 +43,7 @@ import torch
 
 from ludic._async import on_compute_thread
 from ludic.distributed.interfaces import PolicyPublisher
+from ludic.distributed.weight_transfer.extractor import gather_full_tensors
 from ludic.distributed.weights import policy_state_dict
 from ludic.stats import Reducer, aggregate_stats
 from ludic.training.checkpoint import CheckpointConfig
@@ -53,6 +54,15 @@ from ludic.training.core import (  # noqa: F401 (NonFiniteError re-exported)
     NonFiniteError,
     TrainingCore,
 )
+from ludic.training.data_parallel import (
+    BatchChannel,
+    ShardedScorer,
+    TrainerRanks,
+    all_reduce_sum,
+    broadcast_flag,
+    shard_policy,
+    split_items,
+)
 from ludic.training.filters import SampleFilter
 from ludic.training.flat_parameters import flatten_parameters
 from ludic.training.loggers import TrainingLogger
@@ -62,7 +72,6 @@ from ludic.training.packing import split_packed_microbatches
 from ludic.training.token_scores import (
     CausalLMParts,
     ScoringOptions,
-    TokenScores,
     score_tokens,
     split_causal_lm,
 )
@@ -109,6 +118,10 @@ class Trainer(HasTrainingCore):
       ``requires_ref_logprobs``.
     * ``metric_reducers``: ``stats.Reducer``s over the step's (kept) ``SAWItem``s, e.g.
       ``Reducer("success", "meta.reward", reduce="fraction", transform=lambda r: r > 0)``.
+    * ``ranks``: data-parallel training over torch.distributed ranks, the policy sharded
+      with FSDP2 (:mod:`ludic.training.data_parallel`): every rank builds the same
+      Trainer with ``ranks=TrainerRanks.current()``; rank 0's batch source, publisher and
+      loggers are the ones used (the other ranks' are ignored).
 
     The optimizer, schedule, step counter, checkpoints and loggers live in a
     :class:`~ludic.training.core.TrainingCore` (``trainer.core``) shared with the
@@ -128,6 +141,7 @@ class Trainer(HasTrainingCore):
         sample_filter: SampleFilter | None = None,
         reference_model: torch.nn.Module | None = None,
         metric_reducers: Sequence[Reducer] = (),
+        ranks: TrainerRanks | None = None,
     ) -> None:
         if not callable(getattr(algorithm, "loss", None)):
             raise TypeError(
@@ -148,6 +162,7 @@ class Trainer(HasTrainingCore):
         self.publisher = publisher
         self.sample_filter = sample_filter
         self.reference_model = self._prepare_reference(reference_model)
+        self.ranks = ranks if ranks is not None and ranks.world_size > 1 else None
         self._varlen = self._varlen_attention()
         self._parts = self._split(self.model)
         self._reference_parts = (
@@ -164,7 +179,21 @@ class Trainer(HasTrainingCore):
             pad_token_id=config.pad_token_id,
         )
         self.metric_reducers = tuple(metric_reducers)
-        self._concurrent = bool(getattr(batch_source, "is_concurrent", False))
+        self._scorer: ShardedScorer | None = None
+        self._channel: BatchChannel | None = None
+        if self.ranks is not None:
+            self._scorer = shard_policy(self.model, self.scoring, self.device.type)
+            self._channel = BatchChannel(self.ranks)
+            # Rank 0 decides: whether weights are published, and the batch source's kind.
+            self.publisher = publisher if self.ranks.is_main else None
+            self._publishes = broadcast_flag(publisher is not None, self.ranks)
+            concurrent = bool(getattr(batch_source, "is_concurrent", False))
+            self._concurrent = broadcast_flag(concurrent, self.ranks)
+            if not self.ranks.is_main:
+                loggers = ()  # rank 0 logs the step (its metrics are summed over ranks)
+        else:
+            self._publishes = publisher is not None
+            self._concurrent = bool(getattr(batch_source, "is_concurrent", False))
         self.core = TrainingCore(
             self.model,
             config,
@@ -208,7 +237,7 @@ class Trainer(HasTrainingCore):
             result = await on_compute_thread(self._optimize, batch)
         t_compute = time.perf_counter()
         self.step += 1
-        if self.publisher is not None and self.core.is_due(self.config.publish_every):
+        if self._publishes and self.core.is_due(self.config.publish_every):
             if self._concurrent:
                 await asyncio.to_thread(self.publish_policy)
             else:
@@ -268,8 +297,26 @@ class Trainer(HasTrainingCore):
     # ---------------------------------------------------------------- stages
     async def _next_batch(self) -> tuple[SAWBatch, list[SAWBatch], dict[str, float]]:
         """The step's batch after filtering and staleness, with the raw batches it came from
-        and the selection metrics. An asynchronous source is asked again (up to
-        :data:`MAX_EMPTY_ASYNC_BATCHES` times) when every item of a batch was dropped."""
+        and the selection metrics. With ``ranks``, rank 0 makes it and broadcasts it; the
+        other ranks receive it (and raise what rank 0's source raised)."""
+        if self.ranks is None:
+            return await self._select_batch()
+        assert self._channel is not None
+        if not self.ranks.is_main:
+            batch = await asyncio.to_thread(self._channel.receive)
+            return batch, [], {}
+        try:
+            batch, raw_batches, selection = await self._select_batch()
+        except BaseException as error:
+            await asyncio.to_thread(self._channel.send_end, error)
+            raise
+        await asyncio.to_thread(self._channel.send, batch)
+        return batch, raw_batches, selection
+
+    async def _select_batch(self) -> tuple[SAWBatch, list[SAWBatch], dict[str, float]]:
+        """:meth:`_next_batch` from the batch source. An asynchronous source is asked again
+        (up to :data:`MAX_EMPTY_ASYNC_BATCHES` times) when every item of a batch was
+        dropped."""
         raw_batches: list[SAWBatch] = []
         dropped = {"dropped/filter": 0, "dropped/stale": 0}
         attempts = MAX_EMPTY_ASYNC_BATCHES if self._concurrent else 1
@@ -348,22 +395,28 @@ class Trainer(HasTrainingCore):
         lr = self.core.lr
         passes = [self._minibatches(batch.items, epoch) for epoch in range(self.config.ppo_epochs)]
         updates = [mb for minibatches in passes for mb in minibatches]
-        proximal = self._proximal_logprobs(batch.items) if len(updates) > 1 else None
-        reference = self._reference_logprobs(batch.items)
+        shares = self._shares(batch.items)
+        mine = [item for item in batch.items if id(item) in shares[self._rank]]
+        filler = [batch.items[0]]  # a padding micro-batch (every rank holds the batch)
+        proximal = self._proximal_logprobs(batch.items, shares) if len(updates) > 1 else None
+        reference = self._reference_logprobs(mine)
         losses, norms, stats = [], [], dict[str, float]()
         num_microbatches = tokens_run = 0
         for u, items in enumerate(updates):
-            microbatches = self._microbatches(items)
-            totals = StepTotals(
+            totals = StepTotals(  # over the whole mini-batch, on every rank
                 num_sequences=len(items),
                 num_action_tokens=sum(item.num_action_tokens for item in items),
             )
+            microbatches, padding = self._my_microbatches(items, shares)
             loss, loss_stats, run = self._accumulate_gradients(
-                microbatches, totals, proximal, reference
+                microbatches, totals, proximal, reference, padding=[filler] * padding
             )
+            ran = len(microbatches)
+            if self.ranks is not None:  # each rank ran its share: sum the shares
+                loss, loss_stats, run, ran = self._summed_over_ranks(loss, loss_stats, run, ran)
             norms.append(self.core.optimizer_step(schedule=u == len(updates) - 1))
             losses.append(loss)
-            num_microbatches += len(microbatches)
+            num_microbatches += ran
             tokens_run += run
             for key, value in loss_stats.items():
                 stats[key] = stats.get(key, 0.0) + value / len(updates)
@@ -376,6 +429,40 @@ class Trainer(HasTrainingCore):
             num_microbatches=num_microbatches,
             tokens_run=tokens_run,
         )
+
+    @property
+    def _rank(self) -> int:
+        return 0 if self.ranks is None else self.ranks.rank
+
+    def _shares(self, items: Sequence[SAWItem]) -> list[set[int]]:
+        """``id`` s of the step's items each rank trains on (every item on one rank without
+        ``ranks``); the same split on every rank, fixed for the whole step."""
+        if self.ranks is None:
+            return [{id(item) for item in items}]
+        split = split_items(items, self.ranks.world_size)
+        return [{id(items[i]) for i in share} for share in split]
+
+    def _my_microbatches(
+        self, items: Sequence[SAWItem], shares: Sequence[set[int]]
+    ) -> tuple[list[list[SAWItem]], int]:
+        """This rank's micro-batches of the mini-batch ``items``, and how many *padding*
+        micro-batches it must run after them so that every rank runs as many as the
+        busiest (FSDP2 gathers weights in every forward: a collective)."""
+        per_rank = [self._microbatches([i for i in items if id(i) in share]) for share in shares]
+        local = per_rank[self._rank]
+        return local, max(len(m) for m in per_rank) - len(local)
+
+    @staticmethod
+    def _summed_over_ranks(
+        loss: float, stats: Mapping[str, float], tokens_run: int, microbatches: int
+    ) -> tuple[float, dict[str, float], int, int]:
+        """The update's loss, stats, positions run and (real) micro-batches, summed over
+        ranks (a collective)."""
+        keys = sorted(stats)  # the same on every rank: padding micro-batches add their keys
+        counts = [loss, float(tokens_run), float(microbatches)]
+        total = all_reduce_sum([*counts, *(stats[k] for k in keys)])
+        stats_sum = dict(zip(keys, total[3:], strict=True))
+        return total[0], stats_sum, int(total[1]), int(total[2])
 
     def _microbatches(self, items: Sequence[SAWItem]) -> list[list[SAWItem]]:
         """Padded micro-batches (``B * T_max`` within the budget), or with ``packing``
@@ -396,15 +483,24 @@ class Trainer(HasTrainingCore):
         order = torch.randperm(len(items), generator=gen).tolist()
         return [[items[i] for i in order[k::n]] for k in range(n)]
 
-    def _proximal_logprobs(self, items: Sequence[SAWItem]) -> dict[int, torch.Tensor] | None:
+    def _proximal_logprobs(
+        self, items: Sequence[SAWItem], shares: Sequence[set[int]] | None = None
+    ) -> dict[int, torch.Tensor] | None:
         """pi_prox: each item's next-token logprobs [T-1] under the weights at the start of
         the step (no grad), for losses with ``requires_proximal_logprobs`` (decoupled PPO,
         truncated importance sampling) when the step makes several updates (with one, the
-        update's own forward gives them); keyed by ``id(item)``."""
+        update's own forward gives them); keyed by ``id(item)``. With ``ranks``, for this
+        rank's share of ``items`` only (``shares``), padded to the busiest rank's forwards."""
         if not getattr(self.loss, "requires_proximal_logprobs", False):
             return None
         self.model.train()  # the mode of the gradient forward (dropout alike)
-        return self._logprobs_without_grad(self.model, self._parts, items, self.device)
+        shares = shares or self._shares(items)
+        per_rank = [self._microbatches([i for i in items if id(i) in s]) for s in shares]
+        mine = [item for mb in per_rank[self._rank] for item in mb]
+        padding = [[items[0]]] * (max(len(m) for m in per_rank) - len(per_rank[self._rank]))
+        return self._logprobs_without_grad(
+            self.model, self._parts, mine, self.device, padding=padding
+        )
 
     def _reference_logprobs(self, items: Sequence[SAWItem]) -> dict[int, torch.Tensor] | None:
         """The reference model's next-token logprobs [T-1] per item (no grad, on
@@ -422,16 +518,37 @@ class Trainer(HasTrainingCore):
         parts: CausalLMParts | None,
         items: Sequence[SAWItem],
         device: torch.device,
+        *,
+        padding: Sequence[list[SAWItem]] = (),
     ) -> dict[int, torch.Tensor]:
+        """Next-token logprobs per item (keyed by ``id``); then forwards of the ``padding``
+        micro-batches, whose results are dropped (while another rank's items keep the
+        sharded policy busy)."""
         out: dict[int, torch.Tensor] = {}
         with torch.no_grad():
             for mb_items in self._microbatches(items):
                 mb = collate(mb_items, self.config.pad_token_id, device)
-                scores = score_tokens(model, mb, self.scoring, parts=parts)
-                logprobs = scores.logprobs.to(self.device)
+                logprobs = self._score(model, mb, parts)[0].to(self.device)
                 for row, item in enumerate(mb_items):
                     out[id(item)] = logprobs[row, : item.num_tokens - 1]
+            for mb_items in padding:
+                self._score(model, collate(mb_items, self.config.pad_token_id, device), parts)
         return out
+
+    def _score(
+        self,
+        model: torch.nn.Module,
+        mb: CollatedBatch,
+        parts: CausalLMParts | None,
+        *,
+        with_entropy: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+        """``(logprobs, entropy, tokens_run)`` of ``mb`` under ``model`` (the policy through
+        its FSDP2 root unit when sharded)."""
+        if model is self.model and self._scorer is not None:
+            return self._scorer(mb, with_entropy)
+        scores = score_tokens(model, mb, self.scoring, with_entropy=with_entropy, parts=parts)
+        return scores.logprobs, scores.entropy, scores.tokens_run
 
     def _accumulate_gradients(
         self,
@@ -439,6 +556,8 @@ class Trainer(HasTrainingCore):
         totals: StepTotals,
         proximal: Mapping[int, torch.Tensor] | None = None,
         reference: Mapping[int, torch.Tensor] | None = None,
+        *,
+        padding: Sequence[list[SAWItem]] = (),
     ) -> tuple[float, dict[str, float], int]:
         """Forward + loss + backward per micro-batch.
 
@@ -446,52 +565,58 @@ class Trainer(HasTrainingCore):
         loss because the normalizers are global), the loss stats, averaged over
         micro-batches with weights = their share of action tokens (a stat named
         ``"loss"`` is left out: the summed loss is the authoritative value), and the
-        positions the model ran.
+        positions the model ran. The ``padding`` micro-batches run last with their loss
+        times 0: they add nothing but keep this rank's collectives in step with the
+        busiest rank's (data-parallel training).
         """
         self.model.train()
         total_loss, stats, tokens_run = 0.0, dict[str, float](), 0
-        for items in microbatches:
+        runs = [(items, False) for items in microbatches] + [(i, True) for i in padding]
+        for items, is_padding in runs:
             mb = collate(items, self.config.pad_token_id, self.device)
-            scores = score_tokens(
-                self.model, mb, self.scoring, with_entropy=True, parts=self._parts
-            )
-            inputs = self._loss_inputs(mb, scores, totals, items, proximal, reference)
+            logprobs, entropy, run = self._score(self.model, mb, self._parts, with_entropy=True)
+            if is_padding:  # stand-ins for what only the item's own rank holds
+                proximal_rows = reference_rows = logprobs.detach()
+            else:
+                proximal_rows = None if proximal is None else _rows(proximal, items, mb)
+                reference_rows = None if reference is None else _rows(reference, items, mb)
+            inputs = self._loss_inputs(mb, logprobs, entropy, totals, proximal_rows, reference_rows)
             out = self.loss(inputs)
             value = float(out.loss.detach())
             if not math.isfinite(value):
                 self.core.abort_step(f"loss is {value}")
-            out.loss.backward()
-            total_loss += value
-            tokens_run += scores.tokens_run
-            share = mb.num_action_tokens / max(totals.num_action_tokens, 1)
+            share = 0.0 if is_padding else mb.num_action_tokens / max(totals.num_action_tokens, 1)
+            (out.loss * 0.0 if is_padding else out.loss).backward()
+            total_loss += 0.0 if is_padding else value
+            tokens_run += 0 if is_padding else run
             for key, stat in out.stats.items():
                 if key != "loss":
                     stats[key] = stats.get(key, 0.0) + share * float(stat)
-            assert scores.entropy is not None
-            entropy = float(scores.entropy.detach().sum()) / max(mb.num_action_tokens, 1)
-            stats[ENTROPY_STAT] = stats.get(ENTROPY_STAT, 0.0) + share * entropy
+            assert entropy is not None
+            mean_entropy = float(entropy.detach().sum()) / max(mb.num_action_tokens, 1)
+            stats[ENTROPY_STAT] = stats.get(ENTROPY_STAT, 0.0) + share * mean_entropy
         return total_loss, stats, tokens_run
 
     def _loss_inputs(
         self,
         mb: CollatedBatch,
-        scores: TokenScores,
+        logprobs: torch.Tensor,
+        entropy: torch.Tensor | None,
         totals: StepTotals,
-        items: Sequence[SAWItem] = (),
-        proximal: Mapping[int, torch.Tensor] | None = None,
-        reference: Mapping[int, torch.Tensor] | None = None,
+        proximal: torch.Tensor | None = None,
+        reference: torch.Tensor | None = None,
     ) -> LossInputs:
-        logprobs = scores.logprobs  # [B, T-1], 0.0 off the action mask
+        """``logprobs`` [B, T-1] (0.0 off the action mask) and, as the loss needs them,
+        pi_prox (``proximal``, laid out as ``logprobs``), the reference's logprobs and the
+        entropy."""
         extra: dict[str, Any] = {}
-        if proximal is not None:
-            extra["proximal_logprobs"] = _rows(proximal, items, mb)
-        elif getattr(self.loss, "requires_proximal_logprobs", False):
+        if getattr(self.loss, "requires_proximal_logprobs", False):
             # One update per step: the weights at its start are the ones of this forward.
-            extra["proximal_logprobs"] = logprobs.detach()
-        if reference is not None:
-            extra["ref_logprobs"] = _rows(reference, items, mb)
+            extra["proximal_logprobs"] = logprobs.detach() if proximal is None else proximal
+        if reference is not None and getattr(self.loss, "requires_ref_logprobs", False):
+            extra["ref_logprobs"] = reference
         if getattr(self.loss, "requires_entropy", False):
-            extra["entropy"] = scores.entropy
+            extra["entropy"] = entropy
         return LossInputs(
             logprobs=logprobs,
             action_mask=mb.action_mask,
@@ -527,10 +652,15 @@ class Trainer(HasTrainingCore):
 
     # ---------------------------------------------------------------- sync, save, log
     def publish_policy(self) -> None:
-        """Publish the current weights as version ``step`` (also useful after resume)."""
-        if self.publisher is None:
+        """Publish the current weights as version ``step`` (also useful after resume).
+        With ``ranks``, every rank must call it: the sharded weights are gathered with a
+        collective while rank 0 sends them."""
+        if not self._publishes:
             raise ValueError("Trainer has no publisher; pass Trainer(publisher=...)")
-        self.publisher.publish(policy_state_dict(self.model), version=self.step)
+        if self.publisher is not None:
+            self.publisher.publish(policy_state_dict(self.model), version=self.step)
+        else:  # another rank: join rank 0's gathers, in the same order
+            gather_full_tensors(policy_state_dict(self.model))
         self._published_version = self.step
 
     def _announce_version(self) -> None:
@@ -538,7 +668,7 @@ class Trainer(HasTrainingCore):
         side serves: the last published one (the step itself without a publisher)."""
         announce = getattr(self.batch_source, "on_policy_version", None)
         if announce is not None:
-            version = self.step if self.publisher is None else self._published_version
+            version = self.step if not self._publishes else self._published_version
             announce(version)
 
     def save_checkpoint(self) -> Path:

@@ -187,6 +187,11 @@ class VLLMClientPool:
         return cls(clients, publish=publish, probe_interval_s=probe_interval_s)
 
     @property
+    def base_urls(self) -> list[str]:
+        """Every server's base URL, in pool order."""
+        return [server.url for server in self.servers]
+
+    @property
     def partial_rollouts(self) -> str:
         return self.servers[0].client.partial_rollouts
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -59,6 +60,35 @@ i.e. whenever more prompt tokens wait than one step's budget."""
 
 CPU_DEFAULT_ENV: dict[str, str] = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 """KV-cache size in GiB on CPU; without it vLLM sizes the cache from RAM and may fail."""
+
+
+CPU_CORES_ENV = "LUDIC_CPU_CORES"
+"""Cores (``"0-3,6"``) ``ludic serve`` pins itself to before vLLM starts; the engine and
+worker processes it spawns inherit them."""
+
+
+def parse_cpu_cores(cores: str) -> set[int]:
+    """``"0-3,6"`` -> ``{0, 1, 2, 3, 6}``; raises ``ValueError`` on anything else."""
+    out: set[int] = set()
+    for part in cores.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", part)
+        low, high = (int(match[1]), int(match[2] or match[1])) if match else (0, -1)
+        if high < low:
+            raise ValueError(f"cpu cores {cores!r}: expected a list like '0-3' or '0,2,5-7'")
+        out.update(range(low, high + 1))
+    return out
+
+
+def pin_to_env_cores() -> None:
+    """Pin this process to :data:`CPU_CORES_ENV`'s cores when it is set (threads and
+    processes started later inherit them). Cores this machine lacks raise."""
+    cores = os.environ.get(CPU_CORES_ENV)
+    if not cores:
+        return
+    wanted = parse_cpu_cores(cores)
+    if not wanted <= set(range(os.cpu_count() or 1)):
+        raise ValueError(f"{CPU_CORES_ENV}={cores!r}: this machine has {os.cpu_count()} cores")
+    os.sched_setaffinity(0, wanted)
 
 
 class VLLMServerProcess:
@@ -153,6 +183,7 @@ def start_vllm_server(
     log_path: str | os.PathLike[str] | None = None,
     wait: bool = True,
     health_timeout_s: float = 300.0,
+    cpu_cores: str | None = None,
 ) -> VLLMServerProcess:
     """Start ``python -m ludic serve KIND --model model_dir`` in a new session.
 
@@ -170,7 +201,14 @@ def start_vllm_server(
         log_path: file for the server's stdout+stderr (default: a temp file).
         wait: block until ``/health`` answers 200 with the ``type`` of ``kind`` (raises
             with the log tail otherwise; the process is stopped first).
+        cpu_cores: CPU only, e.g. ``"0-3"`` or ``"0,2"``: every process and thread of the
+            server runs on these cores (``ludic serve`` pins itself before vLLM starts, see
+            :data:`CPU_CORES_ENV`) and vLLM's OpenMP threads bind to them
+            (``VLLM_CPU_OMP_THREADS_BIND``). Default: vLLM's own binding.
     """
+    if cpu_cores is not None:
+        parse_cpu_cores(cpu_cores)  # a bad list fails here, not in the child
+        env = {**(env or {}), CPU_CORES_ENV: cpu_cores, "VLLM_CPU_OMP_THREADS_BIND": cpu_cores}
     if kind not in ("policy", "reward"):
         raise ValueError(f"kind={kind!r}; expected 'policy' or 'reward'")
     if cpu is None:

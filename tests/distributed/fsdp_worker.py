@@ -1,0 +1,125 @@
+"""One rank of a data-parallel (FSDP2) trainer run on CPU, for ``test_fsdp_trainer.py``.
+
+    python -m torch.distributed.run --nproc-per-node N tests/distributed/fsdp_worker.py \
+        OUT ALGORITHM DTYPE [--steps K] [--minibatches M] [--budget TOKENS]
+    python tests/distributed/fsdp_worker.py OUT ...        # one process, no process group
+
+Every rank builds the same tiny policy and the same batches (rank 0's batch source is the
+one used); after the steps rank 0 writes ``OUT/result.pt``: each step's metrics and the
+final full weights (gathered from the shards).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+
+from ludic.models.tiny import build_tiny_causal_lm, build_tiny_tokenizer
+from ludic.training.algorithm import make_decoupled_ppo, make_grpo, make_gspo, make_sft
+from ludic.training.config import TrainerConfig
+from ludic.training.data_parallel import TrainerRanks
+from ludic.training.trainer import Trainer
+from ludic.training.types import DataExhausted, SAWBatch, SAWItem
+
+ALGORITHMS = {
+    "grpo": lambda: make_grpo(group_size=2),
+    "gspo": lambda: make_gspo(group_size=2),
+    "decoupled_ppo": lambda: make_decoupled_ppo(),
+    "sft": make_sft,
+}
+
+
+def batches(num: int, size: int, seed: int = 0) -> list[SAWBatch]:
+    """Seeded batches of sequences of 6..24 tokens (3..10 of them actions), with
+    behaviour logprobs and advantages."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for b in range(num):
+        items = []
+        for i in range(size):
+            prompt = int(torch.randint(3, 15, (1,), generator=g))
+            completion = int(torch.randint(3, 11, (1,), generator=g))
+            ids = torch.randint(3, 250, (prompt + completion,), generator=g).tolist()
+            mask = [0] * prompt + [1] * completion
+            old = [0.0] * prompt + (-5.5 + torch.rand(completion, generator=g)).tolist()
+            weight = float(torch.randn(1, generator=g))
+            meta = {"rollout_id": f"b{b}r{i}", "reward": weight, "group_id": f"b{b}g{i // 2}"}
+            items.append(SAWItem(ids, mask, weight, old_logprobs=old, meta=meta, policy_version=0))
+        out.append(SAWBatch(items=items))
+    return out
+
+
+class ListSource:
+    """The batches in order; past the last one, ``DataExhausted`` (or, with ``fail``, a
+    ``RuntimeError``)."""
+
+    def __init__(self, items: list[SAWBatch], fail: bool = False) -> None:
+        self.items, self.calls, self.fail = items, 0, fail
+
+    async def next_batch(self) -> SAWBatch:
+        self.calls += 1
+        if self.calls > len(self.items):
+            if self.fail:
+                raise RuntimeError("the rollout engine broke")
+            raise DataExhausted("no more batches")
+        return self.items[self.calls - 1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("algorithm", choices=sorted(ALGORITHMS))
+    parser.add_argument("dtype", choices=["float32", "float64"])
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=7)
+    parser.add_argument("--minibatches", type=int, default=1)
+    parser.add_argument("--budget", type=int, default=64)
+    parser.add_argument("--logprobs", default="chunked")
+    parser.add_argument("--adam-eps", type=float, default=1e-8)
+    parser.add_argument("--batches", type=int, help="fewer batches than steps (default: steps)")
+    parser.add_argument("--fail", action="store_true", help="the source fails after --batches")
+    args = parser.parse_args()
+
+    ranks = TrainerRanks.from_env()
+    if ranks is not None:
+        torch.distributed.init_process_group("gloo")
+        ranks = TrainerRanks.current()
+    torch.set_num_threads(1)
+    dtype = getattr(torch, args.dtype)
+    model = build_tiny_causal_lm(build_tiny_tokenizer(), seed=0).to(dtype)
+    config = TrainerConfig(
+        lr=1e-2,
+        eps=args.adam_eps,
+        max_grad_norm=1.0,
+        max_tokens_per_microbatch=args.budget,
+        num_minibatches=args.minibatches,
+        logprobs=args.logprobs,
+        dtype=None,
+        seed=1,
+    )
+    trainer = Trainer(
+        model,
+        ALGORITHMS[args.algorithm](),
+        ListSource(batches(args.batches or args.steps, args.batch), fail=args.fail),
+        config,
+        ranks=ranks,
+    )
+    history = trainer.train_sync(args.steps)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    weights = get_model_state_dict(
+        trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    if ranks is None or ranks.is_main:
+        args.out.mkdir(parents=True, exist_ok=True)
+        torch.save({"history": history, "weights": weights}, args.out / "result.pt")
+    if ranks is not None:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()
