@@ -26,11 +26,14 @@ def test_bad_core_lists_are_refused(text: str) -> None:
 
 
 def pinned_affinity(cores: str) -> subprocess.CompletedProcess[str]:
-    code = (
+    code = (  # a thread started before the pinning, one after, and the main thread
         "import os, threading; from ludic.inference.vllm.process import pin_to_env_cores; "
+        "stop = threading.Event(); early = threading.Thread(target=stop.wait, daemon=True); "
+        "early.start(); "
         "pin_to_env_cores(); seen = []; "
         "t = threading.Thread(target=lambda: seen.append(os.sched_getaffinity(0))); "
-        "t.start(); t.join(); print(sorted(os.sched_getaffinity(0)), sorted(seen[0]))"
+        "t.start(); t.join(); print(sorted(os.sched_getaffinity(0)), sorted(seen[0]), "
+        "sorted(os.sched_getaffinity(early.native_id))); stop.set()"
     )
     env = {**os.environ, CPU_CORES_ENV: cores}
     return subprocess.run(
@@ -42,7 +45,7 @@ def test_a_server_process_pins_itself_and_its_threads_inherit() -> None:
     last = (os.cpu_count() or 1) - 1
     done = pinned_affinity(str(last))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == [f"[{last}]", f"[{last}]"]
+    assert done.stdout.split() == [f"[{last}]"] * 3
 
 
 def test_cores_the_machine_lacks_fail_before_anything_starts() -> None:

@@ -80,15 +80,17 @@ def parse_cpu_cores(cores: str) -> set[int]:
 
 
 def pin_to_env_cores() -> None:
-    """Pin this process to :data:`CPU_CORES_ENV`'s cores when it is set (threads and
-    processes started later inherit them). Cores this machine lacks raise."""
+    """Pin every thread of this process to :data:`CPU_CORES_ENV`'s cores when it is set
+    (threads and processes started later inherit them). Cores this machine lacks raise."""
     cores = os.environ.get(CPU_CORES_ENV)
     if not cores:
         return
     wanted = parse_cpu_cores(cores)
     if not wanted <= set(range(os.cpu_count() or 1)):
         raise ValueError(f"{CPU_CORES_ENV}={cores!r}: this machine has {os.cpu_count()} cores")
-    os.sched_setaffinity(0, wanted)
+    for tid in os.listdir("/proc/self/task"):  # every thread already running, this one too
+        with contextlib.suppress(ProcessLookupError):  # a thread that has just ended
+            os.sched_setaffinity(int(tid), wanted)
 
 
 class VLLMServerProcess:
