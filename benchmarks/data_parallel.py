@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 import torch
-from reward_loop import launch, ready  # benchmarks/ is on sys.path when run as a script
+from reward_loop import launch, ready, tree_cpu  # benchmarks/ is on sys.path when run as a script
 
 from ludic.inference.request import CompletionRequest, InferenceSpec, SamplingSpec
 from ludic.inference.vllm.pool import VLLMClientPool
@@ -47,8 +47,11 @@ from ludic.models.tiny import build_tiny_causal_lm, build_tiny_tokenizer, save_t
 A_CORE, B_CORE = 0, 1
 
 
-def throughput_run(urls: list[str], key: str, args: argparse.Namespace, seed: int) -> float:
-    """Seconds to generate ``args.requests`` completions through a pool of ``urls``."""
+def throughput_run(
+    urls: list[str], key: str, args: argparse.Namespace, seed: int, pids: dict[str, int]
+) -> tuple[float, dict[str, float]]:
+    """Seconds to generate ``args.requests`` completions through a pool of ``urls``, and
+    the CPU seconds each server (``pids``: name -> pid) and this process used meanwhile."""
     rng = random.Random(seed)
     spec = InferenceSpec(
         sampling=SamplingSpec(temperature=1.0, max_tokens=args.tokens, seed=None),
@@ -59,7 +62,7 @@ def throughput_run(urls: list[str], key: str, args: argparse.Namespace, seed: in
         for _ in range(args.requests)
     ]
 
-    async def go() -> float:
+    async def go() -> tuple[float, dict[str, float]]:
         with VLLMClientPool.connect(urls, api_key=key, timeout_s=300.0) as pool:
             gate = asyncio.Semaphore(args.concurrency)
 
@@ -68,12 +71,19 @@ def throughput_run(urls: list[str], key: str, args: argparse.Namespace, seed: in
                     response = await pool.complete(request)
                     return len(response.trace.completion_token_ids)
 
+            for server in pool.servers:  # connections and model names, before the clock
+                await server.client.complete(requests[0])
+            cpu = {name: tree_cpu(pid) for name, pid in pids.items()}
+            cpu["client"] = time.process_time()
             started = time.perf_counter()
             lengths = await asyncio.gather(*(one(r) for r in requests))
             elapsed = time.perf_counter() - started
+            cpu = {name: tree_cpu(pid) - cpu[name] for name, pid in pids.items()} | {
+                "client": time.process_time() - cpu["client"]
+            }
             assert all(n == args.tokens for n in lengths), "a completion came back short"
             await pool.aclose()
-            return elapsed
+            return elapsed, cpu
 
     return asyncio.run(go())
 
@@ -128,17 +138,21 @@ def main() -> None:
         print(f"model: hidden {args.hidden} x {args.layers} layers, {mib:.1f} MiB float32")
 
         if args.only in (None, "throughput"):
-            throughput_run(two, key, args, seed=-1)  # warm-up
+            server_pids = {"A": a.pid, "B": b.pid}
+            throughput_run(two, key, args, -1, server_pids)  # warm-up
             ratios = []
             for r in range(args.rounds):
-                times = {}
+                times, cpus = {}, {}
                 for name in ["one", "two"] if r % 2 == 0 else ["two", "one"]:
-                    times[name] = throughput_run(one if name == "one" else two, key, args, r)
+                    urls = one if name == "one" else two
+                    times[name], cpus[name] = throughput_run(urls, key, args, r, server_pids)
                 ratios.append(times["one"] / times["two"])
                 per_s = {k: args.requests * args.tokens / v for k, v in times.items()}
+                cpu = {k: ", ".join(f"{n} {v:.2f}" for n, v in c.items()) for k, c in cpus.items()}
                 print(
-                    f"  round {r}: one {per_s['one']:.0f} tok/s, two {per_s['two']:.0f} tok/s, "
-                    f"ratio {ratios[-1]:.2f}"
+                    f"  round {r}: one {per_s['one']:.0f} tok/s ({times['one']:.2f} s; CPU s: "
+                    f"{cpu['one']}), two {per_s['two']:.0f} tok/s ({times['two']:.2f} s; CPU s: "
+                    f"{cpu['two']}); ratio {ratios[-1]:.2f}"
                 )
             summarize("rollout throughput, two servers / one", ratios, ">= 1.7")
 

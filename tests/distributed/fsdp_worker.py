@@ -19,6 +19,7 @@ import torch
 
 from ludic.models.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 from ludic.training.algorithm import make_decoupled_ppo, make_grpo, make_gspo, make_sft
+from ludic.training.checkpoint import CheckpointConfig
 from ludic.training.config import TrainerConfig
 from ludic.training.data_parallel import TrainerRanks
 from ludic.training.trainer import Trainer
@@ -81,6 +82,9 @@ def main() -> None:
     parser.add_argument("--adam-eps", type=float, default=1e-8)
     parser.add_argument("--batches", type=int, help="fewer batches than steps (default: steps)")
     parser.add_argument("--fail", action="store_true", help="the source fails after --batches")
+    parser.add_argument("--checkpoints", type=Path, help="checkpoint every step here")
+    parser.add_argument("--resume", action="store_true", help="from the latest checkpoint")
+    parser.add_argument("--server", help="publish every step to this ludic vLLM server")
     args = parser.parse_args()
 
     ranks = TrainerRanks.from_env()
@@ -99,15 +103,30 @@ def main() -> None:
         logprobs=args.logprobs,
         dtype=None,
         seed=1,
+        publish_every=1,
     )
+    publisher, client = None, None
+    if args.server and (ranks is None or ranks.is_main):  # rank 0 alone talks to the server
+        from ludic.distributed.publisher import ClientPolicyPublisher
+        from ludic.inference.vllm.client import VLLMChatClient
+
+        client = VLLMChatClient(args.server, api_key=os.environ["LUDIC_API_KEY"], timeout_s=60)
+        client.init_weight_sync(backend="gloo")
+        publisher = ClientPolicyPublisher(client)
+    source = ListSource(batches(args.batches or args.steps, args.batch), fail=args.fail)
+    checkpoint = CheckpointConfig(args.checkpoints, every_n_steps=1) if args.checkpoints else None
     trainer = Trainer(
         model,
         ALGORITHMS[args.algorithm](),
-        ListSource(batches(args.batches or args.steps, args.batch), fail=args.fail),
+        source,
         config,
         ranks=ranks,
+        checkpoint=checkpoint,
+        publisher=publisher,
     )
-    history = trainer.train_sync(args.steps)
+    if args.resume:
+        source.calls = trainer.resume()  # the batches of the steps done are skipped
+    history = trainer.train_sync(args.steps - trainer.step)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     weights = get_model_state_dict(
@@ -116,7 +135,10 @@ def main() -> None:
     if ranks is None or ranks.is_main:
         args.out.mkdir(parents=True, exist_ok=True)
         torch.save({"history": history, "weights": weights}, args.out / "result.pt")
-    if ranks is not None:
+    if client is not None:
+        client.close()
+    if ranks is not None:  # leave together: a rank torn down mid-exchange aborts gloo
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
 

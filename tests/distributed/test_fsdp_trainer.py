@@ -80,3 +80,25 @@ def test_a_failing_source_on_rank_zero_stops_every_rank_with_its_error(tmp_path:
     assert done.returncode != 0
     assert "RuntimeError: the rollout engine broke" in done.stderr
     assert "rank 0 stopped the step: RuntimeError: the rollout engine broke" in done.stderr
+
+
+@pytest.mark.parametrize(("first", "then"), [(2, 1), (1, 2)], ids=["2-ranks-to-1", "1-to-2-ranks"])
+def test_a_checkpoint_resumes_at_another_world_size(tmp_path: Path, first: int, then: int):
+    # Steps 1-2 at one world size (checkpointed every step), step 3 at the other after a
+    # resume: the same weights as three uninterrupted steps in one process.
+    args = ["decoupled_ppo", "float64", "--minibatches", "2", "--budget", "48"]
+    whole = train(tmp_path / "whole", *args, "--steps", "3")
+    checkpoints = str(tmp_path / "checkpoints")
+    part = train(
+        tmp_path / "part", *args, "--steps", "2", "--checkpoints", checkpoints, world_size=first
+    )
+    rest = train(
+        tmp_path / "rest", *args, "--steps", "3", "--checkpoints", checkpoints, "--resume",
+        world_size=then,
+    )  # fmt: skip
+    assert len(part["history"]) == 2 and len(rest["history"]) == 1
+    assert rest["history"][0]["loss"] == pytest.approx(whole["history"][2]["loss"], abs=1e-10)
+    sharded = (tmp_path / "checkpoints" / "step_00000002" / "dcp").is_dir()
+    assert sharded == (first > 1)  # a sharded run saves through torch.distributed.checkpoint
+    for name, weight in whole["weights"].items():
+        torch.testing.assert_close(rest["weights"][name], weight, rtol=1e-10, atol=1e-10, msg=name)

@@ -7,6 +7,13 @@ so plain and peft models alike), ``optimizer.pt``, ``scheduler.pt``, ``rng.pt`` 
 temporary folder, fsynced and renamed into place, so a crash never leaves a half-written
 ``step_*`` folder; only the last ``keep_last`` are kept. Non-finite or exploded weights
 are refused (:func:`ludic.training.optim.parameter_problem`).
+
+**Sharded models** (FSDP2, :mod:`ludic.training.data_parallel`): every rank calls
+``save`` / ``load``. Model and optimizer go through ``torch.distributed.checkpoint``
+into ``dcp/`` instead of ``model.pt`` / ``optimizer.pt`` (each rank writes its shards;
+rank 0 writes the rest and renames the folder into place). DCP reshards on load, so a
+checkpoint resumes at another world size, in a single process too; a ``model.pt``
+checkpoint loads into a sharded model as well.
 """
 
 from __future__ import annotations
@@ -29,6 +36,9 @@ from ludic.training.optim import parameter_problem
 STEP_PREFIX = "step_"
 STATE_FILE = "trainer_state.json"
 FILES = ("model.pt", "optimizer.pt", "scheduler.pt", "rng.pt", STATE_FILE)
+DCP_DIR = "dcp"
+"""Model and optimizer of a sharded checkpoint (``torch.distributed.checkpoint``)."""
+SHARDED_FILES = ("scheduler.pt", "rng.pt", STATE_FILE)
 
 
 @dataclass(frozen=True)
@@ -104,7 +114,7 @@ class CheckpointManager:
     ) -> Path:
         """Write checkpoint ``step`` atomically, prune old ones, return its folder. Raises
         :class:`CheckpointError` (saving nothing) when the weights are non-finite or exploded."""
-        problem = parameter_problem(model)
+        problem = parameter_problem(model)  # a collective on sharded weights: every rank
         if problem is not None:
             raise CheckpointError(
                 f"not saving checkpoint step {step} in {str(self.dir)!r}: {problem}; lower the "
@@ -112,10 +122,27 @@ class CheckpointManager:
             )
         final = self.dir / f"{STEP_PREFIX}{step:08d}"
         tmp = self.dir / f".tmp-{final.name}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        torch.save(model.state_dict(), tmp / "model.pt")
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        sharded = is_sharded(model)
+        if sharded:
+            if self.config.write_extra is not None:
+                raise CheckpointError(
+                    "CheckpointConfig.write_extra is not supported for a sharded (FSDP2) "
+                    "model yet: it would need the full weights on rank 0"
+                )
+            main = _rank() == 0
+            if main:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            _barrier()
+            _save_sharded(tmp / DCP_DIR, model, optimizer)  # every rank writes its shards
+            if not main:
+                _barrier()  # rank 0 renames the folder into place
+                return final
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            torch.save(model.state_dict(), tmp / "model.pt")
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(scheduler.state_dict() if scheduler is not None else {}, tmp / "scheduler.pt")
         torch.save(_rng_state(), tmp / "rng.pt")
         state = {"step": step, "extra": extra or {}}
@@ -131,6 +158,8 @@ class CheckpointManager:
         fsync_dir(self.dir)
         shutil.rmtree(old, ignore_errors=True)
         self._prune()
+        if sharded:
+            _barrier()
         return final
 
     def load(
@@ -157,9 +186,12 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     scheduler: Any | None = None,
 ) -> LoadedCheckpoint:
-    """Restore checkpoint ``path`` into the given objects and the global RNGs."""
+    """Restore checkpoint ``path`` into the given objects and the global RNGs (with a
+    sharded model or a sharded checkpoint, on every rank)."""
     path = Path(path)
-    missing = [name for name in FILES if not (path / name).is_file()]
+    dcp = (path / DCP_DIR).is_dir()
+    expected = SHARDED_FILES if dcp else FILES
+    missing = [name for name in expected if not (path / name).is_file()]
     if missing:
         raise CheckpointError(
             f"checkpoint {str(path)!r} is missing {missing}; it is not a complete "
@@ -167,9 +199,14 @@ def load_checkpoint(
         )
     try:
         state = json.loads((path / STATE_FILE).read_text())
-        model.load_state_dict(_load(path / "model.pt"))
-        if optimizer is not None:
-            optimizer.load_state_dict(_load(path / "optimizer.pt"))
+        if dcp:
+            _load_sharded(path / DCP_DIR, model, optimizer)
+        elif is_sharded(model):  # full tensors from a single-process run, onto the shards
+            _load_full_into_sharded(path, model, optimizer)
+        else:
+            model.load_state_dict(_load(path / "model.pt"))
+            if optimizer is not None:
+                optimizer.load_state_dict(_load(path / "optimizer.pt"))
         if scheduler is not None:
             scheduler.load_state_dict(_load(path / "scheduler.pt"))
         _set_rng_state(_load(path / "rng.pt"))
@@ -201,6 +238,87 @@ def step_of(path: Path) -> int:
 
 def _load(path: Path) -> Any:
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+# ---------------------------------------------------------------------- sharded models
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s parameters are ``DTensor`` shards (FSDP2 / tensor parallel)."""
+    from ludic.distributed.weight_transfer.extractor import is_dtensor
+
+    return any(is_dtensor(p) for p in model.parameters())
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _save_sharded(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(folder))
+
+
+def _load_sharded(
+    folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+) -> None:
+    """A ``dcp/`` checkpoint into ``model`` (sharded or not, any world size)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_state_dict,
+        set_model_state_dict,
+        set_state_dict,
+    )
+
+    if optimizer is None:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        state = {"model": get_model_state_dict(model)}
+        dcp.load(state, checkpoint_id=str(folder))
+        set_model_state_dict(model, state["model"])
+        return
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optim_state}
+    dcp.load(state, checkpoint_id=str(folder))
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+    )
+
+
+def _load_full_into_sharded(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+) -> None:
+    """A single-process checkpoint (``model.pt`` / ``optimizer.pt``, read by every rank)
+    into a sharded model and its optimizer."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    full = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, _load(path / "model.pt"), options=full)
+    if optimizer is not None:
+        saved = _load(path / "optimizer.pt")  # keyed by parameter index, as torch saves it
+        names = [name for name, p in model.named_parameters() if p.requires_grad]
+        by_name = {
+            "state": {names[int(i)]: value for i, value in saved["state"].items()},
+            "param_groups": [
+                {**group, "params": [names[int(i)] for i in group["params"]]}
+                for group in saved["param_groups"]
+            ],
+        }
+        set_optimizer_state_dict(model, optimizer, by_name, options=full)
 
 
 def _rng_state() -> dict[str, Any]:

@@ -20,9 +20,9 @@ the loggers and the publisher; each step:
 4. losses, stats and token counts are summed over ranks for rank 0's log; the optimizer
    step (clipping by the global norm: ``DTensor`` norms are global) runs on every rank.
 
-Publishing gathers each sharded tensor (``DTensor.full_tensor``, a collective on every
-rank) while rank 0 sends it (:class:`~ludic.distributed.broadcast_publisher.Rank0OnlyPublisher`
-semantics). Checkpoints go through ``torch.distributed.checkpoint`` (see
+Publishing gathers the full weights on rank 0 (``DTensor.full_tensor``, a collective per
+tensor on every rank), which then publishes them as a single process would: to one
+server or to a pool of them. Checkpoints go through ``torch.distributed.checkpoint`` (see
 :mod:`ludic.training.checkpoint`), so a run resumes at another world size.
 
 The reference model (KL losses) is not sharded: each rank holds a full frozen copy and
@@ -35,7 +35,7 @@ import dataclasses
 import json
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -50,6 +50,7 @@ __all__ = [
     "ShardedScorer",
     "TrainerRanks",
     "shard_policy",
+    "gathered",
     "split_items",
 ]
 
@@ -224,6 +225,18 @@ class BatchChannel:
         if size:
             dist.broadcast(body, src=0)
         return int(header[0]), body.numpy().tobytes()
+
+
+def gathered(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with every ``DTensor`` gathered into a full tensor (a collective per
+    tensor, in ``state``'s order: the other ranks call
+    :func:`~ludic.distributed.weight_transfer.extractor.gather_full_tensors` on theirs)."""
+    from ludic.distributed.weight_transfer.extractor import is_dtensor
+
+    return {
+        name: tensor.detach().full_tensor() if is_dtensor(tensor) else tensor  # type: ignore[attr-defined]
+        for name, tensor in state.items()
+    }
 
 
 def all_reduce_sum(values: Sequence[float]) -> list[float]:

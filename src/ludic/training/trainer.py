@@ -60,6 +60,7 @@ from ludic.training.data_parallel import (
     TrainerRanks,
     all_reduce_sum,
     broadcast_flag,
+    gathered,
     shard_policy,
     split_items,
 )
@@ -653,14 +654,19 @@ class Trainer(HasTrainingCore):
     # ---------------------------------------------------------------- sync, save, log
     def publish_policy(self) -> None:
         """Publish the current weights as version ``step`` (also useful after resume).
-        With ``ranks``, every rank must call it: the sharded weights are gathered with a
-        collective while rank 0 sends them."""
+        With ``ranks``, every rank must call it: the sharded weights are gathered on rank 0
+        (one collective per tensor, every rank in the same order), which then publishes
+        them like a single process (so a publisher may push to several servers at once)."""
         if not self._publishes:
             raise ValueError("Trainer has no publisher; pass Trainer(publisher=...)")
-        if self.publisher is not None:
-            self.publisher.publish(policy_state_dict(self.model), version=self.step)
+        state = policy_state_dict(self.model)
+        if self.ranks is None:
+            assert self.publisher is not None
+            self.publisher.publish(state, version=self.step)
+        elif self.publisher is not None:  # rank 0: the full weights, then any publisher
+            self.publisher.publish(gathered(state), version=self.step)
         else:  # another rank: join rank 0's gathers, in the same order
-            gather_full_tensors(policy_state_dict(self.model))
+            gather_full_tensors(state)
         self._published_version = self.step
 
     def _announce_version(self) -> None:

@@ -26,6 +26,7 @@ is retried. A dead server raises ``ConnectionError`` / ``TimeoutError``, never h
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -113,6 +114,7 @@ class VLLMChatClient:
         self.max_continuations = max_continuations
         self.base_url = (base_url or f"http://{host}:{port}").rstrip("/")
         self.model = model
+        self._model_lookup: tuple[asyncio.AbstractEventLoop, asyncio.Task[str]] | None = None
         self.api_key = api_key
         self.timeout_s = timeout_s
         self.connection = VLLMConnection(
@@ -196,6 +198,19 @@ class VLLMChatClient:
         )
 
     async def _served_model(self) -> str:
+        """The server's model name, asked once: requests that start together before the
+        first answer share one ``GET /v1/models``."""
+        loop = asyncio.get_running_loop()
+        if self._model_lookup is None or self._model_lookup[0] is not loop:
+            self._model_lookup = (loop, loop.create_task(self._ask_model()))
+        task = self._model_lookup[1]
+        try:
+            return await asyncio.shield(task)
+        finally:
+            if task.done() and (task.cancelled() or task.exception() is not None):
+                self._model_lookup = None  # a failed lookup is tried again next time
+
+    async def _ask_model(self) -> str:
         response = await self.http.get("/v1/models")
         models = response.json().get("data") or []
         if not models:
