@@ -60,6 +60,31 @@ def test_concurrent_requests_each_get_their_own_trace(served):
         assert list(response.trace.completion_token_ids) == greedy
 
 
+def test_concurrent_first_requests_ask_the_model_name_once(served):
+    client = VLLMChatClient(served.server.url, api_key=API_KEY, timeout_s=60.0)
+    asked = []
+    get = client.http.get
+
+    async def counting_get(path: str):
+        asked.append(path)
+        return await get(path)
+
+    client.http.get = counting_get  # the real call, counted
+    spec = InferenceSpec(sampling=SamplingSpec(temperature=0.0, max_tokens=2))
+
+    async def run():
+        return await asyncio.gather(
+            *(client.complete(CompletionRequest(PROMPT, spec)) for _ in range(8))
+        )
+
+    try:
+        responses = asyncio.run(run())
+        assert len(responses) == 8 and asked == ["/v1/models"]
+        assert client.model is not None
+    finally:
+        client.close()
+
+
 def test_eval_requests_return_text_without_a_trace(served):
     from ludic.inference.request import ReturnSpec
 
