@@ -11,6 +11,7 @@ breaking its contract: :class:`~ludic.types.ContractError`) print one
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -85,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `ludic train cfg.yaml --resume DIR trainer.lr=1e-5`.
         args, extra = parser.parse_known_args(argv)
         _take_late_overrides(parser, args, extra)
+        args.argv = list(sys.argv[1:] if argv is None else argv)
     except SystemExit as exit_:  # --help, --version, or an argparse usage error
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
     if args.command is None:
@@ -113,10 +115,30 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)  # checked before torch is imported
+    if config.trainer.world_size > 1 and "WORLD_SIZE" not in os.environ:
+        return _train_ranks(config.trainer.world_size, args.argv)
     from ludic.run import job
 
     run_dir = job.train(config, resume=args.resume)
-    _stdout().print(f"run directory: {run_dir}", highlight=False, soft_wrap=True)
+    if os.environ.get("RANK", "0") == "0":  # one line, from rank 0, under torchrun
+        _stdout().print(f"run directory: {run_dir}", highlight=False, soft_wrap=True)
+    return EXIT_OK
+
+
+def _train_ranks(world_size: int, argv: list[str]) -> int:
+    """``trainer.world_size`` > 1: the same command in ``world_size`` processes under
+    torchrun (which stops them all when one fails); its exit code."""
+    import subprocess
+
+    from ludic.run.trainer_ranks import torchrun_command
+
+    done = subprocess.run(torchrun_command(world_size, argv), check=False)
+    if done.returncode != 0:
+        _print_error(
+            f"error: trainer.world_size={world_size}: a trainer rank failed (torchrun exit "
+            f"code {done.returncode}; the rank's error is printed above)"
+        )
+        return EXIT_FAILURE
     return EXIT_OK
 
 

@@ -124,7 +124,19 @@ def _with_lora(model: torch.nn.Module, config: RunConfig) -> torch.nn.Module:
 
 
 def serving_copy(policy: torch.nn.Module) -> torch.nn.Module:
-    """A plain (non-peft) copy of the policy for the in-process backend to sample from."""
+    """A plain (non-peft) copy of the policy for the in-process backend to sample from.
+    For a sharded (FSDP2) policy, a model of the same config whose weights the trainer's
+    first publish sets (rank 0 gathers the full weights for it)."""
+    from ludic.training.checkpoint import is_sharded
+
+    if is_sharded(policy):
+        from transformers import AutoModelForCausalLM
+
+        serving = AutoModelForCausalLM.from_config(
+            policy.config, dtype=next(policy.parameters()).dtype
+        )
+        serving.requires_grad_(False)
+        return serving.to(next(policy.parameters()).device)
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
     serving = copy.deepcopy(base)
     if hasattr(policy, "get_base_model"):  # peft layers in the copy -> merge them away

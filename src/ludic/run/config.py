@@ -278,6 +278,12 @@ class TrainerSection(Section):
     """Each checkpoint also holds its policy as a Hugging Face folder (step_N/policy:
     safetensors, tokenizer, LoRA merged); false saves the disk space on a large model
     (``ludic export`` can still write any kept checkpoint)."""
+    world_size: int = Field(1, ge=1)
+    """Trainer processes: more than one shards the policy with FSDP2 over them
+    (``ludic.training.data_parallel``); ``ludic train`` starts them with torchrun (one per
+    GPU with model.device cuda; gloo processes on CPU). Rank 0 generates, logs, publishes;
+    checkpoints go through torch.distributed.checkpoint (resumable at another world
+    size). Not with mode: pipeline, LoRA, flat_parameters or a learned reward."""
 
     @model_validator(mode="after")
     def _schedule_and_lag(self) -> TrainerSection:
@@ -517,3 +523,26 @@ class RunConfig(Section):
         """The weight-sync backend in effect."""
         chosen = self.inference.vllm.sync_backend
         return chosen or ("nccl" if self.model.device.startswith("cuda") else "gloo")
+
+    @model_validator(mode="after")
+    def _sharded_trainer(self) -> RunConfig:
+        n = self.trainer.world_size
+        if n == 1:
+            return self
+        unsupported = {
+            "trainer.mode=pipeline (its learner is one process)": self.trainer.mode == "pipeline",
+            "model.lora (merging sharded adapters is not supported yet)": self.model.lora
+            is not None,
+            "trainer.flat_parameters (FSDP2 shards parameters itself)": (
+                self.trainer.flat_parameters
+            ),
+            "a learned reward (algorithm reward_rl)": self.reward is not None,
+            "task: reward_model": self.task != "policy",
+        }
+        bad = [what for what, on in unsupported.items() if on]
+        if bad:
+            raise ValueError(
+                f"trainer.world_size={n} (FSDP2) does not work with {', '.join(bad)}; "
+                "set trainer.world_size: 1 or change those settings"
+            )
+        return self

@@ -16,6 +16,7 @@ import errno
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,16 @@ POLICY_DIR = "policy"
 PHASES = ("rl", "warm_start")
 
 
-def save_policy_folder(policy: torch.nn.Module, tokenizer: Any, out: str | Path) -> Path:
-    """Write ``policy`` and ``tokenizer`` as a Hugging Face folder at ``out``.
+def save_policy_folder(
+    policy: torch.nn.Module,
+    tokenizer: Any,
+    out: str | Path,
+    *,
+    state_dict: Mapping[str, torch.Tensor] | None = None,
+) -> Path:
+    """Write ``policy`` and ``tokenizer`` as a Hugging Face folder at ``out`` (with
+    ``state_dict``: those weights, e.g. a sharded policy's gathered ones, under
+    ``policy``'s config).
 
     A peft LoRA model is written merged (``policy_state_dict``: W + BA, the names of
     the base model) without touching the training model. The folder is written next to
@@ -61,7 +70,8 @@ def save_policy_folder(policy: torch.nn.Module, tokenizer: Any, out: str | Path)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-tmp-", dir=out.parent))
     try:
         model = _base_model(policy)
-        model.save_pretrained(tmp, state_dict=policy_state_dict(policy), safe_serialization=True)
+        weights = policy_state_dict(policy) if state_dict is None else dict(state_dict)
+        model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         fsync_tree(tmp)
         if not out.exists():

@@ -43,7 +43,7 @@ from ludic.run.builders import (
     rl_trainer_config,
 )
 from ludic.run.config import RunConfig
-from ludic.run.export import POLICY_DIR, save_policy_folder
+from ludic.run.export import POLICY_DIR
 from ludic.run.phases import (
     evaluate_policy,
     pad_id,
@@ -61,6 +61,13 @@ from ludic.run.run_dir import RunDirectory, open_run
 from ludic.run.run_loggers import run_loggers
 from ludic.run.signals import terminate_as_interrupt
 from ludic.run.steps import checkpoint_on_failure
+from ludic.run.trainer_ranks import (
+    follow,
+    join_trainer_group,
+    leave_trainer_group,
+    save_policy,
+    share_run_dir,
+)
 from ludic.training import (
     AsyncBatchSource,
     CheckpointManager,
@@ -69,6 +76,7 @@ from ludic.training import (
     Trainer,
 )
 from ludic.training.checkpoint import load_checkpoint
+from ludic.training.data_parallel import TrainerRanks
 
 __all__ = ["RunError", "evaluate", "train"]
 
@@ -83,6 +91,7 @@ RESUMABLE_CHANGES = {
     "trainer.logprob_chunk_tokens",
     "model.gradient_checkpointing",
     "model.attn_implementation",
+    "trainer.world_size",
 }
 """Config fields a resumed run may change; anything else must match the saved config."""
 
@@ -104,18 +113,42 @@ def train(config: RunConfig, *, resume: str | Path | None = None) -> Path:
 
 
 def _train(config: RunConfig, *, resume: str | Path | None) -> Path:
+    ranks = join_trainer_group(config)  # trainer.world_size > 1: this is one of torchrun's
+    try:
+        if ranks is not None and not ranks.is_main:
+            return follow(config, ranks, resume=resume is not None)
+        return _lead(config, resume=resume, ranks=ranks)
+    finally:
+        if ranks is not None:
+            leave_trainer_group()
+
+
+def _lead(config: RunConfig, *, resume: str | Path | None, ranks: TrainerRanks | None) -> Path:
+    """The run, in one process or as rank 0 of several (see :mod:`ludic.run.trainer_ranks`)."""
     console = Console()
     run, config = open_run(config, resume=resume, resumable=RESUMABLE_CHANGES)
     console.print(f"run directory: [bold]{run.path}[/bold]")
     started = time.perf_counter()
     policy, tokenizer = load_policy(config, run.model_dir)
+    if ranks is not None:  # the other ranks load the policy from here
+        share_run_dir(run.path, ranks)
     with run_loggers(config, run):  # one wandb run / TensorBoard folder for every phase
         if config.warm_start.steps > 0 and not run.has_checkpoint("rl"):
             resuming = resume is not None
-            warm_start(config, run, policy, tokenizer, resuming=resuming, console=console)
-            save_policy_folder(policy, tokenizer, run.path / POLICY_DIR)
-        _reinforce(config, run, policy, tokenizer, resuming=resume is not None, console=console)
-    save_policy_folder(policy, tokenizer, run.path / POLICY_DIR)
+            warm_start(
+                config, run, policy, tokenizer, resuming=resuming, console=console, ranks=ranks
+            )
+            save_policy(policy, tokenizer, run.path / POLICY_DIR, ranks)
+        _reinforce(
+            config,
+            run,
+            policy,
+            tokenizer,
+            resuming=resume is not None,
+            console=console,
+            ranks=ranks,
+        )
+    save_policy(policy, tokenizer, run.path / POLICY_DIR, ranks)
     console.print(f"trained policy (Hugging Face folder): {run.path / POLICY_DIR}")
     plot_reward_curve(run.read_metrics(), run.plot_path, title=config.name)
     summary = run_summary(run, time.perf_counter() - started)
@@ -153,7 +186,14 @@ def evaluate(config: RunConfig, *, run_dir: str | Path | None = None) -> dict[st
 
 # ---------------------------------------------------------------------------- phases
 def _reinforce(
-    config: RunConfig, run: RunDirectory, policy, tokenizer, *, resuming: bool, console: Console
+    config: RunConfig,
+    run: RunDirectory,
+    policy,
+    tokenizer,
+    *,
+    resuming: bool,
+    console: Console,
+    ranks: TrainerRanks | None = None,
 ) -> None:
     backend = inference_backend(
         config, policy, tokenizer, model_dir=run.model_dir, log_dir=run.path
@@ -173,6 +213,7 @@ def _reinforce(
             reward_loop=reward_loop,
             resuming=resuming,
             console=console,
+            ranks=ranks,
         )
 
 
@@ -187,6 +228,7 @@ def _reinforce_with(
     reward_loop: RewardLoop | None = None,
     resuming: bool,
     console: Console,
+    ranks: TrainerRanks | None = None,
 ) -> None:
     template = HFChatTemplate(tokenizer)
     # standalone reward loop: each rollout is scored as its episode ends
@@ -229,9 +271,11 @@ def _reinforce_with(
         source,
         rl_trainer_config(config, pad_id(tokenizer)),
         publisher=ClientPolicyPublisher(client),
-        checkpoint=phase_checkpoint_config(config, run, "rl", tokenizer),
+        # several ranks: no policy folder per checkpoint (see ludic.run.trainer_ranks)
+        checkpoint=phase_checkpoint_config(config, run, "rl", tokenizer if not ranks else None),
         loggers=loggers,
         sample_filter=rl_sample_filter(config, algorithm),
+        ranks=ranks,
     )
     with checkpoint_on_failure(trainer, loggers[0], console):
         run_rl(

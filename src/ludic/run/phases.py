@@ -37,6 +37,7 @@ from ludic.training import (
     Trainer,
     make_sft,
 )
+from ludic.training.data_parallel import TrainerRanks
 
 __all__ = [
     "CONSOLE_KEYS",
@@ -53,7 +54,14 @@ CONSOLE_KEYS = ["batch/reward_mean", "loss", "grad_norm", "tokens_per_s"]
 
 
 def warm_start(
-    config: RunConfig, run: RunDirectory, policy, tokenizer, *, resuming: bool, console: Console
+    config: RunConfig,
+    run: RunDirectory,
+    policy,
+    tokenizer,
+    *,
+    resuming: bool,
+    console: Console,
+    ranks: TrainerRanks | None = None,
 ) -> None:
     steps = config.warm_start.steps
     demos = demonstrations_path(config, tokenizer, run.path / "demos.jsonl")
@@ -70,8 +78,11 @@ def warm_start(
         algorithm,
         source,
         warm_start_trainer_config(config, pad_id(tokenizer)),
-        checkpoint=phase_checkpoint_config(config, run, "warm_start", tokenizer),
+        checkpoint=phase_checkpoint_config(
+            config, run, "warm_start", tokenizer if ranks is None else None
+        ),
         loggers=loggers,
+        ranks=ranks,
     )
     with checkpoint_on_failure(trainer, loggers[0], console):
         if resuming:

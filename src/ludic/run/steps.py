@@ -39,6 +39,13 @@ def checkpoint_on_failure(
     try:
         yield
     except BaseException:
+        if trainer.ranks is not None:  # a save is a collective the other ranks may not join
+            console.print(
+                f"[yellow]not checkpointing step {trainer.step}: a run over several trainer "
+                "ranks saves only at its checkpoint steps; --resume continues from the newest"
+                "[/yellow]"
+            )
+            raise
         problem = parameter_problem(trainer.model)
         if problem is not None:
             console.print(f"[yellow]not checkpointing step {trainer.step}: {problem}[/yellow]")

@@ -35,6 +35,7 @@ import dataclasses
 import json
 import os
 import struct
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -126,11 +127,17 @@ def shard_policy(
     layer is its own unit (gathered for its forward, freed after), and a
     :class:`ShardedScorer` around the policy is the root unit (everything else). Gradients
     are *summed* over ranks, not averaged: each rank's loss is its share of the global
-    loss. ``model`` is sharded in place (its parameters become ``DTensor`` s)."""
+    loss. ``model`` is sharded in place (its parameters become ``DTensor`` s); a model
+    sharded before keeps its units (its scorer takes the new ``options``)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    existing = _SCORERS.get(model)
+    if existing is not None:  # sharded by an earlier trainer (e.g. the warm start's)
+        existing.options = options
+        existing.parts = split_causal_lm(model) if options.logprobs == "chunked" else None
+        return existing
     mesh = init_device_mesh(device_type, (dist.get_world_size(),))
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh)
@@ -140,7 +147,12 @@ def shard_policy(
         unit.set_gradient_divide_factor(1.0)  # type: ignore[operator]
         # A plain SUM (gloo has no PREMUL_SUM, which a factor would otherwise use).
         unit.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
+    _SCORERS[model] = scorer
     return scorer
+
+
+_SCORERS: weakref.WeakKeyDictionary[torch.nn.Module, ShardedScorer] = weakref.WeakKeyDictionary()
+"""The root unit of each sharded policy: a later Trainer on the same policy reuses it."""
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -171,8 +183,7 @@ def split_items(items: Sequence[SAWItem], world_size: int) -> list[list[int]]:
 
 
 # ------------------------------------------------------------------------ batch channel
-_BATCH, _EXHAUSTED, _FAILED = 0, 1, 2
-_HEADER = struct.Struct("<qq")  # kind, payload bytes
+_BATCH, _EXHAUSTED, _FAILED = 0, 1, 2  # message kinds: 8 bytes, then the payload
 
 
 class BatchChannel:
@@ -210,21 +221,31 @@ class BatchChannel:
         raise RemoteStepError(f"rank 0 stopped the step: {error['type']}: {error['message']}")
 
     def _broadcast(self, kind: int | None, payload: bytes) -> tuple[int, bytes]:
-        import torch.distributed as dist
+        data = struct.pack("<q", kind or 0) + payload if self.ranks.is_main else b""
+        received = broadcast_bytes(data, self.ranks)
+        return struct.unpack_from("<q", received)[0], received[8:]
 
-        header = torch.zeros(2, dtype=torch.int64)
-        if self.ranks.is_main:
-            header[0], header[1] = int(kind or 0), len(payload)
-        dist.broadcast(header, src=0)
-        size = int(header[1])
-        body = (
-            torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-            if self.ranks.is_main and size
-            else torch.empty(size, dtype=torch.uint8)
-        )
-        if size:
-            dist.broadcast(body, src=0)
-        return int(header[0]), body.numpy().tobytes()
+
+def broadcast_bytes(data: bytes, ranks: TrainerRanks) -> bytes:
+    """Rank 0's ``data`` on every rank (its length, then its bytes)."""
+    import torch.distributed as dist
+
+    size = torch.tensor([len(data) if ranks.is_main else 0], dtype=torch.int64)
+    dist.broadcast(size, src=0)
+    if not int(size.item()):
+        return b""
+    body = (
+        torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        if ranks.is_main
+        else torch.empty(int(size.item()), dtype=torch.uint8)
+    )
+    dist.broadcast(body, src=0)
+    return body.numpy().tobytes()
+
+
+def broadcast_text(text: str | None, ranks: TrainerRanks) -> str:
+    """Rank 0's ``text`` on every rank."""
+    return broadcast_bytes((text or "").encode("utf-8"), ranks).decode("utf-8")
 
 
 def gathered(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,0 +1,179 @@
+"""The trainer processes of a ``trainer.world_size > 1`` run (FSDP2 over torch.distributed).
+
+``ludic train`` starts ``world_size`` processes with torchrun (:func:`torchrun_command`);
+each joins the default process group (:func:`join_trainer_group`: NCCL, one GPU per
+process, with ``model.device: cuda``; gloo on CPU). Rank 0 runs the job as a single
+process would (run directory, inference backend, rollouts, evaluation, logs), its Trainers
+built with ``ranks``. The other ranks *follow* (:func:`follow`): they load the same policy,
+build Trainers with the same configs and run the same steps, each receiving the step's
+batch from rank 0 (:mod:`ludic.training.data_parallel`), and join every collective rank 0
+makes: the optimizer steps, the publishes (the weights are gathered on rank 0), the
+checkpoints (``torch.distributed.checkpoint``) and the policy folders rank 0 writes
+(:func:`save_policy`).
+
+With several ranks a checkpoint holds no ``policy/`` folder (that would need the full
+weights at every checkpoint); ``ludic export`` writes one from any checkpoint, and the run
+writes ``RUN_DIR/policy`` after each phase as usual.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from ludic.distributed import policy_state_dict
+from ludic.distributed.weight_transfer.extractor import gather_full_tensors
+from ludic.run.builders import (
+    RunError,
+    load_policy,
+    make_algorithm,
+    rl_trainer_config,
+    warm_start_trainer_config,
+)
+from ludic.run.config import RunConfig
+from ludic.run.export import POLICY_DIR, save_policy_folder
+from ludic.run.phases import pad_id, phase_checkpoint_config
+from ludic.run.run_dir import RunDirectory
+from ludic.run.steps import run_steps
+from ludic.training import Trainer
+from ludic.training.algorithm import make_sft
+from ludic.training.data_parallel import TrainerRanks, broadcast_text, gathered
+from ludic.training.types import SAWBatch
+
+__all__ = [
+    "follow",
+    "join_trainer_group",
+    "leave_trainer_group",
+    "save_policy",
+    "share_run_dir",
+    "torchrun_command",
+]
+
+GROUP_TIMEOUT = timedelta(minutes=30)
+"""How long a rank waits in a collective (e.g. for rank 0's next batch) before failing."""
+
+
+def torchrun_command(world_size: int, argv: list[str]) -> list[str]:
+    """``python -m torch.distributed.run`` starting ``world_size`` processes of
+    ``python -m ludic ARGV`` on this machine."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={world_size}",
+        "-m",
+        "ludic",
+        *argv,
+    ]
+
+
+def join_trainer_group(config: RunConfig) -> TrainerRanks | None:
+    """Join the default process group as torchrun's ``RANK`` of ``WORLD_SIZE``; ``None``
+    for ``trainer.world_size: 1``. Raises a :class:`RunError` outside torchrun or when
+    its world size is not the config's."""
+    import torch
+    import torch.distributed as dist
+
+    wanted = config.trainer.world_size
+    if wanted == 1:
+        return None
+    ranks = TrainerRanks.from_env()
+    if ranks is None:
+        raise RunError(
+            f"trainer.world_size={wanted} needs {wanted} processes: run `ludic train` (it "
+            f"starts them with torchrun) or torchrun --nproc-per-node {wanted} -m ludic train ..."
+        )
+    if ranks.world_size != wanted:
+        raise RunError(
+            f"trainer.world_size={wanted} but torchrun started {ranks.world_size} processes"
+        )
+    cuda = config.model.device.startswith("cuda")
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", ranks.rank)))
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=GROUP_TIMEOUT)
+    return TrainerRanks.current()
+
+
+def leave_trainer_group() -> None:
+    """Wait for every rank, then destroy the default group (a rank that leaves while
+    another is mid-exchange aborts it)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def share_run_dir(path: Path | None, ranks: TrainerRanks) -> Path:
+    """Rank 0's run directory on every rank (rank 0 passes it, the others ``None``)."""
+    return Path(broadcast_text(str(path) if path is not None else None, ranks))
+
+
+def save_policy(policy: Any, tokenizer: Any, out: Path, ranks: TrainerRanks | None) -> Path | None:
+    """:func:`~ludic.run.export.save_policy_folder` of a possibly sharded policy: every
+    rank gathers the full weights with rank 0, which writes the folder."""
+    if ranks is None:
+        return save_policy_folder(policy, tokenizer, out)
+    state = policy_state_dict(policy)
+    if not ranks.is_main:
+        gather_full_tensors(state)
+        return None
+    return save_policy_folder(policy, tokenizer, out, state_dict=gathered(state))
+
+
+class _FromRankZero:
+    """The batch source of a following rank: its batches come from rank 0."""
+
+    async def next_batch(self) -> SAWBatch:
+        raise RuntimeError("a following rank's Trainer receives its batches from rank 0")
+
+
+def follow(config: RunConfig, ranks: TrainerRanks, *, resume: bool) -> Path:
+    """A following rank's run: rank 0's steps and collectives, in rank 0's order (see the
+    module docstring). Returns the run directory."""
+    run = RunDirectory.open(share_run_dir(None, ranks))
+    config = run.load_config()
+    policy, tokenizer = load_policy(config, run.model_dir)
+    pad = pad_id(tokenizer)
+    every = config.trainer.checkpoint_every
+    if config.warm_start.steps > 0 and not run.has_checkpoint("rl"):
+        trainer = _trainer(config, run, "warm_start", policy, make_sft(), ranks, pad)
+        if resume and run.has_checkpoint("warm_start"):
+            trainer.resume()
+        run_steps(trainer, config.warm_start.steps - trainer.step, every=every)
+        save_policy(policy, tokenizer, run.path / POLICY_DIR, ranks)
+    trainer = _trainer(config, run, "rl", policy, make_algorithm(config), ranks, pad)
+    if resume and run.has_checkpoint("rl"):
+        trainer.resume()
+    trainer.publish_policy()  # with rank 0's first publish
+    run_steps(trainer, config.trainer.steps - trainer.step, every=every)
+    save_policy(policy, tokenizer, run.path / POLICY_DIR, ranks)
+    return run.path
+
+
+def _trainer(
+    config: RunConfig,
+    run: RunDirectory,
+    phase: str,
+    policy: Any,
+    algorithm: Any,
+    ranks: TrainerRanks,
+    pad: int,
+) -> Trainer:
+    trainer_config = (
+        warm_start_trainer_config(config, pad)
+        if phase == "warm_start"
+        else rl_trainer_config(config, pad)
+    )
+    return Trainer(
+        policy,
+        algorithm,
+        _FromRankZero(),
+        trainer_config,
+        checkpoint=phase_checkpoint_config(config, run, phase),
+        ranks=ranks,
+    )
