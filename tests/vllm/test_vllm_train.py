@@ -132,3 +132,42 @@ def test_train_over_two_pinned_servers_publishes_to_both(tmp_path: Path) -> None
     for i, core in enumerate([0, 1]):  # vLLM's worker bound its OpenMP threads there
         log = (run_dir / f"vllm_server_{i}.log").read_text()
         assert f"core ids=[{core}]" in log, log[-2000:]
+
+
+def test_two_trainer_ranks_publish_to_two_servers(tmp_path: Path) -> None:
+    # trainer.world_size=2 (FSDP2, gloo) and inference.vllm.num_servers=2: rank 0 gathers
+    # the sharded weights and pushes them to both servers each step (a group per server).
+    import os
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "ludic", "train", str(DEMO), f"output_dir={tmp_path}"]
+    command += [
+        "inference.backend=vllm",
+        "inference.vllm.num_servers=2",
+        "trainer.world_size=2",
+        "warm_start.steps=0",
+        "trainer.steps=2",
+        "trainer.prompts_per_step=4",
+        "algorithm.group_size=2",
+        "sampling.max_tokens=8",
+        "eval.num_problems=2",
+        "logging.console_every=1",
+        "logging.num_sample_rollouts=8",
+        "env.kwargs.num_problems=8",
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ran = [x.split(": ", 1)[1] for x in done.stdout.splitlines() if x.startswith("run directory: ")]
+    run_dir = Path(ran[-1])  # the CLI's last line (the console's first one may wrap)
+
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy_version"] for r in lines if r["phase"] == "rl"] == [1, 2]
+    samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    servers = set()
+    for sample in samples:
+        agent_steps = [s for s in sample["steps"] if s["kind"] == "agent"]
+        assert {s["trace"]["policy_version"] for s in agent_steps} == {sample["step"] - 1}
+        servers |= {s["info"]["server"] for s in agent_steps}
+    assert len(servers) == 2, servers
