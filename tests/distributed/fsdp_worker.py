@@ -85,11 +85,16 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=Path, help="checkpoint every step here")
     parser.add_argument("--resume", action="store_true", help="from the latest checkpoint")
     parser.add_argument("--server", help="publish every step to this ludic vLLM server")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
 
     ranks = TrainerRanks.from_env()
+    device = args.device
     if ranks is not None:
-        torch.distributed.init_process_group("gloo")
+        if device == "cuda":  # one GPU per rank, NCCL
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+            device = f"cuda:{os.environ['LOCAL_RANK']}"
+        torch.distributed.init_process_group("nccl" if args.device == "cuda" else "gloo")
         ranks = TrainerRanks.current()
     torch.set_num_threads(1)
     dtype = getattr(torch, args.dtype)
@@ -104,6 +109,7 @@ def main() -> None:
         dtype=None,
         seed=1,
         publish_every=1,
+        device=device,
     )
     publisher, client = None, None
     if args.server and (ranks is None or ranks.is_main):  # rank 0 alone talks to the server
@@ -132,6 +138,7 @@ def main() -> None:
     weights = get_model_state_dict(
         trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
+    weights = {name: tensor.cpu() for name, tensor in weights.items()}
     if ranks is None or ranks.is_main:
         args.out.mkdir(parents=True, exist_ok=True)
         torch.save({"history": history, "weights": weights}, args.out / "result.pt")

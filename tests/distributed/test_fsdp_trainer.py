@@ -102,3 +102,17 @@ def test_a_checkpoint_resumes_at_another_world_size(tmp_path: Path, first: int, 
     assert sharded == (first > 1)  # a sharded run saves through torch.distributed.checkpoint
     for name, weight in whole["weights"].items():
         torch.testing.assert_close(rest["weights"][name], weight, rtol=1e-10, atol=1e-10, msg=name)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+    reason="FSDP2 over NCCL needs two CUDA GPUs (one per rank)",
+)
+def test_two_gpu_ranks_train_as_one_gpu(tmp_path: Path) -> None:
+    args = ["grpo", "float32", "--device", "cuda", "--adam-eps", "1e-3", "--budget", "48"]
+    one = train(tmp_path / "one", *args)
+    two = train(tmp_path / "two", *args, world_size=2)
+    for step_one, step_two in zip(one["history"], two["history"], strict=True):
+        assert step_two["loss"] == pytest.approx(step_one["loss"], rel=1e-4, abs=1e-5)
+    for name, weight in one["weights"].items():
+        torch.testing.assert_close(two["weights"][name], weight, rtol=1e-4, atol=1e-4, msg=name)
