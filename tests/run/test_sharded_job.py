@@ -13,25 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "src/ludic/configs/arithmetic_demo.yaml"
-SMALL = [
-    "warm_start.steps=2",
-    "warm_start.num_demos=8",
-    "warm_start.batch_size=8",
-    "trainer.steps=3",
-    "trainer.prompts_per_step=2",
-    "algorithm.group_size=2",
-    "eval.num_problems=4",
-    "trainer.checkpoint_every=2",
-    "logging.console_every=1",
-]
+from tests.faults.helpers import DEMO, TINY
 
 
 def ludic_train(out: Path, *overrides: str, resume: Path | None = None) -> tuple[Path, str]:
     command = [sys.executable, "-m", "ludic", "train", str(DEMO), f"output_dir={out}"]
-    command += [*SMALL, *overrides] + (["--resume", str(resume)] if resume else [])
+    command += [*TINY, *overrides] + (["--resume", str(resume)] if resume else [])
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -62,13 +49,13 @@ def test_two_trainer_ranks_make_the_single_process_run(sharded_run, tmp_path) ->
             assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
             assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
     rl = [r for r in two if r["phase"] == "rl"]
-    assert [r["policy_version"] for r in rl] == [1, 2, 3]
+    assert [r["policy_version"] for r in rl] == [1, 2, 3, 4]
 
 
 def test_checkpoints_are_sharded_and_the_policy_folder_loads(sharded_run) -> None:
     from transformers import AutoModelForCausalLM
 
-    last = sharded_run / "checkpoints" / "rl" / "step_00000003"
+    last = sharded_run / "checkpoints" / "rl" / "step_00000004"
     assert (last / "dcp" / ".metadata").is_file() and not (last / "model.pt").exists()
     assert not (last / "policy").exists()  # several ranks: no per-checkpoint policy folder
     policy = AutoModelForCausalLM.from_pretrained(sharded_run / "policy")
@@ -77,9 +64,9 @@ def test_checkpoints_are_sharded_and_the_policy_folder_loads(sharded_run) -> Non
 
 def test_a_sharded_run_resumes_in_one_process(sharded_run) -> None:
     run, _ = ludic_train(
-        sharded_run.parent, "trainer.world_size=1", "trainer.steps=5", resume=sharded_run
+        sharded_run.parent, "trainer.world_size=1", "trainer.steps=6", resume=sharded_run
     )
     assert run == sharded_run
     rl = [r for r in metrics(run) if r["phase"] == "rl"]
-    assert [r["step"] for r in rl] == [1, 2, 3, 4, 5]
-    assert (run / "checkpoints" / "rl" / "step_00000005" / "model.pt").is_file()
+    assert [r["step"] for r in rl] == [1, 2, 3, 4, 5, 6]
+    assert (run / "checkpoints" / "rl" / "step_00000006" / "model.pt").is_file()
