@@ -144,9 +144,11 @@ def main() -> None:
         torch.save({"history": history, "weights": weights}, args.out / "result.pt")
     if client is not None:
         client.close()
-    if ranks is not None:  # leave together: a rank torn down mid-exchange aborts gloo
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    if ranks is not None:
+        from ludic.run.trainer_ranks import leave_trainer_group
+
+        del trainer, model
+        leave_trainer_group()
 
 
 if __name__ == "__main__":

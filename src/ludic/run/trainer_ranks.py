@@ -99,10 +99,15 @@ def join_trainer_group(config: RunConfig) -> TrainerRanks | None:
 
 
 def leave_trainer_group() -> None:
-    """Wait for every rank, then destroy the default group (a rank that leaves while
-    another is mid-exchange aborts it)."""
+    """Free what is left of the sharded models, wait for every rank, then destroy the
+    default group. FSDP modules sit in reference cycles: collected only at interpreter
+    exit, their pending gloo work (holding tensors) would be destroyed after Python is
+    gone, and the process aborts ("terminate called without an active exception")."""
+    import gc
+
     import torch.distributed as dist
 
+    gc.collect()
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
