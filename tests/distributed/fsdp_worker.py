@@ -33,7 +33,7 @@ ALGORITHMS = {
 }
 
 
-def batches(num: int, size: int, seed: int = 0) -> list[SAWBatch]:
+def batches(num: int, size: int, seed: int = 0, groups: bool = False) -> list[SAWBatch]:
     """Seeded batches of sequences of 6..24 tokens (3..10 of them actions), with
     behaviour logprobs and advantages."""
     g = torch.Generator().manual_seed(seed)
@@ -44,6 +44,9 @@ def batches(num: int, size: int, seed: int = 0) -> list[SAWBatch]:
             prompt = int(torch.randint(3, 15, (1,), generator=g))
             completion = int(torch.randint(3, 11, (1,), generator=g))
             ids = torch.randint(3, 250, (prompt + completion,), generator=g).tolist()
+            if groups and i % 2:  # pairs share their prompt, as GRPO groups do
+                prompt = items[-1].action_mask.index(1)
+                ids = list(items[-1].input_ids[:prompt]) + ids[-completion:]
             mask = [0] * prompt + [1] * completion
             old = [0.0] * prompt + (-5.5 + torch.rand(completion, generator=g)).tolist()
             weight = float(torch.randn(1, generator=g))
@@ -86,6 +89,8 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true", help="from the latest checkpoint")
     parser.add_argument("--server", help="publish every step to this ludic vLLM server")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--groups", action="store_true", help="pairs of items share a prompt")
+    parser.add_argument("--no-shared-prefix", action="store_true")
     args = parser.parse_args()
 
     ranks = TrainerRanks.from_env()
@@ -94,7 +99,8 @@ def main() -> None:
         if device == "cuda":  # one GPU per rank, NCCL
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
             device = f"cuda:{os.environ['LOCAL_RANK']}"
-        torch.distributed.init_process_group("nccl" if args.device == "cuda" else "gloo")
+        backend = "cpu:gloo,cuda:nccl" if args.device == "cuda" else "gloo"
+        torch.distributed.init_process_group(backend)
         ranks = TrainerRanks.current()
     torch.set_num_threads(1)
     dtype = getattr(torch, args.dtype)
@@ -110,6 +116,7 @@ def main() -> None:
         seed=1,
         publish_every=1,
         device=device,
+        shared_prefix=not args.no_shared_prefix,  # ignored (off) when sharded
     )
     publisher, client = None, None
     if args.server and (ranks is None or ranks.is_main):  # rank 0 alone talks to the server
@@ -119,7 +126,9 @@ def main() -> None:
         client = VLLMChatClient(args.server, api_key=os.environ["LUDIC_API_KEY"], timeout_s=60)
         client.init_weight_sync(backend="gloo")
         publisher = ClientPolicyPublisher(client)
-    source = ListSource(batches(args.batches or args.steps, args.batch), fail=args.fail)
+    source = ListSource(
+        batches(args.batches or args.steps, args.batch, groups=args.groups), fail=args.fail
+    )
     checkpoint = CheckpointConfig(args.checkpoints, every_n_steps=1) if args.checkpoints else None
     trainer = Trainer(
         model,

@@ -40,6 +40,10 @@ def train(out: Path, *args: str, world_size: int = 1) -> dict:
     [
         # several micro-batches per rank, ranks running padding micro-batches
         (["grpo", "float64", "--budget", "48"], 1e-10),
+        # GRPO groups share prompts: sharded ranks run plain forwards (a shared-prefix one
+        # runs the decoder twice; every rank must run as many as the others), compared with
+        # a single process told to do the same
+        (["grpo", "float64", "--groups", "--batch", "8"], 1e-10),
         # two updates per step: proximal logprobs sharded, batch-mean preprocess
         (["decoupled_ppo", "float64", "--minibatches", "2"], 1e-10),
         # sequence-level ratios; the whole-vocabulary logits path. In float32 Adam turns
@@ -50,15 +54,24 @@ def train(out: Path, *args: str, world_size: int = 1) -> dict:
         # one item: rank 1 has nothing of its own and runs padding only
         (["sft", "float64", "--batch", "1"], 1e-10),
     ],
-    ids=["grpo-microbatches", "decoupled-minibatches", "gspo-float32", "gspo-float64", "one-item"],
+    ids=[
+        "grpo-microbatches",
+        "grpo-groups",
+        "decoupled-minibatches",
+        "gspo-float32",
+        "gspo-float64",
+        "one-item",
+    ],
 )
 def test_two_ranks_train_exactly_as_one_process(tmp_path: Path, args: list[str], tol: float):
-    one = train(tmp_path / "one", *args)
+    one = train(tmp_path / "one", *args, *(["--no-shared-prefix"] if "--groups" in args else []))
     two = train(tmp_path / "two", *args, world_size=2)
     assert len(one["history"]) == len(two["history"]) == 2
     for step_one, step_two in zip(one["history"], two["history"], strict=True):
         assert set(step_one) == set(step_two)
-        for key in ("loss", "grad_norm", "entropy", "num_tokens_run", "num_action_tokens"):
+        keys = ["loss", "grad_norm", "entropy", "num_action_tokens"]
+        keys += [] if "--groups" in args else ["num_tokens_run"]  # shared prefixes run fewer
+        for key in keys:
             assert step_two[key] == pytest.approx(step_one[key], rel=tol, abs=tol), key
         # (loss/* stats are averaged over micro-batches by action-token share, which is
         # exact only for token-level stats: they are not compared.)
@@ -110,7 +123,7 @@ def test_a_checkpoint_resumes_at_another_world_size(tmp_path: Path, first: int, 
 )
 def test_two_gpu_ranks_train_as_one_gpu(tmp_path: Path) -> None:
     args = ["grpo", "float32", "--device", "cuda", "--adam-eps", "1e-3", "--budget", "48"]
-    one = train(tmp_path / "one", *args)
+    one = train(tmp_path / "one", *args, *(["--no-shared-prefix"] if "--groups" in args else []))
     two = train(tmp_path / "two", *args, world_size=2)
     for step_one, step_two in zip(one["history"], two["history"], strict=True):
         assert step_two["loss"] == pytest.approx(step_one["loss"], rel=1e-4, abs=1e-5)

@@ -116,11 +116,16 @@ def _train(config: RunConfig, *, resume: str | Path | None) -> Path:
     ranks = join_trainer_group(config)  # trainer.world_size > 1: this is one of torchrun's
     try:
         if ranks is not None and not ranks.is_main:
-            return follow(config, ranks, resume=resume is not None)
-        return _lead(config, resume=resume, ranks=ranks)
-    finally:
-        if ranks is not None:
-            leave_trainer_group()
+            path = follow(config, ranks, resume=resume is not None)
+        else:
+            path = _lead(config, resume=resume, ranks=ranks)
+    except BaseException:
+        if ranks is not None:  # torchrun then stops the other ranks
+            leave_trainer_group(failed=True)
+        raise
+    if ranks is not None:
+        leave_trainer_group()
+    return path
 
 
 def _lead(config: RunConfig, *, resume: str | Path | None, ranks: TrainerRanks | None) -> Path:

@@ -94,11 +94,12 @@ def join_trainer_group(config: RunConfig) -> TrainerRanks | None:
     cuda = config.model.device.startswith("cuda")
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", ranks.rank)))
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=GROUP_TIMEOUT)
+    # gloo for the CPU tensors of the batch channel and flags, NCCL for the model's
+    dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", timeout=GROUP_TIMEOUT)
     return TrainerRanks.current()
 
 
-def leave_trainer_group() -> None:
+def leave_trainer_group(*, failed: bool = False) -> None:
     """Free what is left of the sharded models, wait for every rank, then destroy the
     default group. FSDP modules sit in reference cycles: collected only at interpreter
     exit, their pending gloo work (holding tensors) would be destroyed after Python is
@@ -109,7 +110,8 @@ def leave_trainer_group() -> None:
 
     gc.collect()
     if dist.is_initialized():
-        dist.barrier()
+        if not failed:  # after a failure the other ranks sit in another collective
+            dist.barrier()
         dist.destroy_process_group()
 
 

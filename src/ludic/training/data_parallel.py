@@ -195,10 +195,18 @@ class BatchChannel:
         self.ranks = ranks
 
     def send(self, batch: SAWBatch) -> None:
+        self.send_payload(self.encode(batch))
+
+    @staticmethod
+    def encode(batch: SAWBatch) -> bytes:
+        """``batch`` in the wire format (raises ``WireFormatError`` on what it refuses)."""
         from ludic.training.batching.wire import Producer, encode_batch
 
-        producer = Producer(batch_id="step", actor_id="rank0", batch_index=0)
-        self._broadcast(_BATCH, encode_batch(batch, producer))
+        return encode_batch(batch, Producer(batch_id="step", actor_id="rank0", batch_index=0))
+
+    def send_payload(self, payload: bytes) -> None:
+        """A batch :meth:`encode` made."""
+        self._broadcast(_BATCH, payload)
 
     def send_end(self, error: BaseException) -> None:
         """Tell the other ranks the step has no batch: the source ran out

@@ -174,7 +174,9 @@ class Trainer(HasTrainingCore):
             chunk_tokens=config.logprob_chunk_tokens,
             packing=config.packing,
             row_tokens=self._packed_row_tokens(),
-            shared_prefix=config.shared_prefix,
+            # Sharded: a shared-prefix forward runs the decoder twice, a plain one once, and
+            # every rank must run as many (gathering) forwards as the others.
+            shared_prefix=config.shared_prefix and (ranks is None or ranks.world_size == 1),
             varlen=self._varlen,
             dtype=config.dtype,
             pad_token_id=config.pad_token_id,
@@ -308,10 +310,11 @@ class Trainer(HasTrainingCore):
             return batch, [], {}
         try:
             batch, raw_batches, selection = await self._select_batch()
+            payload = self._channel.encode(batch)  # a batch the wire refuses ends the step too
         except BaseException as error:
             await asyncio.to_thread(self._channel.send_end, error)
             raise
-        await asyncio.to_thread(self._channel.send, batch)
+        await asyncio.to_thread(self._channel.send_payload, payload)
         return batch, raw_batches, selection
 
     async def _select_batch(self) -> tuple[SAWBatch, list[SAWBatch], dict[str, float]]:
