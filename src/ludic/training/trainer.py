@@ -499,9 +499,9 @@ class Trainer(HasTrainingCore):
             return None
         self.model.train()  # the mode of the gradient forward (dropout alike)
         shares = shares or self._shares(items)
-        per_rank = [self._microbatches([i for i in items if id(i) in s]) for s in shares]
-        mine = [item for mb in per_rank[self._rank] for item in mb]
-        padding = [[items[0]]] * (max(len(m) for m in per_rank) - len(per_rank[self._rank]))
+        local, missing = self._my_microbatches(items, shares)
+        mine = [item for mb in local for item in mb]
+        padding = [[items[0]]] * missing
         return self._logprobs_without_grad(
             self.model, self._parts, mine, self.device, padding=padding
         )
