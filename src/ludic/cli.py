@@ -1,5 +1,6 @@
 """The ``ludic`` command: ``ludic train``, ``ludic eval``, ``ludic export``, ``ludic demo``,
-``ludic serve policy|reward|router`` and the pipeline's ``ludic learner`` / ``ludic actor``.
+``ludic serve policy|reward|router``, the pipeline's ``ludic learner`` / ``ludic actor`` and
+``ludic launch`` (the pipeline on Ray).
 
 Each command loads a config (YAML or TOML, schema in ``ludic/run/config.py``), applies
 ``dotted.key=value`` overrides and calls :mod:`ludic.run.job`. Failures the user can fix
@@ -56,6 +57,7 @@ ludic: reinforcement learning of LLMs with policy gradients.
   ludic serve policy|reward|router ARGS  serve a policy or reward model on vLLM, or a router
   ludic learner CONFIG [OVERRIDE ...] the learner of a pipeline run (trainer.mode=pipeline)
   ludic actor CONFIG --run-dir DIR    one actor of a pipeline run
+  ludic launch CONFIG [OVERRIDE ...]  a pipeline run placed on a Ray cluster
 """
 
 _EPILOG = (
@@ -178,6 +180,15 @@ def _actor(args: argparse.Namespace) -> int:
     from ludic.run.pipeline_actor import run_actor
 
     run_actor(config, run_dir=args.run_dir, actor_id=args.actor_id)
+    return EXIT_OK
+
+
+def _launch(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides)
+    from ludic.run.ray_launch import launch_on_ray
+
+    run_dir = launch_on_ray(config, address=args.address, resume=args.resume)
+    _stdout().print(f"run directory: {run_dir}", highlight=False, soft_wrap=True)
     return EXIT_OK
 
 
@@ -427,6 +438,35 @@ def _build_parser() -> argparse.ArgumentParser:
         "the batch it had claimed (default: HOST-PID)",
     )
 
+    launch = add(
+        "launch",
+        _launch,
+        "Run a pipeline run on a Ray cluster: servers, learner and actors placed by Ray.",
+        details=(
+            "Needs trainer.mode=pipeline and Ray (pip install 'ludic-rl[ray]'). Runs on a\n"
+            "node of the cluster: the learner (and the run directory) stay on this node;\n"
+            "policy servers, the reward server and pipeline.num_actors rollout actors go\n"
+            "where Ray's placement groups put them (the launch section: resources,\n"
+            "strategy, restarts). Every process's output comes back here and into\n"
+            "RUN_DIR/logs. A killed rollout actor is restarted; Ctrl-C checkpoints."
+        ),
+        examples=(
+            "  ludic launch my_run.yaml                      # a local Ray\n"
+            "  ludic launch my_run.yaml --address auto pipeline.num_actors=8\n"
+            "  ludic launch my_run.yaml --resume runs/my-run-20250101-120000\n"
+        ),
+        with_config=True,
+    )
+    launch.add_argument(
+        "--address",
+        metavar="ADDRESS",
+        help="the Ray cluster (auto, or HEAD_IP:6379); default: launch.address, "
+        "$RAY_ADDRESS, else a local Ray",
+    )
+    launch.add_argument(
+        "--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint"
+    )
+
     export = commands.add_parser(
         "export",
         help="Write a run's trained policy as a Hugging Face folder.",
@@ -505,7 +545,7 @@ def _interrupted_message(args: argparse.Namespace) -> str:
     if args.command in ("eval", "actor"):
         return "interrupted"
     command = ["ludic", args.command]
-    command += [str(args.config)] if args.command in ("train", "learner") else []
+    command += [str(args.config)] if args.command in ("train", "learner", "launch") else []
     if args.command == "learner":
         return "interrupted; continue with: " + shlex.join(
             [*command, *args.overrides, "--run-dir", str(args.run_dir or "RUN_DIR")]

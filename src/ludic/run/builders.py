@@ -60,28 +60,34 @@ def load_policy(config: RunConfig, model_dir: Path) -> tuple[torch.nn.Module, An
     ``model_dir`` -- an ordinary HF folder -- then load it back through the same path a
     real model takes.
     """
-    path = config.model.path
-    if path is None:
-        if not (model_dir / "config.json").is_file():
-            tiny = config.model.tiny
-            tokenizer = build_tiny_tokenizer()
-            model = build_tiny_causal_lm(
-                tokenizer,
-                seed=tiny.seed,
-                hidden_size=tiny.hidden_size,
-                num_layers=tiny.num_layers,
-                num_heads=tiny.num_heads,
-            )
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.disable_progress_bar()
-            model.save_pretrained(model_dir)
-            tokenizer.save_pretrained(model_dir)
-        path = str(model_dir)
+    path = policy_folder(config, model_dir)
     model, tokenizer = _from_pretrained(path, attn_implementation=config.model.attn_implementation)
     if config.model.lora is not None:
         model = _with_lora(model, config)
     return model.to(config.model.device), tokenizer
+
+
+def policy_folder(config: RunConfig, model_dir: Path) -> str:
+    """``model.path``, else ``model_dir`` holding the tiny model and its tokenizer (built
+    there, from ``model.tiny``, unless it already is)."""
+    if config.model.path is not None:
+        return config.model.path
+    if not (model_dir / "config.json").is_file():
+        tiny = config.model.tiny
+        tokenizer = build_tiny_tokenizer()
+        model = build_tiny_causal_lm(
+            tokenizer,
+            seed=tiny.seed,
+            hidden_size=tiny.hidden_size,
+            num_layers=tiny.num_layers,
+            num_heads=tiny.num_heads,
+        )
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        model.save_pretrained(model_dir)
+        tokenizer.save_pretrained(model_dir)
+    return str(model_dir)
 
 
 def _from_pretrained(
@@ -234,7 +240,9 @@ def _vllm_pool(config: RunConfig, *, model_dir: Path, log_dir: Path) -> Iterator
         ]
         pool = VLLMClientPool(clients, publish=v.publish)
         stack.callback(pool.close)
-        pool.init_weight_sync(backend=v.sync_backend, master_addr=v.host, master_port=v.group_port)
+        pool.init_weight_sync(
+            backend=v.sync_backend, master_addr=v.group_host or v.host, master_port=v.group_port
+        )
         yield pool
 
 
@@ -299,7 +307,7 @@ def vllm_server_client(
         stack.callback(client.close)
         if weight_sync:
             client.init_weight_sync(
-                backend=v.sync_backend, master_addr=v.host, master_port=v.group_port
+                backend=v.sync_backend, master_addr=v.group_host or v.host, master_port=v.group_port
             )
         yield client
 

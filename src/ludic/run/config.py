@@ -366,6 +366,42 @@ class PipelineConfig(Section):
         return url
 
 
+class PlacementConfig(Section):
+    """The Ray resources one placed process reserves (``ludic launch``)."""
+
+    cpus: float = Field(1.0, gt=0)
+    gpus: float = Field(0.0, ge=0)
+    """GPUs (Ray sets CUDA_VISIBLE_DEVICES); a policy or reward server on CUDA needs one,
+    and so does the learner."""
+    resources: dict[str, float] = {}
+    """Custom Ray resources, e.g. ``{inference_node: 1}`` to put servers on nodes started
+    with ``ray start --resources '{"inference_node": 8}'``."""
+
+
+class LaunchConfig(Section):
+    """``ludic launch CONFIG``: a pipeline run (``trainer.mode: pipeline``) placed on a Ray
+    cluster: the learner on the launching node (it owns the run directory), the policy
+    servers, the reward server and ``pipeline.num_actors`` rollout actors in placement
+    groups."""
+
+    address: str | None = None
+    """The Ray cluster, e.g. ``auto`` or ``HEAD_IP:6379`` (run ``ludic launch`` on a node of
+    it). null: ``$RAY_ADDRESS``, else a local Ray started for the run."""
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    """Placement-group strategy of the servers' group and of the rollout actors' group."""
+    learner: PlacementConfig = PlacementConfig()
+    policy_server: PlacementConfig = PlacementConfig()
+    reward_server: PlacementConfig = PlacementConfig()
+    rollout_actor: PlacementConfig = PlacementConfig()
+    max_restarts: int = Field(3, ge=0)
+    """Times Ray restarts a rollout actor that died (its process killed, its node lost);
+    the restarted actor regenerates the batch it had claimed. An actor that exits with an
+    error is not restarted: the run fails."""
+    placement_timeout_s: float = Field(300.0, gt=0)
+    """How long to wait for the cluster to grant a placement group or a server to answer
+    /health before the launch fails, naming what it asked for."""
+
+
 class EvalConfig(Section):
     num_problems: int = Field(100, ge=1)
     """Evaluated on env seeds first_problem .. first_problem + num_problems - 1, greedy
@@ -408,6 +444,7 @@ POLICY_SECTIONS = (
     "reward",
     "reward_loop",
     "pipeline",
+    "launch",
 )
 """Sections only policy training (``task: policy``) reads."""
 
@@ -432,6 +469,8 @@ class RunConfig(Section):
     logging: LoggingConfig = LoggingConfig()
     pipeline: PipelineConfig = PipelineConfig()
     """Read only with ``trainer.mode: pipeline``."""
+    launch: LaunchConfig = LaunchConfig()
+    """Read only by ``ludic launch`` (a pipeline run placed on Ray)."""
     reward_model: RewardModelSection = RewardModelSection()
     """Read only with ``task: reward_model``."""
     reward: RewardSection | None = None

@@ -87,6 +87,9 @@ class VLLMConfig(Section):
     """HTTP port (null: a free one when ludic starts the server)."""
     group_port: int | None = Field(None, ge=1, le=65535)
     """Rendezvous port of the weight-sync group, hosted by the trainer (null: a free one)."""
+    group_host: str | None = None
+    """The trainer's address as the servers reach it, for the weight-sync rendezvous
+    (null: ``host``, right when trainer and server share a machine)."""
     start_server: bool = True
     """Start (and stop) the server as a subprocess; false = connect to a running one."""
     sync_backend: Literal["nccl", "gloo"] | None = None

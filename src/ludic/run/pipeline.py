@@ -15,6 +15,7 @@ an actor given only the run directory finds the queue.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,12 @@ from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
 from ludic.run.job import RESUMABLE_CHANGES
 from ludic.run.run_dir import RunDirectory, _flat_diff
+from ludic.training.batching.redis_urls import redacted
 
 PIPELINE_INFO = "pipeline.json"
+REDIS_URL_ENV = "LUDIC_REDIS_URL"
+"""Where ``pipeline.redis_url`` is null, the Redis URL (password included) that ``ludic
+launch`` hands the learner and the actors it places, kept off their command lines."""
 LEARNER_ID = "learner"
 PIPELINE_RESUMABLE = frozenset(
     {
@@ -37,10 +42,24 @@ PIPELINE_RESUMABLE = frozenset(
         "pipeline.actor_timeout_s",
         "pipeline.reconnect_timeout_s",
         "pipeline.stop_timeout_s",
+        "launch",
+        # where the servers are: `ludic launch` places them anew on every (re)start
+        "inference.vllm.start_server",
+        "inference.vllm.num_servers",
+        "inference.vllm.urls",
+        "inference.vllm.host",
+        "inference.vllm.port",
+        "inference.vllm.group_host",
+        "inference.vllm.group_port",
+        "inference.vllm.cpu_cores",
+        "reward.server.start_server",
+        "reward.server.host",
+        "reward.server.port",
     }
 )
 """Config fields a pipeline run may change on resume (and in which an actor's config may
-differ from the run's): ``job.RESUMABLE_CHANGES`` plus the pipeline's plumbing. Not
+differ from the run's): ``job.RESUMABLE_CHANGES`` plus the pipeline's plumbing and where
+its servers run. Not
 ``pipeline.prefix``: the queue lives under it."""
 
 
@@ -65,6 +84,12 @@ def pipeline_prefix(config: RunConfig, run_path: Path) -> str:
     return prefix
 
 
+def configured_redis_url(config: RunConfig) -> str | None:
+    """``pipeline.redis_url``, else ``$LUDIC_REDIS_URL``, else None (the learner starts a
+    local redis-server; an actor reads RUN_DIR/pipeline.json)."""
+    return config.pipeline.redis_url or os.environ.get(REDIS_URL_ENV) or None
+
+
 def make_queue(config: RunConfig, url: str, prefix: str) -> Any:
     """A ``RedisBatchQueue`` with the run's settings (imported here: it needs ``redis``)."""
     try:
@@ -84,8 +109,9 @@ def make_queue(config: RunConfig, url: str, prefix: str) -> Any:
 
 
 def write_pipeline_info(run: RunDirectory, redis_url: str, prefix: str) -> None:
-    """``RUN_DIR/pipeline.json``: where the run's queue is (written atomically)."""
-    info = {"redis_url": redis_url, "prefix": prefix}
+    """``RUN_DIR/pipeline.json``: where the run's queue is (written atomically; a password
+    is left out: actors of such a Redis get the URL in ``$LUDIC_REDIS_URL``)."""
+    info = {"redis_url": redacted(redis_url), "prefix": prefix}
     write_atomic(run.path / PIPELINE_INFO, json.dumps(info, indent=2) + "\n")
 
 

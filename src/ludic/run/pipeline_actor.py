@@ -46,8 +46,10 @@ from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
 from ludic.run.pipeline import (
     check_same_run,
+    configured_redis_url,
     make_queue,
     pipeline_prefix,
+    redacted,
     require_pipeline_mode,
     wait_for_redis_url,
 )
@@ -77,14 +79,14 @@ def run_actor(config: RunConfig, *, run_dir: str | Path, actor_id: str | None = 
 def _act(config: RunConfig, run_path: Path, actor_id: str) -> int:
     console = Console()
     p = config.pipeline
-    url = p.redis_url or wait_for_redis_url(run_path, p.actor_timeout_s)
+    url = configured_redis_url(config) or wait_for_redis_url(run_path, p.actor_timeout_s)
     queue = make_queue(config, url, pipeline_prefix(config, run_path))
     try:
         learner = _wait_for_learner(queue, p.actor_timeout_s)
         run = RunDirectory(run_path)
         check_same_run(config, run)
         console.print(
-            f"actor {actor_id}: Redis {url}, prefix {queue.keys.prefix!r}; the learner serves "
+            f"actor {actor_id}: Redis {redacted(url)}, prefix {queue.keys.prefix!r}; the learner serves "
             f"version {learner['version']} (weights through {learner['weights']})",
             highlight=False,
             soft_wrap=True,

@@ -81,7 +81,7 @@ def launch_pipeline(config: RunConfig, *, resume: str | Path | None = None) -> P
         common = [str(run.config_path), "--run-dir", str(run.path)]
         if p.redis_url is None:
             common.append(f"pipeline.redis_url={url}")
-        env = _child_env(config)
+        env = child_env(config)
         learner = children.start("learner", ["learner", *common], logs, env)
         actors = [
             children.start(f"actor-{i}", ["actor", *common, "--actor-id", f"actor-{i}"], logs, env)
@@ -104,7 +104,7 @@ def launch_pipeline(config: RunConfig, *, resume: str | Path | None = None) -> P
     return run.path
 
 
-def _child_env(config: RunConfig) -> dict[str, str]:
+def child_env(config: RunConfig) -> dict[str, str]:
     """The children's environment: unbuffered output and, with the vLLM backend, the
     server's API key for the learner and the actors: ``inference.vllm.api_key`` (never
     saved in config.yaml, which the children read), else ``$LUDIC_API_KEY``, else a fresh

@@ -61,9 +61,11 @@ from ludic.run.phases import (
     warm_start,
 )
 from ludic.run.pipeline import (
+    configured_redis_url,
     make_queue,
     open_learner_run,
     pipeline_prefix,
+    redacted,
     require_pipeline_mode,
     write_pipeline_info,
 )
@@ -96,7 +98,7 @@ def _learn(config: RunConfig, run_dir: str | Path | None) -> Path:
     started = time.perf_counter()
     with contextlib.ExitStack() as stack:
         stack.enter_context(run_loggers(config, run))
-        url = config.pipeline.redis_url
+        url = own_redis = configured_redis_url(config)
         if url is None:
             from ludic.training.batching.redis_server import start_redis_server
 
@@ -104,7 +106,7 @@ def _learn(config: RunConfig, run_dir: str | Path | None) -> Path:
             stack.callback(server.stop)
             url = server.url
             console.print(
-                f"redis-server: {url} (AOF in {server.data_dir}, log {server.log_path})",
+                f"redis-server: {redacted(url)} (AOF in {server.data_dir}, log {server.log_path})",
                 highlight=False,
                 soft_wrap=True,
             )
@@ -114,7 +116,7 @@ def _learn(config: RunConfig, run_dir: str | Path | None) -> Path:
         queue.start_run()  # clears an earlier end of this run (trainer.steps raised on resume)
         write_pipeline_info(run, url, prefix)
         console.print(
-            f"pipeline: Redis {url}, prefix {prefix!r}; start actors with: "
+            f"pipeline: Redis {redacted(url)}, prefix {prefix!r}; start actors with: "
             f"ludic actor {run.config_path} --run-dir {run.path}",
             highlight=False,
             soft_wrap=True,
@@ -128,7 +130,7 @@ def _learn(config: RunConfig, run_dir: str | Path | None) -> Path:
         )
         _reinforce_from_queue(config, run, policy, tokenizer, client, queue, console)
         save_policy_folder(policy, tokenizer, run.path / POLICY_DIR)
-        if config.pipeline.redis_url is None:  # our Redis stops with us: let actors leave
+        if own_redis is None:  # our Redis stops with us: let actors leave
             _wait_for_actors_to_leave(queue, config.pipeline.stop_timeout_s)
     plot_reward_curve(run.read_metrics(), run.plot_path, title=config.name)
     summary = run_summary(run, time.perf_counter() - started)

@@ -208,19 +208,17 @@ def start_vllm_server(
             :data:`CPU_CORES_ENV`) and vLLM's OpenMP threads bind to them
             (``VLLM_CPU_OMP_THREADS_BIND``). Default: vLLM's own binding.
     """
-    if cpu_cores is not None:
-        parse_cpu_cores(cpu_cores)  # a bad list fails here, not in the child
-        env = {**(env or {}), CPU_CORES_ENV: cpu_cores, "VLLM_CPU_OMP_THREADS_BIND": cpu_cores}
-    if kind not in ("policy", "reward"):
-        raise ValueError(f"kind={kind!r}; expected 'policy' or 'reward'")
-    if cpu is None:
-        cpu = not _cuda_available()
     port = port or free_port(host)
-    args = [sys.executable, "-m", "ludic", "serve", kind, "--model", str(model_dir)]
-    args += ["--host", host, "--port", str(port)]
-    if cpu:
-        args += cpu_default_args(extra_args)
-    args += list(extra_args)
+    args, env = server_command(
+        model_dir,
+        kind=kind,
+        host=host,
+        port=port,
+        extra_args=extra_args,
+        env=env,
+        cpu=cpu,
+        cpu_cores=cpu_cores,
+    )
     return launch_server(
         args,
         kind=kind,
@@ -228,11 +226,40 @@ def start_vllm_server(
         port=port,
         group_port=group_port or free_port(host),
         api_key=api_key,
-        env={**CPU_DEFAULT_ENV, **(env or {})} if cpu else env,
+        env=env,
         log_path=log_path,
         wait=wait,
         health_timeout_s=health_timeout_s,
     )
+
+
+def server_command(
+    model_dir: str | os.PathLike[str],
+    *,
+    kind: ServerKind,
+    host: str,
+    port: int,
+    extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    cpu: bool | None = None,
+    cpu_cores: str | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and the extra environment of ``ludic serve KIND`` on
+    ``model_dir`` at ``host:port`` (see :func:`start_vllm_server` for the arguments)."""
+    env = dict(env or {})
+    if cpu_cores is not None:
+        parse_cpu_cores(cpu_cores)  # a bad list fails here, not in the child
+        env.update({CPU_CORES_ENV: cpu_cores, "VLLM_CPU_OMP_THREADS_BIND": cpu_cores})
+    if kind not in ("policy", "reward"):
+        raise ValueError(f"kind={kind!r}; expected 'policy' or 'reward'")
+    if cpu is None:
+        cpu = not _cuda_available()
+    args = [sys.executable, "-m", "ludic", "serve", kind, "--model", str(model_dir)]
+    args += ["--host", host, "--port", str(port)]
+    if cpu:
+        args += cpu_default_args(extra_args)
+    args += list(extra_args)
+    return args, ({**CPU_DEFAULT_ENV, **env} if cpu else env)
 
 
 def launch_server(

@@ -50,6 +50,7 @@ from ludic.training.batching.redis_keys import (
     TakenBatch,
     redis,
 )
+from ludic.training.batching.redis_urls import redacted
 
 __all__ = [
     "PipelineConnectionError",
@@ -100,7 +101,7 @@ class RedisBatchQueue:
             raise ValueError(
                 "RedisBatchQueue: block_s must be > 0 and push_timeout_s, reconnect_timeout_s >= 0"
             )
-        self.url = url
+        self.url = redacted(url)  # for messages; the client keeps the password
         self.keys = RedisKeys(prefix)
         self.max_queued = max_queued
         self.learner_id = learner_id

@@ -2,7 +2,9 @@
 
 Durable by default: ``--appendonly yes --appendfsync always`` in ``data_dir``, so Redis
 replies to a write only once it is on disk and a restart on the same folder (even after
-``kill -9``) keeps every acknowledged push and ack. Listens on 127.0.0.1 only.
+``kill -9``) keeps every acknowledged push and ack. Listens on 127.0.0.1 unless given
+another ``host`` (``ludic launch``: the node's address, for actors on other nodes), which
+needs a ``password`` (passed on stdin, so it shows in no process list).
 
     server = start_redis_server(tmp_dir)          # waits until PING answers
     queue = RedisBatchQueue(server.url, prefix="run1")
@@ -14,6 +16,7 @@ Install Redis with ``apt-get install redis-server`` (``make test`` does).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -22,6 +25,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 from ludic.distributed.weight_transfer.groups import free_port
 from ludic.inference.vllm.process import die_with_parent_preexec
@@ -38,10 +42,12 @@ class RedisServer:
     port: int
     data_dir: Path
     host: str = "127.0.0.1"
+    password: str | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://{self.host}:{self.port}/0"
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}{self.host}:{self.port}/0"
 
     @property
     def log_path(self) -> Path:
@@ -70,13 +76,18 @@ def start_redis_server(
     timeout_s: float = 20.0,
     executable: str = "redis-server",
     die_with_parent: bool = False,
+    host: str = "127.0.0.1",
+    password: str | None = None,
 ) -> RedisServer:
     """Start ``redis-server`` with an fsync-always AOF in ``data_dir`` on ``port`` (a free
     one by default) and wait until it answers PING (it may be loading its AOF).
 
     ``die_with_parent``: the server gets SIGTERM (flushes its AOF and exits) when this
     process dies, even by ``kill -9`` (Linux ``PR_SET_PDEATHSIG``; call from the main
-    thread, as ``start_vllm_server`` does)."""
+    thread, as ``start_vllm_server`` does). ``host``: the address to listen on; one that
+    is not loopback needs ``password`` (Redis' ``requirepass``; ``server.url`` carries it)."""
+    if password is None and host not in ("127.0.0.1", "localhost", "::1"):
+        raise ValueError(f"host={host!r} exposes Redis beyond this machine: give a password")
     binary = shutil.which(executable)
     if binary is None:
         raise FileNotFoundError(
@@ -88,8 +99,9 @@ def start_redis_server(
     port = free_port() if port is None else port
     args = [
         binary,
+        *(["-"] if password else []),  # the rest of the config on stdin: requirepass
         "--port", str(port),
-        "--bind", "127.0.0.1",
+        "--bind", host,
         "--dir", str(data_dir),
         "--appendonly", "yes",
         "--appendfsync", "always",
@@ -100,7 +112,7 @@ def start_redis_server(
     on_main_thread = threading.current_thread() is threading.main_thread()
     process = subprocess.Popen(
         args,
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.PIPE if password else subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         start_new_session=True,
         # PDEATHSIG fires when the starting *thread* ends: only from the main thread
@@ -108,7 +120,12 @@ def start_redis_server(
         if die_with_parent and on_main_thread
         else None,
     )
-    server = RedisServer(process, port, data_dir)
+    if password:
+        assert process.stdin is not None
+        with contextlib.suppress(BrokenPipeError):  # it exited: _wait_for_ping reports it
+            process.stdin.write(f'requirepass "{_config_escaped(password)}"\n'.encode())
+            process.stdin.close()
+    server = RedisServer(process, port, data_dir, host=host, password=password)
     try:
         _wait_for_ping(server, timeout_s)
     except BaseException:
@@ -119,7 +136,9 @@ def start_redis_server(
 
 def _wait_for_ping(server: RedisServer, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    client = redis.Redis(host=server.host, port=server.port, socket_connect_timeout=1.0)
+    client = redis.Redis(
+        host=server.host, port=server.port, password=server.password, socket_connect_timeout=1.0
+    )
     last = "no answer yet"
     try:
         while True:
@@ -141,3 +160,8 @@ def _wait_for_ping(server: RedisServer, timeout_s: float) -> None:
             time.sleep(0.02)
     finally:
         client.close()
+
+
+def _config_escaped(text: str) -> str:
+    """``text`` inside a double-quoted redis.conf string."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')

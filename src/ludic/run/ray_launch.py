@@ -1,0 +1,526 @@
+"""``ludic launch CONFIG``: a pipeline run (``trainer.mode: pipeline``) placed on a Ray cluster.
+
+Reads top to bottom:
+
+1. The run directory (new, or ``--resume RUN_DIR``), on this node, as ``ludic train`` makes it.
+2. Ray: ``--address`` / ``launch.address`` / ``$RAY_ADDRESS``, or a local Ray started for the
+   run (as many logical CPUs as the run asks for: they schedule, the cores are shared).
+3. Redis: ``pipeline.redis_url``, or a redis-server here with an fsync-always AOF in
+   RUN_DIR/redis, listening on this node's address behind a fresh password (the processes
+   get the URL in ``$LUDIC_REDIS_URL``, never on a command line).
+4. Placement groups, each granted within ``launch.placement_timeout_s`` or the launch fails
+   naming what it asked for and what the cluster has:
+
+   * the servers' group (``launch.strategy``): ``inference.vllm.num_servers`` policy servers
+     (``inference.backend: vllm`` with ``start_server``) and the reward server (``reward``
+     with ``backend: vllm`` and ``server.start_server``), each on its node's address and a
+     free port, waited for on ``/health``;
+   * the learner's: one bundle on this machine (it owns the run directory), told where the
+     servers are (``inference.vllm.urls``; ``group_host``, the weight-sync rendezvous, is this
+     node's address) -- the weights cross nodes over the sync group as on one machine;
+   * the rollout actors' group (``launch.strategy``): ``pipeline.num_actors`` ``ludic actor``
+     processes, each with a stable ``--actor-id`` and the reward server's address.
+
+   Each process runs inside a Ray actor (:class:`ludic.run.ray_processes.PlacedProcess`)
+   and ends with it; its output comes back here, prefixed ``[NAME]``, and into
+   RUN_DIR/logs/NAME.log.
+5. Wait for the learner. When it is done, actors (which see the end of the run in Redis)
+   get ``pipeline.stop_timeout_s`` to exit; then everything is stopped and Ray released.
+
+Failures: a rollout actor whose process is killed (a signal) or whose Ray actor dies (its
+worker killed, its node lost) is restarted by Ray, up to ``launch.max_restarts`` times; the
+new one regenerates the batch the old one had claimed, so the run loses nothing. Any other
+failure -- the learner exits with an error, an actor exits with an error, a restart budget is
+spent, a server fails to start -- stops every process (SIGTERM: the learner checkpoints) and
+fails the command with the process's error line and its log's path; ``--resume RUN_DIR``
+continues. Ctrl-C and SIGTERM do the same (exit 130 / 143).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from ludic.inference.vllm.security import API_KEY_ENV
+from ludic.run.config import PlacementConfig, RunConfig
+from ludic.run.errors import RunError
+from ludic.run.loading import dump_config
+from ludic.run.pipeline import (
+    PIPELINE_RESUMABLE,
+    REDIS_URL_ENV,
+    configured_redis_url,
+    make_queue,
+    pipeline_prefix,
+    require_pipeline_mode,
+)
+from ludic.run.pipeline_launch import PipelineProcessError, child_env
+from ludic.run.preflight import check_config
+from ludic.run.ray_processes import PlacedProcess, ProcessSpec
+from ludic.run.run_dir import open_run
+from ludic.run.signals import terminate_as_interrupt
+
+__all__ = ["launch_on_ray"]
+
+POLL_S = 0.2
+
+
+def launch_on_ray(
+    config: RunConfig, *, address: str | None = None, resume: str | Path | None = None
+) -> Path:
+    """Run a pipeline run's learner, servers and rollout actors on Ray until the learner is
+    done; returns the run directory."""
+    with terminate_as_interrupt():
+        require_pipeline_mode(config, "ludic launch")
+        check_config(config)
+        check_placement(config)
+        ray = _import_ray()
+        return _launch(ray, config, address or config.launch.address, resume)
+
+
+def check_placement(config: RunConfig) -> None:
+    """A CUDA run's servers and learner must ask Ray for a GPU; Ray Client is refused."""
+    lc = config.launch
+    if lc.address is not None and lc.address.startswith("ray://"):
+        raise RunError(
+            f"launch.address={lc.address!r}: Ray Client is not supported (the learner runs "
+            "on the launching node, which owns the run directory); run `ludic launch` on a "
+            "node of the cluster with address auto or HEAD_IP:6379"
+        )
+    if config.model.device.startswith("cuda"):
+        needs = ["learner"]
+        if _starts_policy_servers(config):
+            needs.append("policy_server")
+        if _starts_reward_server(config):
+            needs.append("reward_server")
+        for role in needs:
+            if getattr(lc, role).gpus <= 0:
+                raise RunError(
+                    f"launch.{role}.gpus=0 with model.device={config.model.device}: Ray hides "
+                    f"the GPUs from a process that reserves none; set launch.{role}.gpus: 1"
+                )
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as err:
+        raise RunError(f"`ludic launch` needs Ray ({err}); pip install 'ludic-rl[ray]'") from None
+    return ray
+
+
+def _starts_policy_servers(config: RunConfig) -> bool:
+    return config.inference.backend == "vllm" and config.inference.vllm.start_server
+
+
+def _starts_reward_server(config: RunConfig) -> bool:
+    r = config.reward
+    return r is not None and r.backend == "vllm" and r.server.start_server
+
+
+def _launch(ray: Any, config: RunConfig, address: str | None, resume: str | Path | None) -> Path:
+    console = Console()
+    run, config = open_run(config, resume=resume, resumable=PIPELINE_RESUMABLE)
+    console.print(f"run directory: [bold]{run.path}[/bold]", highlight=False, soft_wrap=True)
+    logs = run.path / "logs"
+    logs.mkdir(exist_ok=True)
+    lc = config.launch
+    with contextlib.ExitStack() as stack:
+        _connect(ray, address, config, stack, console)
+        node_ip = ray.util.get_node_ip_address()
+        env = child_env(config)
+        env.setdefault(API_KEY_ENV, secrets.token_urlsafe(32))  # servers listen beyond loopback
+        url = configured_redis_url(config)
+        if url is None:
+            url = _start_redis(run.path / "redis", node_ip, stack, console)
+            env[REDIS_URL_ENV] = url
+        queue = make_queue(config, url, pipeline_prefix(config, run.path))
+        stack.callback(queue.close)
+        queue.start_run()  # no actor may see the end of an earlier run of this directory
+        placed = stack.enter_context(_Placement(ray, logs, lc.placement_timeout_s, config))
+        common = dict(config_yaml=dump_config(config), run_name=run.path.name, env=env)
+
+        # 1. servers: policy servers, then the reward server, in one placement group
+        # the learner, on this node, hosts the weight-sync rendezvous
+        sync_from = ("--weight-sync-hosts", node_ip)
+        servers = [
+            ProcessSpec(f"policy-server-{i}", "policy_server", overrides=sync_from, **common)
+            for i in range(
+                config.inference.vllm.num_servers if _starts_policy_servers(config) else 0
+            )
+        ]
+        if _starts_reward_server(config):
+            servers.append(ProcessSpec("reward-server", "reward_server", **common))
+        started = placed.group(
+            "servers",
+            [
+                (s, lc.reward_server if s.role == "reward_server" else lc.policy_server)
+                for s in servers
+            ],
+            lc.strategy,
+        )
+        urls = placed.wait_for_servers(started)
+        overrides = _server_overrides(config, urls, node_ip)
+
+        # 2. the learner, on this machine; 3. the rollout actors
+        learner_spec = ProcessSpec(
+            "learner",
+            "learner",
+            run_dir=str(run.path),
+            overrides=tuple(overrides["learner"]),
+            **common,
+        )
+        pin = {f"node:{node_ip}": 0.001}  # this machine: the run directory is here
+        learner_place = lc.learner.model_copy(update={"resources": {**lc.learner.resources, **pin}})
+        (learner,) = placed.group("learner", [(learner_spec, learner_place)], "STRICT_PACK")
+        actors = placed.group(
+            "rollout actors",
+            [
+                (
+                    ProcessSpec(
+                        f"actor-{i}", "rollout", overrides=tuple(overrides["actor"]), **common
+                    ),
+                    lc.rollout_actor,
+                )
+                for i in range(config.pipeline.num_actors)
+            ],
+            lc.strategy,
+            max_restarts=lc.max_restarts,
+        )
+        while learner.returncode is None:
+            placed.pump()
+            time.sleep(POLL_S)
+        if learner.returncode != 0:
+            raise learner.failure()
+        placed.wait_for_exit(actors, config.pipeline.stop_timeout_s)
+    return run.path
+
+
+def _connect(
+    ray: Any, address: str | None, config: RunConfig, stack: contextlib.ExitStack, console: Console
+) -> None:
+    """Join the cluster at ``address`` (or ``$RAY_ADDRESS``), else start a local Ray with
+    enough logical CPUs for every placed process."""
+    options: dict[str, Any] = dict(log_to_driver=False, configure_logging=False)
+    if address or os.environ.get("RAY_ADDRESS"):
+        ray.init(address=address, **options)
+    else:
+        lc = config.launch
+        roles = [lc.learner]
+        if _starts_policy_servers(config):
+            roles += [lc.policy_server] * config.inference.vllm.num_servers
+        if _starts_reward_server(config):
+            roles.append(lc.reward_server)
+        roles += [lc.rollout_actor] * config.pipeline.num_actors
+        cpus = max(os.cpu_count() or 1, int(sum(r.cpus for r in roles) + 0.999))
+        gpus = _local_gpus() if any(r.gpus for r in roles) else 0
+        ray.init(num_cpus=cpus, num_gpus=gpus, include_dashboard=False, **options)
+    stack.callback(ray.shutdown)
+    resources = ray.cluster_resources()
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    console.print(
+        f"ray: {len(nodes)} node(s), {resources.get('CPU', 0):g} CPU, "
+        f"{resources.get('GPU', 0):g} GPU",
+        highlight=False,
+    )
+
+
+def _local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _start_redis(data_dir: Path, host: str, stack: contextlib.ExitStack, console: Console) -> str:
+    from ludic.training.batching.redis_server import start_redis_server
+
+    server = start_redis_server(
+        data_dir, host=host, password=secrets.token_urlsafe(24), die_with_parent=True
+    )
+    stack.callback(server.stop)
+    console.print(
+        f"redis-server: {host}:{server.port} (password-protected), AOF in {server.data_dir}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    return server.url
+
+
+def _server_overrides(
+    config: RunConfig, urls: dict[str, str], node_ip: str
+) -> dict[str, list[str]]:
+    """Where the placed servers are, as overrides of the learner's and the actors'
+    configs."""
+    learner: list[str] = []
+    actor: list[str] = []
+    policy = [url for name, url in sorted(urls.items()) if name.startswith("policy-server-")]
+    if policy:
+        learner += [
+            "inference.vllm.start_server=false",
+            "inference.vllm.num_servers=1",
+            f"inference.vllm.urls={json.dumps(policy)}",
+            f"inference.vllm.group_host={node_ip}",
+        ]
+    if "reward-server" in urls:
+        host, port = urls["reward-server"].removeprefix("http://").rsplit(":", 1)
+        actor += [
+            "reward.server.start_server=false",
+            f"reward.server.host={host}",
+            f"reward.server.port={port}",
+        ]
+    return {"learner": learner, "actor": actor}
+
+
+@dataclass
+class _Placed:
+    """One placed process: its Ray actor, what the launcher saw of it, its log."""
+
+    spec: ProcessSpec
+    handle: Any
+    log_path: Path
+    restartable: bool
+    returncode: int | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    last_lines: list[str] = field(default_factory=list)
+    incarnation: int | None = None  # the Ray actor's pid, to notice restarts
+    restarts: int = 0
+    unavailable: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def error_line(self) -> str:
+        """The process's ``error: ...`` line (the CLI prints one), else its last line."""
+        errors = [line for line in self.last_lines if line.startswith("error:")]
+        lines = errors or [line for line in self.last_lines if line.strip()]
+        line = lines[-1].strip() if lines else "(no output)"
+        return line.removesuffix(" (run with --debug for the traceback)")
+
+    def failure(self, what: str | None = None) -> Exception:
+        code = self.returncode
+        what = what or f"exited with code {code}: {self.error_line()}"
+        text = f"{self.name} {what} (log: {self.log_path})"
+        return RunError(text) if code == 2 else PipelineProcessError(text)
+
+
+class _Placement:
+    """The placement groups and placed processes of one launch; on exit every process is
+    stopped (SIGTERM, then SIGKILL after ``pipeline.stop_timeout_s``), its actor killed and
+    the groups removed."""
+
+    def __init__(self, ray: Any, logs: Path, timeout_s: float, config: RunConfig) -> None:
+        self.ray = ray
+        self.logs = logs
+        self.timeout_s = timeout_s
+        self.stop_timeout_s = config.pipeline.stop_timeout_s
+        self.max_restarts = config.launch.max_restarts
+        self.placed: list[_Placed] = []
+        self.groups: list[Any] = []
+
+    def __enter__(self) -> _Placement:
+        return self
+
+    # ------------------------------------------------------------------ placing
+    def group(
+        self,
+        what: str,
+        members: list[tuple[ProcessSpec, PlacementConfig]],
+        strategy: str,
+        *,
+        max_restarts: int = 0,
+    ) -> list[_Placed]:
+        """A placement group with one bundle per member, and each member's process started
+        in its bundle."""
+        if not members:
+            return []
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundles = [_bundle(place) for _, place in members]
+        pg = placement_group(bundles, strategy=strategy, name=f"ludic-{what.replace(' ', '-')}")
+        self.groups.append(pg)
+        try:
+            self.ray.get(pg.ready(), timeout=self.timeout_s)
+        except self.ray.exceptions.GetTimeoutError:
+            raise RunError(
+                f"launch: Ray could not place the {what} ({strategy} of {bundles}) within "
+                f"{self.timeout_s:g}s (launch.placement_timeout_s); the cluster has "
+                f"{_resources(self.ray.cluster_resources())}, "
+                f"{_resources(self.ray.available_resources())} free; lower launch.*.cpus/gpus, "
+                "change launch.strategy, or add nodes"
+            ) from None
+        remote = self.ray.remote(PlacedProcess)
+        started = []
+        for index, (spec, place) in enumerate(members):
+            handle = remote.options(
+                num_cpus=place.cpus,
+                num_gpus=place.gpus,
+                resources=place.resources or None,
+                max_restarts=max_restarts,
+                max_task_retries=0,
+                name=None,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=index
+                ),
+            ).remote(spec)
+            placed = _Placed(spec, handle, self.logs / f"{spec.name}.log", max_restarts > 0)
+            self.placed.append(placed)
+            started.append(placed)
+        for placed in started:  # started (or failed) within the timeout
+            self._first_poll(placed)
+        return started
+
+    def _first_poll(self, placed: _Placed) -> None:
+        try:
+            info = self.ray.get(placed.handle.poll.remote(), timeout=self.timeout_s)
+        except self.ray.exceptions.GetTimeoutError:
+            raise RunError(
+                f"launch: {placed.name} did not start within {self.timeout_s:g}s "
+                "(launch.placement_timeout_s)"
+            ) from None
+        except self.ray.exceptions.RayActorError as err:
+            raise PipelineProcessError(
+                f"{placed.name} could not start on Ray: {_first_line(err)}"
+            ) from None
+        self._take(placed, info)
+        print(
+            f"{placed.name}: pid {info['pid']} on node {info['node_ip']} "
+            f"({info['node_id'][:12]}), Ray actor pid {info['actor_pid']}, log {placed.log_path}",
+            flush=True,
+        )
+
+    def wait_for_servers(self, servers: list[_Placed]) -> dict[str, str]:
+        """Each server's URL once its ``/health`` answers (output pumped meanwhile)."""
+        import httpx
+
+        deadline = time.monotonic() + self.timeout_s
+        pending = {s.name: s for s in servers}
+        urls: dict[str, str] = {}
+        with httpx.Client(timeout=5.0) as http:
+            while pending:
+                self.pump()
+                for name, server in list(pending.items()):
+                    if server.returncode is not None:
+                        raise server.failure("exited before answering /health")
+                    with contextlib.suppress(httpx.HTTPError):
+                        if http.get(f"{server.info['url']}/health").status_code == 200:
+                            urls[name] = server.info["url"]
+                            del pending[name]
+                            print(f"{name}: healthy at {urls[name]}", flush=True)
+                if pending and time.monotonic() >= deadline:
+                    names = ", ".join(pending)
+                    raise RunError(
+                        f"launch: {names} not healthy within {self.timeout_s:g}s "
+                        "(launch.placement_timeout_s); see their logs in the run directory"
+                    )
+                time.sleep(POLL_S)
+        return urls
+
+    # ------------------------------------------------------------------ watching
+    def pump(self) -> None:
+        """Poll every running process: print and log its output; restart a killed rollout
+        actor; raise on any other failure."""
+        for placed in self.placed:
+            if placed.returncode is None:
+                self._pump_one(placed)
+
+    def _pump_one(self, placed: _Placed) -> None:
+        exceptions = self.ray.exceptions
+        try:
+            info = self.ray.get(placed.handle.poll.remote(), timeout=30.0)
+        except exceptions.ActorUnavailableError:  # being restarted
+            if not placed.unavailable:
+                print(f"[{placed.name}] Ray actor unavailable: being restarted", flush=True)
+            placed.unavailable = True
+            return
+        except exceptions.GetTimeoutError:
+            return
+        except exceptions.RayActorError as err:
+            raise placed.failure(f"lost its Ray actor for good: {_first_line(err)}") from None
+        placed.unavailable = False
+        self._take(placed, info)
+        code = info["returncode"]
+        if code is None or code == 0:
+            placed.returncode = code
+            return
+        killed = code < 0 or code > 128
+        if placed.restartable and killed and placed.restarts < self.max_restarts:
+            print(f"[{placed.name}] killed (exit code {code}); Ray restarts it", flush=True)
+            self.ray.kill(placed.handle, no_restart=False)
+            return
+        placed.returncode = code
+        if placed.spec.role != "learner":  # the learner's exit is the caller's to judge
+            raise placed.failure()
+
+    def _take(self, placed: _Placed, info: dict[str, Any]) -> None:
+        if placed.incarnation is not None and info["actor_pid"] != placed.incarnation:
+            placed.restarts += 1
+            print(
+                f"[{placed.name}] restarted by Ray ({placed.restarts} of "
+                f"{self.max_restarts}) on node {info['node_ip']} ({info['node_id'][:12]}), "
+                f"pid {info['pid']}",
+                flush=True,
+            )
+        placed.incarnation = info["actor_pid"]
+        placed.info = info
+        lines = info["lines"]
+        if lines:
+            with placed.log_path.open("a", encoding="utf-8") as log:
+                log.writelines(line + "\n" for line in lines)
+            for line in lines:
+                print(f"[{placed.name}] {line}", flush=True)
+            placed.last_lines = [*placed.last_lines, *lines][-20:]
+
+    def wait_for_exit(self, placed: list[_Placed], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while any(p.returncode is None for p in placed) and time.monotonic() < deadline:
+            self.pump()
+            time.sleep(POLL_S)
+
+    # ------------------------------------------------------------------ stopping
+    def __exit__(self, *exc: object) -> None:
+        running = [p for p in self.placed if p.returncode is None]
+        refs = {}
+        for placed in running:
+            with contextlib.suppress(Exception):
+                refs[placed.name] = placed.handle.stop.remote(self.stop_timeout_s)
+        for placed in running:
+            with contextlib.suppress(Exception):
+                if placed.name in refs:
+                    self.ray.get(refs[placed.name], timeout=self.stop_timeout_s + 15.0)
+                self._take(placed, self.ray.get(placed.handle.poll.remote(), timeout=5.0))
+        for placed in self.placed:
+            with contextlib.suppress(Exception):
+                self.ray.kill(placed.handle, no_restart=True)
+        from ray.util.placement_group import remove_placement_group
+
+        for pg in self.groups:
+            with contextlib.suppress(Exception):
+                remove_placement_group(pg)
+
+
+def _bundle(place: PlacementConfig) -> dict[str, float]:
+    bundle = {"CPU": place.cpus, **place.resources}
+    if place.gpus:
+        bundle["GPU"] = place.gpus
+    return {k: v for k, v in bundle.items() if v > 0}  # cpus > 0: never empty
+
+
+def _resources(resources: dict[str, float]) -> str:
+    shown = {
+        k: v for k, v in resources.items() if not k.startswith(("node:", "memory", "object_store"))
+    }
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(shown.items())) + "}"
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__

@@ -1,0 +1,200 @@
+"""What ``ludic launch`` runs on a Ray node: one ludic process per Ray actor.
+
+:class:`PlacedProcess` (made a Ray actor by :mod:`ludic.run.ray_launch`) resolves its command
+on the node Ray put it on -- the node's address, a free port, a node-local copy of the run's
+config -- and starts it::
+
+    learner        python -m ludic learner RUN_DIR/config.yaml --run-dir RUN_DIR [OVERRIDE ...]
+    rollout        python -m ludic actor COPY/config.yaml --run-dir COPY --actor-id NAME [...]
+    policy_server  python -m ludic serve policy --model MODEL --host NODE_IP --port PORT ...
+    reward_server  python -m ludic serve reward --model reward.path --host NODE_IP ...
+
+The process leads its own session and ends with the Ray actor, even when the actor is
+killed (``PR_SET_PDEATHSIG``; a server's watchdog also ends vLLM's own processes). Its output
+is kept until the launcher polls it (:meth:`PlacedProcess.poll`), so logs come back to the
+launching terminal whichever node the process runs on.
+
+A rollout actor's copy of the run directory (``$TMPDIR/ludic-launch/NAME-PID/RUN_NAME``)
+holds the config and, without ``model.path``, the tiny model's folder (its tokenizer): the
+run directory itself stays on the launching node, with the learner. Its name is the run's,
+so the default Redis key prefix is the same.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Literal
+
+import yaml
+
+Role = Literal["learner", "rollout", "policy_server", "reward_server"]
+
+MAX_KEPT_LINES = 20_000
+"""Output lines kept between two polls (older ones are dropped, and counted)."""
+
+__all__ = ["MAX_KEPT_LINES", "PlacedProcess", "ProcessSpec", "Role"]
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One process ``ludic launch`` places: pure data, sent to the Ray actor."""
+
+    name: str
+    """``learner``, ``policy-server-I``, ``reward-server``, ``actor-I``: its log's name,
+    and a rollout actor's ``--actor-id`` (stable across restarts)."""
+    role: Role
+    config_yaml: str
+    """The run's config (``RUN_DIR/config.yaml``)."""
+    run_name: str
+    """The run directory's name (NAME-TIMESTAMP)."""
+    run_dir: str | None = None
+    """The learner's run directory (on the launching node)."""
+    overrides: tuple[str, ...] = ()
+    """Config overrides (learner, rollout), or more server arguments (servers)."""
+    env: dict[str, str] = field(default_factory=dict, repr=False)
+    """Extra environment: the API key, the Redis URL (never on a command line)."""
+
+
+class PlacedProcess:
+    """A ludic process started for ``spec`` on this node; its output kept for polling."""
+
+    def __init__(self, spec: ProcessSpec) -> None:
+        import ray
+
+        from ludic.distributed.weight_transfer.groups import free_port
+        from ludic.inference.vllm.process import die_with_parent_preexec
+        from ludic.inference.vllm.security import PARENT_PID_ENV
+
+        self.spec = spec
+        context = ray.get_runtime_context()
+        self.node_id = context.get_node_id()
+        self.node_ip = ray.util.get_node_ip_address()
+        self.restarted = bool(context.was_current_actor_reconstructed)
+        self.url: str | None = None
+        self.scratch: Path | None = None
+        self._lines: collections.deque[str] = collections.deque(maxlen=MAX_KEPT_LINES)
+        self._dropped = 0
+        self._lock = threading.Lock()
+        self._port = free_port(self.node_ip) if spec.role.endswith("server") else 0
+        argv, env = self._command()
+        env = {**os.environ, **env, **spec.env, "PYTHONUNBUFFERED": "1"}
+        env[PARENT_PID_ENV] = str(os.getpid())  # a server's watchdog ends vLLM's processes too
+        self.process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=die_with_parent_preexec(os.getpid()),
+        )
+        assert self.process.stdout is not None
+        threading.Thread(target=self._keep_output, args=(self.process.stdout,), daemon=True).start()
+
+    # ---------------------------------------------------------------- the command
+    def _command(self) -> tuple[list[str], dict[str, str]]:
+        from ludic.run.loading import validate_config
+
+        spec = self.spec
+        config = validate_config(yaml.safe_load(spec.config_yaml))
+        ludic = [sys.executable, "-m", "ludic"]
+        if spec.role == "learner":
+            if spec.run_dir is None:
+                raise ValueError("the learner's ProcessSpec needs run_dir")
+            config_path = str(Path(spec.run_dir) / "config.yaml")
+            argv = [*ludic, "learner", config_path, "--run-dir", spec.run_dir]
+            return [*argv, *spec.overrides], {}
+        copy = self._run_copy(config)
+        if spec.role == "rollout":
+            argv = [*ludic, "actor", str(copy / "config.yaml"), "--run-dir", str(copy)]
+            return [*argv, "--actor-id", spec.name, *spec.overrides], {}
+        return self._server_command(config, copy)
+
+    def _run_copy(self, config: Any) -> Path:
+        """This process's node-local copy of the run directory: config and model folder."""
+        from ludic.run.builders import policy_folder
+
+        root = Path(tempfile.gettempdir()) / "ludic-launch" / f"{self.spec.name}-{os.getpid()}"
+        copy = root / self.spec.run_name
+        copy.mkdir(parents=True, exist_ok=True)
+        self.scratch = root
+        (copy / "config.yaml").write_text(self.spec.config_yaml)
+        policy_folder(config, copy / "model")
+        return copy
+
+    def _server_command(self, config: Any, copy: Path) -> tuple[list[str], dict[str, str]]:
+        from ludic.inference.vllm.process import server_command
+        from ludic.run.builders import policy_folder, server_args
+
+        cuda = config.model.device.startswith("cuda")
+        if self.spec.role == "policy_server":
+            kind, model, v = "policy", policy_folder(config, copy / "model"), config.inference.vllm
+        else:
+            kind, model, v = "reward", config.reward.path, config.reward.server
+        self.url = f"http://{_url_host(self.node_ip)}:{self._port}"
+        return server_command(
+            model,
+            kind=kind,
+            host=self.node_ip,
+            port=self._port,
+            extra_args=[*server_args(v, cuda), *self.spec.overrides],
+            cpu=not cuda,
+        )
+
+    # ---------------------------------------------------------------- output and state
+    def _keep_output(self, stream: IO[bytes]) -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", errors="replace").rstrip("\n")
+            with self._lock:
+                if len(self._lines) == MAX_KEPT_LINES:
+                    self._dropped += 1
+                self._lines.append(line)
+
+    def poll(self) -> dict[str, Any]:
+        """The output since the last poll and the process's state."""
+        with self._lock:
+            lines, self._lines = list(self._lines), collections.deque(maxlen=MAX_KEPT_LINES)
+            dropped, self._dropped = self._dropped, 0
+        if dropped:
+            lines.insert(0, f"[... {dropped} lines dropped: the launcher polled too slowly]")
+        return {
+            "lines": lines,
+            "returncode": self.process.poll(),
+            "pid": self.process.pid,
+            "actor_pid": os.getpid(),
+            "node_id": self.node_id,
+            "node_ip": self.node_ip,
+            "url": self.url,
+            "restarted": self.restarted,
+        }
+
+    def stop(self, timeout_s: float) -> int | None:
+        """SIGTERM to the process's group (a learner checkpoints), SIGKILL after
+        ``timeout_s``; returns the exit code."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, sig)
+            try:
+                self.process.wait(timeout=timeout_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)  # what it left behind
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+        return self.process.returncode
+
+
+def _url_host(ip: str) -> str:
+    return f"[{ip}]" if ":" in ip else ip
