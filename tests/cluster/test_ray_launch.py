@@ -1,0 +1,313 @@
+"""Issue 14, Ray placement: ``ludic launch`` on a simulated two-node Ray cluster
+(``ray.cluster_utils.Cluster``: two raylets on this machine, each its own Ray node).
+
+* a policy server placed on the second node by Ray is synced by a trainer on the first
+  to parity (greedy tokens and logprobs against a transformers mirror);
+* a short real pipeline job end to end: the learner on the launching node, the vLLM
+  server on the other; weights cross nodes every step; the rollout actor's Ray worker
+  SIGKILLed mid-run is restarted by Ray, rejoins, and the run loses no step;
+* a placement the cluster cannot grant fails within ``launch.placement_timeout_s``,
+  naming what it asked for, and leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from tests.faults.helpers import DEMO
+
+from ludic.run.loading import load_config, validate_config
+
+pytestmark = [pytest.mark.ray, pytest.mark.redis]
+
+HEAD, NODE_B = "head_node", "node_b"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'ludic-rl[ray]')")
+    from ray.cluster_utils import Cluster
+    from tests.pipeline.helpers import require_redis_server
+
+    require_redis_server()
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "resources": {HEAD: 10}, "include_dashboard": False},
+    )
+    cluster.add_node(num_cpus=2, resources={NODE_B: 10})
+    cluster.wait_for_nodes()
+    yield cluster
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster.shutdown()
+
+
+JOB = [
+    "trainer.mode=pipeline",
+    "trainer.max_staleness=1",
+    "inference.backend=vllm",
+    "warm_start.steps=0",
+    "trainer.steps=6",
+    "trainer.prompts_per_step=2",
+    "algorithm.group_size=2",
+    "eval.num_problems=2",
+    "logging.console_every=1",
+    "logging.num_sample_rollouts=1",
+    "env.kwargs.num_problems=8",
+    "pipeline.num_actors=1",
+    "pipeline.stop_timeout_s=30",
+    # the learner on the head, the server on node B
+    f"launch.learner.resources={{{HEAD}: 1}}",
+    "launch.learner.cpus=0.5",
+    f"launch.policy_server.resources={{{NODE_B}: 1}}",
+    "launch.policy_server.cpus=0.5",
+    "launch.rollout_actor.cpus=0.5",
+    "launch.strategy=STRICT_SPREAD",
+]
+
+
+class Launched:
+    """``python -m ludic launch`` in a subprocess; its output collected line by line."""
+
+    def __init__(self, cwd: Path, *argv: str) -> None:
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ludic", "launch", *argv],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for_line(self, pattern: str, timeout_s: float, occurrence: int = 1) -> re.Match[str]:
+        """The ``occurrence``-th output line matching ``pattern``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            exited = self.proc.poll() is not None
+            if exited:
+                time.sleep(0.5)  # the reader's last lines
+            matches = [m for line in list(self.lines) if (m := re.search(pattern, line))]
+            if len(matches) >= occurrence:
+                return matches[occurrence - 1]
+            if exited or time.monotonic() >= deadline:
+                raise AssertionError(f"no line matching {pattern!r}:\n{self.output()[-6000:]}")
+            time.sleep(0.2)
+
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+def _placed(out: str, name: str) -> dict[str, str]:
+    match = re.search(
+        rf"^{name}: pid (\d+) on node \S+ \((\w+)\), Ray actor pid (\d+)", out, re.MULTILINE
+    )
+    assert match, f"{name} was not placed:\n{out[-4000:]}"
+    return {"pid": match[1], "node": match[2], "actor_pid": match[3]}
+
+
+@pytest.mark.vllm
+def test_a_job_runs_across_two_nodes_and_survives_a_killed_rollout_actor(
+    cluster, tmp_path: Path
+) -> None:
+    pytest.importorskip("vllm", reason="vLLM is not installed")
+    launched = Launched(
+        tmp_path, str(DEMO), "--address", cluster.address, f"output_dir={tmp_path}", *JOB
+    )
+    joined = r"^\[actor-0\] actor actor-0: Redis .* \(weights through vllm\)"
+    try:
+        launched.wait_for_line(r"^\[learner\] step 2 ", timeout_s=600)
+        out = launched.output()
+        learner, server = _placed(out, "learner"), _placed(out, "policy-server-0")
+        assert learner["node"] != server["node"]  # every publish crosses nodes
+        # the only rollout actor's Ray worker, as a crash: no step without its restart
+        os.kill(int(_placed(out, "actor-0")["actor_pid"]), signal.SIGKILL)
+        launched.wait_for_line(r"^\[actor-0\] restarted by Ray \(1 of 3\)", timeout_s=300)
+        launched.wait_for_line(joined, timeout_s=300, occurrence=2)  # back in the run
+        assert launched.proc.wait(timeout=600) == 0, launched.output()[-6000:]
+    finally:
+        launched.stop()
+    out = launched.output()
+    run_dir = Path(re.findall(r"^run directory: (\S+)", out, re.MULTILINE)[-1])
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in records if r["phase"] == "rl"]
+    assert [r["step"] for r in rl] == [1, 2, 3, 4, 5, 6]  # no step lost to the kill
+    assert all(0 <= r["staleness/max"] <= 1 for r in rl)  # versions from node B's server
+    for name in ("learner", "policy-server-0", "actor-0"):
+        assert (run_dir / "logs" / f"{name}.log").stat().st_size > 0
+    assert "Redis redis://:***@" in out  # the password never printed
+    assert not _leftover_ludic_processes(tmp_path)
+
+
+def test_a_placement_the_cluster_cannot_grant_fails_naming_it(cluster, tmp_path: Path) -> None:
+    launched = Launched(
+        tmp_path,
+        str(DEMO),
+        "--address",
+        cluster.address,
+        f"output_dir={tmp_path}",
+        *JOB,
+        "launch.policy_server.resources={gpu_node: 1}",
+        "launch.placement_timeout_s=3",
+    )
+    try:
+        code = launched.proc.wait(timeout=180)
+    finally:
+        launched.stop()
+    out = launched.output()
+    assert code == 2, out[-4000:]
+    assert "error: launch: Ray could not place the servers" in out
+    assert "'gpu_node': 1.0" in out and "launch.placement_timeout_s" in out
+    assert not _leftover_ludic_processes(tmp_path)
+
+
+@pytest.mark.vllm
+def test_a_server_on_another_node_is_synced_to_parity(cluster, tmp_path: Path) -> None:
+    """The launcher's own placement: a policy server in a Ray actor on node B; this
+    process (a driver on the head) forms the weight-sync group over the node's address."""
+    pytest.importorskip("vllm", reason="vLLM is not installed")
+    import ray
+    import torch
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    from tests.vllm.helpers import API_KEY, ServedPolicy
+    from transformers import AutoModelForCausalLM
+
+    from ludic.inference.vllm.client import VLLMChatClient
+    from ludic.inference.vllm.process import wait_for_vllm_health
+    from ludic.models.tiny import build_tiny_tokenizer
+    from ludic.run.builders import policy_folder
+    from ludic.run.loading import dump_config
+    from ludic.run.ray_processes import PlacedProcess, ProcessSpec
+
+    config = load_config(DEMO, [f"output_dir={tmp_path}", *JOB])
+    ray.init(address=cluster.address, log_to_driver=False)
+    node_b = next(n["NodeID"] for n in ray.nodes() if NODE_B in n["Resources"])
+    ip = ray.util.get_node_ip_address()
+    spec = ProcessSpec(
+        "policy-server-0",
+        "policy_server",
+        config_yaml=dump_config(config),
+        run_name="parity",
+        overrides=("--weight-sync-hosts", ip),
+        env={"LUDIC_API_KEY": API_KEY},
+    )
+    server = (
+        ray.remote(PlacedProcess)
+        .options(
+            num_cpus=0.5,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_b, soft=False),
+        )
+        .remote(spec)
+    )
+    client = None
+    try:
+        info = ray.get(server.poll.remote(), timeout=120)
+        assert info["node_id"] == node_b != ray.get_runtime_context().get_node_id()
+        wait_for_vllm_health(info["url"], 600, server_type="policy")
+        client = VLLMChatClient(info["url"], api_key=API_KEY, timeout_s=60.0)
+        client.init_weight_sync(master_addr=ip)  # the head's address, not loopback
+        model_dir = Path(policy_folder(config, tmp_path / "model"))
+        mirror = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        served = ServedPolicy(None, client, mirror, build_tiny_tokenizer(), model_dir)
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for p in mirror.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        client.sync_weights(
+            {k: v.detach().clone() for k, v in mirror.state_dict().items()}, version=1
+        )
+        assert client.get_policy_version() == 1
+        served.assert_parity()
+    finally:
+        if client is not None:
+            client.close()
+        ray.get(server.stop.remote(30.0), timeout=60)
+        ray.kill(server)
+        ray.shutdown()
+
+
+def test_launch_config_errors_name_the_field(tmp_path: Path) -> None:
+    from ludic.run.errors import RunError
+    from ludic.run.loading import ConfigError
+    from ludic.run.ray_launch import check_placement
+
+    base = [f"output_dir={tmp_path}", *JOB]
+    with pytest.raises(ConfigError, match=r"launch.rollout_actor.cpus: .* greater than 0"):
+        load_config(DEMO, [*base, "launch.rollout_actor.cpus=0"])
+    with pytest.raises(ConfigError, match=r"launch.strategy"):
+        load_config(DEMO, [*base, "launch.strategy=EVERYWHERE"])
+    with pytest.raises(RunError, match=r"Ray Client is not supported"):
+        check_placement(load_config(DEMO, [*base, "launch.address=ray://head:10001"]))
+    cuda = load_config(DEMO, [*base, "model.device=cuda"])
+    with pytest.raises(RunError, match=r"launch.learner.gpus=0 with model.device=cuda"):
+        check_placement(cuda)
+    data = cuda.model_dump()
+    data["launch"]["learner"]["gpus"] = 1
+    with pytest.raises(RunError, match=r"launch.policy_server.gpus=0"):
+        check_placement(validate_config(data))
+
+
+def test_the_servers_placement_reaches_the_learner_and_actors_as_resumable_overrides(
+    tmp_path: Path,
+) -> None:
+    from ludic.run.pipeline import PIPELINE_RESUMABLE
+    from ludic.run.ray_launch import _server_overrides
+    from ludic.run.run_dir import _flat_diff
+
+    config = load_config(DEMO, [f"output_dir={tmp_path}", *JOB])
+    urls = {"policy-server-1": "http://10.0.0.2:8001", "policy-server-0": "http://10.0.0.3:8000"}
+    urls["reward-server"] = "http://10.0.0.4:9000"
+    overrides = _server_overrides(config, urls, "10.0.0.1")
+    learner = load_config(DEMO, [f"output_dir={tmp_path}", *JOB, *overrides["learner"]])
+    v = learner.inference.vllm
+    assert v.urls == ["http://10.0.0.3:8000", "http://10.0.0.2:8001"] and not v.start_server
+    assert v.group_host == "10.0.0.1"
+    assert overrides["actor"] == [
+        "reward.server.start_server=false",
+        "reward.server.host=10.0.0.4",
+        "reward.server.port=9000",
+    ]
+    changed = _flat_diff(config.model_dump(), learner.model_dump())
+    assert changed and all(
+        any(key == r or key.startswith(r + ".") for r in PIPELINE_RESUMABLE) for key in changed
+    )
+
+
+def _leftover_ludic_processes(tmp_path: Path, timeout_s: float = 20.0) -> list[str]:
+    """``ludic`` processes of this test's runs still running after ``timeout_s`` (none may
+    outlive a launch)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = []
+        for proc in psutil.process_iter(["cmdline", "status"]):
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or "-m ludic" not in cmd:
+                continue
+            if str(tmp_path) in cmd or "ludic-launch" in cmd:
+                left.append(cmd)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.5)
