@@ -160,6 +160,45 @@ def test_a_job_runs_across_two_nodes_and_survives_a_killed_rollout_actor(
     assert not _leftover_ludic_processes(tmp_path)
 
 
+def test_sigterm_stops_every_placed_process_and_the_run_resumes(cluster, tmp_path: Path) -> None:
+    """SIGTERM to ``ludic launch`` mid-run (transformers inference: a learner and an actor,
+    no server): exit 143, the learner checkpointed its last step, no process is left;
+    ``--resume`` finishes the run from there."""
+    from tests.faults.helpers import checkpoint_steps, steps
+
+    job = [
+        *JOB,
+        "inference.backend=transformers",
+        "trainer.steps=40",
+        "trainer.checkpoint_every=100",
+        "eval.every=0",
+    ]
+    argv = [str(DEMO), "--address", cluster.address, f"output_dir={tmp_path}", *job]
+    launched = Launched(tmp_path, *argv)
+    try:
+        launched.wait_for_line(r"^\[learner\] step 2 ", timeout_s=300)
+        os.kill(launched.proc.pid, signal.SIGTERM)
+        code = launched.proc.wait(timeout=180)
+    finally:
+        launched.stop()
+    out = launched.output()
+    assert code == 143, out[-4000:]
+    assert re.search(r"interrupted; continue .*ludic launch .*--resume", out), out[-2000:]
+    run_dir = Path(re.findall(r"^run directory: (\S+)", out, re.MULTILINE)[0])
+    done = steps(run_dir, "rl")
+    assert len(done) >= 2 and checkpoint_steps(run_dir, "rl")[-1] == done[-1]
+    assert not _leftover_ludic_processes(tmp_path)
+
+    more = f"trainer.steps={done[-1] + 2}"
+    resumed = Launched(tmp_path, *argv, more, "--resume", str(run_dir))
+    try:
+        assert resumed.proc.wait(timeout=300) == 0, resumed.output()[-4000:]
+    finally:
+        resumed.stop()
+    assert steps(run_dir, "rl") == [*done, done[-1] + 1, done[-1] + 2]
+    assert not _leftover_ludic_processes(tmp_path)
+
+
 def test_a_placement_the_cluster_cannot_grant_fails_naming_it(cluster, tmp_path: Path) -> None:
     launched = Launched(
         tmp_path,

@@ -42,6 +42,7 @@ import contextlib
 import json
 import os
 import secrets
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -209,6 +210,10 @@ def _connect(
     """Join the cluster at ``address`` (or ``$RAY_ADDRESS``), else start a local Ray with
     enough logical CPUs for every placed process."""
     options: dict[str, Any] = dict(log_to_driver=False, configure_logging=False)
+    # ray.init installs its own SIGTERM handler (a crash report, then abort): put back
+    # the run's (terminate_as_interrupt: SIGTERM stops the run as Ctrl-C does).
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    stack.callback(ray.shutdown)
     if address or os.environ.get("RAY_ADDRESS"):
         ray.init(address=address, **options)
     else:
@@ -222,7 +227,9 @@ def _connect(
         cpus = max(os.cpu_count() or 1, int(sum(r.cpus for r in roles) + 0.999))
         gpus = _local_gpus() if any(r.gpus for r in roles) else 0
         ray.init(num_cpus=cpus, num_gpus=gpus, include_dashboard=False, **options)
-    stack.callback(ray.shutdown)
+    for sig, handler in handlers.items():
+        if handler is not None:
+            signal.signal(sig, handler)
     resources = ray.cluster_resources()
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     console.print(
