@@ -209,6 +209,11 @@ def _vllm_pool(config: RunConfig, *, model_dir: Path, log_dir: Path) -> Iterator
     from ludic.inference.vllm.process import start_vllm_server
 
     v = config.inference.vllm
+    if v.sync_strategy != "broadcast":
+        raise RunError(
+            f"inference.vllm.sync_strategy={v.sync_strategy}: a colocated server is given by "
+            "host and port (or started by ludic), not in urls (a pool syncs by broadcast)"
+        )
     cuda = config.model.device.startswith("cuda")
     api_key = server_api_key(v)
     with contextlib.ExitStack() as stack:
@@ -250,7 +255,20 @@ def server_args(v: VLLMConfig, cuda: bool) -> list[str]:
     extra = [*v.extra_args]
     if cuda:
         extra += ["--gpu-memory-utilization", str(v.gpu_memory_utilization)]
+    if getattr(v, "sleep_level", 0) and "--enable-sleep-mode" not in extra:
+        extra.append("--enable-sleep-mode")
     return extra
+
+
+def sync_strategy(v: VLLMConfig) -> Any:
+    """The weight-transfer strategy of ``v.sync_strategy`` (None: the client's default,
+    a broadcast group over ``sync_backend``)."""
+    name = getattr(v, "sync_strategy", "broadcast")
+    if name == "broadcast":
+        return None
+    from ludic.distributed.weight_transfer import create_strategy
+
+    return create_strategy(name, timeout_s=v.timeout_s)
 
 
 _NEEDS_VLLM = (
@@ -307,7 +325,10 @@ def vllm_server_client(
         stack.callback(client.close)
         if weight_sync:
             client.init_weight_sync(
-                backend=v.sync_backend, master_addr=v.group_host or v.host, master_port=v.group_port
+                backend=v.sync_backend,
+                master_addr=v.group_host or v.host,
+                master_port=v.group_port,
+                strategy=sync_strategy(v),
             )
         yield client
 

@@ -479,6 +479,28 @@ class RunConfig(Section):
     """The reward loop (rule / DisRM / GenRM rewards per sample); null: the env's reward."""
 
     @model_validator(mode="after")
+    def _colocated_server(self) -> RunConfig:
+        """A CUDA IPC weight sync needs the trainer on the GPU; sleeping needs the sync
+        loop (every step generates, trains, then publishes and wakes the server)."""
+        v = self.inference.vllm
+        if self.inference.backend != "vllm" or v.sync_strategy == "broadcast":
+            return self
+        if not self.model.device.startswith("cuda"):
+            raise ValueError(
+                f"inference.vllm.sync_strategy={v.sync_strategy} with model.device="
+                f"{self.model.device}: CUDA IPC shares GPU memory; use model.device: cuda or "
+                "sync_strategy: broadcast"
+            )
+        if v.sleep_level and (self.trainer.mode != "sync" or self.trainer.publish_every != 1):
+            raise ValueError(
+                f"inference.vllm.sleep_level={v.sleep_level} needs trainer.mode: sync and "
+                f"trainer.publish_every: 1 (got {self.trainer.mode!r}, "
+                f"{self.trainer.publish_every}): the server sleeps through each step and the "
+                "step's publish wakes it"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _sections_match_task(self) -> RunConfig:
         if self.task == "policy" and self.reward_model != RewardModelSection():
             raise ValueError(

@@ -135,6 +135,17 @@ class PolicyServersConfig(VLLMConfig):
     """CPU only: the cores of each server, e.g. ["0-3", "4-7"] (``VLLM_CPU_OMP_THREADS_BIND``;
     every process of server i is also pinned there). Empty: vLLM's own binding."""
 
+    sync_strategy: Literal["broadcast", "cuda_ipc", "packed_cuda_ipc"] = "broadcast"
+    """How weights reach the servers: ``broadcast`` (a process group over
+    ``sync_backend``; any machine) or, for a trainer on the server's own GPU (one server,
+    ``model.device: cuda``), CUDA IPC handles the server opens in place: one per tensor
+    (``cuda_ipc``) or one per chunk (``packed_cuda_ipc``)."""
+    sleep_level: Literal[0, 1, 2] = 0
+    """Colocated (a CUDA IPC ``sync_strategy``, ``trainer.mode: sync``): the server sleeps
+    while the trainer trains (vLLM sleep mode, ``--enable-sleep-mode``): 1 keeps its
+    weights in CPU memory, 2 drops them; the KV cache is freed either way and the weight
+    sync wakes it. 0: it never sleeps."""
+
     @field_validator("cpu_cores", mode="before")
     @classmethod
     def _core_numbers(cls, value: Any) -> Any:
@@ -170,6 +181,16 @@ class PolicyServersConfig(VLLMConfig):
         for cores in self.cpu_cores:
             if not re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", cores):
                 raise ValueError(f"cpu_cores: {cores!r} is not a core list like '0-3' or '0,2'")
+        if self.sync_strategy != "broadcast" and self.server_count > 1:
+            raise ValueError(
+                f"sync_strategy={self.sync_strategy} shares the trainer's GPU with one server; "
+                f"{self.server_count} servers need sync_strategy: broadcast"
+            )
+        if self.sleep_level and self.sync_strategy == "broadcast":
+            raise ValueError(
+                f"sleep_level={self.sleep_level} puts a server that shares the trainer's GPU to "
+                "sleep; set sync_strategy: cuda_ipc (or packed_cuda_ipc), or sleep_level: 0"
+            )
         return self
 
     @property

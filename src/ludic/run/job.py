@@ -73,6 +73,7 @@ from ludic.training import (
     CheckpointManager,
     GRPORequestStrategy,
     RolloutBatchSource,
+    SleepingBatchSource,
     Trainer,
 )
 from ludic.training.checkpoint import load_checkpoint
@@ -267,6 +268,9 @@ def _reinforce_with(
     )
     if config.trainer.mode == "async":
         source = AsyncBatchSource(source, max_staleness=config.trainer.staleness)
+    if config.inference.backend == "vllm" and config.inference.vllm.sleep_level:
+        # colocated: the server frees the GPU while the trainer trains
+        source = SleepingBatchSource(source, client, level=config.inference.vllm.sleep_level)
     loggers = phase_loggers(
         config, run, "rl", f"RL ({algorithm.name})", config.trainer.steps, console
     )

@@ -47,6 +47,7 @@ _EXPORTS: dict[str, str] = {
     "GRPORequestStrategy": "ludic.training.batching",
     "RolloutBatchSource": "ludic.training.batching",
     "AsyncBatchSource": "ludic.training.batching",
+    "SleepingBatchSource": "ludic.training.batching",
     "OfflineBatchSource": "ludic.training.batching",
     "PipelineBatchSource": "ludic.training.batching",
     "RedisBatchQueue": "ludic.training.batching",

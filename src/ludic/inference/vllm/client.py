@@ -111,6 +111,7 @@ class VLLMChatClient:
         if max_continuations < 0:
             raise ValueError(f"VLLMChatClient.max_continuations={max_continuations}; need >= 0")
         self.partial_rollouts = partial_rollouts
+        self.asleep = False  # put to sleep by sleep(); woken by sync_weights() or wake_up()
         self.max_continuations = max_continuations
         self.base_url = (base_url or f"http://{host}:{port}").rstrip("/")
         self.model = model
@@ -263,6 +264,12 @@ class VLLMChatClient:
         whatever happened before it. Without a pause, requests in flight may straddle the
         update (their ``x-ludic-policy-version-end`` shows it).
         """
+        if self.asleep:  # colocated: wake the weights, write them, then the KV cache
+            self.control.wake_up(["weights"])
+            self.weight_sync.publish(params, version=version)
+            self.control.wake_up(["kv_cache"])
+            self.asleep = False
+            return f"synced {len(params)} tensors to {self.base_url} as version {version} (woken)"
         if pause is None:
             pause = self.partial_rollouts != "off"
         if not pause:
@@ -281,6 +288,23 @@ class VLLMChatClient:
     def get_policy_version(self) -> int:
         """The server's runtime version (bumped by every completed sync)."""
         return self.control.runtime_version()
+
+    # ---- a trainer sharing the server's GPU ------------------------------------------
+    def sleep(self, level: int = 1) -> None:
+        """Free the GPU for training (server started with ``--enable-sleep-mode``): level 1
+        keeps the weights in CPU memory, level 2 drops them (a sync must follow). Requests
+        wait at the server until it wakes. The next :meth:`sync_weights` wakes it (weights
+        first, so the update lands before the KV cache takes its memory back)."""
+        self.control.sleep(level)
+        self.asleep = True
+
+    def wake_up(self) -> None:
+        """Wake everything (weights and KV cache) without a sync."""
+        self.control.wake_up()
+        self.asleep = False
+
+    def is_sleeping(self) -> bool:
+        return self.control.is_sleeping()
 
     # ---- lifecycle -----------------------------------------------------------------
     def close(self) -> None:

@@ -1,6 +1,6 @@
 """ludic's control plane on a vLLM server (policy and reward): health, runtime version,
 weight sync (``/init_communicator``, ``/update_param_batch``, ``/close_communicator``),
-prefix cache and pause/resume. The route table is in ``ludic.inference.vllm.server``.
+prefix cache, pause/resume and, for a trainer sharing the GPU, sleep/wake-up. The route table is in ``ludic.inference.vllm.server``.
 
 ``/pause`` closes the admission gate (``ludic.inference.vllm.admission``) before it pauses
 the engine and ``/resume`` reopens it after resuming, so a request's version label is the
@@ -56,6 +56,10 @@ doubling up to the second. A worker busy-spins for a second after each request, 
 polling a long join (a group spanning several servers) every fraction of a second kept
 each worker spinning a whole core, starving the others on a small machine."""
 GRACE_S = 5.0  # on top of the cap: the engine round trips around a worker's own timeout
+IPC_STRATEGIES = ("cuda_ipc", "packed_cuda_ipc")
+"""``/init_communicator`` strategies for a trainer sharing this server's GPU."""
+WAKE_TAGS = ("weights", "kv_cache")
+TAGS_QUERY = Query(None)  # ?tags=weights&tags=kv_cache
 PAUSE_MODES = ("abort", "wait", "keep")
 """``/pause?mode=``: abort in-flight requests (the publish cycle), wait for them to finish,
 or keep them frozen until ``/resume``."""
@@ -206,6 +210,14 @@ def make_control_router(
     @router.post("/init_communicator")
     async def init_communicator(request: Request) -> dict[str, Any]:
         body = await json_body(request)
+        strategy = body.pop("strategy", "broadcast")
+        if strategy in IPC_STRATEGIES:
+            return await init_ipc(strategy, body)
+        if strategy != "broadcast":
+            raise HTTPException(
+                HTTPStatus.BAD_REQUEST,
+                f"strategy={str(strategy)[:64]!r}; expected 'broadcast' or one of {IPC_STRATEGIES}",
+            )
         try:
             info = TorchDistributedWeightSyncInfo(**body)
             check_sync_address(info.master_addr, policy.sync_hosts)
@@ -247,6 +259,30 @@ def make_control_router(
 
         state.join_task = start_background(state, "init_communicator", work, info.timeout_s)
         return {"status": "ok", "error_count": state.error_count, "timeout_s": info.timeout_s}
+
+    async def init_ipc(strategy: str, body: dict[str, Any]) -> dict[str, Any]:
+        """CUDA IPC (colocated trainer): no group to join; each worker builds the receiver
+        that opens the handles the trainer's requests carry. Refused unless the server runs
+        on CUDA (the handles are GPU memory of this machine)."""
+        if body:
+            raise HTTPException(
+                HTTPStatus.BAD_REQUEST,
+                f"bad sync info: strategy {strategy!r} takes no other field, got {sorted(body)}",
+            )
+        device = device_type(engine)
+        if device != "cuda":
+            raise HTTPException(
+                HTTPStatus.BAD_REQUEST,
+                f"strategy {strategy!r} shares GPU memory with a trainer on this machine, but "
+                f"this server runs on {device}; use the broadcast strategy",
+            )
+        state.communicator = True
+
+        async def work() -> None:
+            await engine.collective_rpc("init_communicator", args=({}, 0, strategy))
+
+        state.join_task = start_background(state, "init_communicator", work, cap)
+        return {"status": "ok", "error_count": state.error_count, "timeout_s": cap}
 
     @router.post("/update_param_batch")
     async def update_param_batch(request: Request, first: bool = Query(False)) -> dict[str, Any]:
@@ -345,6 +381,50 @@ def make_control_router(
     async def is_paused() -> dict[str, bool]:
         return {"is_paused": not state.gate.is_open or bool(await engine.is_paused())}
 
+    @router.post("/sleep")
+    async def sleep(level: int = Query(1)) -> JSONResponse:
+        """Free the GPU for a colocated trainer: level 1 offloads the weights to CPU memory
+        and drops the KV cache; level 2 drops both (a weight sync must follow the wake-up).
+        In-flight requests are aborted; the admission gate stays closed until /wake_up."""
+        if level not in (1, 2):
+            raise HTTPException(HTTPStatus.BAD_REQUEST, f"level={level}; expected 1 or 2")
+        require_sleep_mode(engine)
+        async with state.pause_lock:
+            try:
+                await state.gate.close(cap)
+            except TimeoutError as e:
+                raise HTTPException(
+                    HTTPStatus.SERVICE_UNAVAILABLE, f"not asleep: {e}; the server keeps serving"
+                ) from None
+            try:
+                await bounded(state, f"sleep(level={level})", engine.sleep(level), cap)
+            except BaseException:
+                state.gate.reopen()
+                raise
+        return JSONResponse({"status": "asleep", "level": level})
+
+    @router.post("/wake_up")
+    async def wake_up(tags: list[str] | None = TAGS_QUERY) -> JSONResponse:
+        """Take the GPU back: ``tags`` ``weights`` (first, so that a weight sync can write
+        them before the KV cache is allocated), ``kv_cache``, or both (default). Serving
+        resumes once everything is awake."""
+        for tag in tags or ():
+            if tag not in WAKE_TAGS:
+                raise HTTPException(
+                    HTTPStatus.BAD_REQUEST, f"tag {tag[:64]!r}; expected some of {WAKE_TAGS}"
+                )
+        require_sleep_mode(engine)
+        async with state.pause_lock:
+            await bounded(state, "wake_up", engine.wake_up(tags), cap)
+            sleeping = bool(await engine.is_sleeping())
+            if not sleeping:
+                state.gate.reopen()
+        return JSONResponse({"status": "asleep" if sleeping else "awake", "tags": tags})
+
+    @router.get("/is_sleeping")
+    async def is_sleeping() -> dict[str, bool]:
+        return {"is_sleeping": bool(await engine.is_sleeping())}
+
     @router.get("/admission")
     async def admission() -> dict[str, Any]:
         return state.gate.status()
@@ -364,3 +444,18 @@ async def json_body(request: Request) -> dict[str, Any]:
 
 def num_workers(engine: Any) -> int:
     return int(engine.vllm_config.parallel_config.world_size)
+
+
+def device_type(engine: Any) -> str:
+    """``cuda``, ``cpu``, ...: where the engine's workers run."""
+    return str(engine.vllm_config.device_config.device_type)
+
+
+def require_sleep_mode(engine: Any) -> None:
+    """409 unless the server was started with ``--enable-sleep-mode`` (CUDA only)."""
+    if not getattr(engine.vllm_config.model_config, "enable_sleep_mode", False):
+        raise HTTPException(
+            HTTPStatus.CONFLICT,
+            "this server was started without --enable-sleep-mode (vLLM supports it on CUDA "
+            f"only; this server runs on {device_type(engine)}); nothing was changed",
+        )

@@ -16,14 +16,14 @@ import contextlib
 import functools
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from ludic.distributed.weight_transfer.base import (
-    TorchDistributedWeightSyncInfo,
+    WeightSyncInfo,
     WeightUpdateRequest,
 )
 
@@ -195,8 +195,11 @@ class VLLMControlPlane:
         return None
 
     # ---- other control calls -----------------------------------------------------
-    def init_communicator(self, info: TorchDistributedWeightSyncInfo) -> None:
-        reply = self.post("/init_communicator", info.to_dict())
+    def init_communicator(self, info: WeightSyncInfo, strategy: str = "broadcast") -> None:
+        """Ask the workers to join the group of ``info`` (``broadcast``), or to build the
+        receiver of a CUDA IPC ``strategy`` (``info`` empty: no group)."""
+        body = info.to_dict() if strategy == "broadcast" else {"strategy": strategy}
+        reply = self.post("/init_communicator", body)
         self._errors_before = int(reply["error_count"])
 
     def close_communicator(self) -> None:
@@ -219,6 +222,16 @@ class VLLMControlPlane:
 
     def reset_prefix_cache(self) -> None:
         self.post("/reset_prefix_cache")
+
+    def sleep(self, level: int = 1) -> None:
+        self.post(f"/sleep?level={int(level)}")
+
+    def wake_up(self, tags: Sequence[str] = ()) -> None:
+        query = "&".join(f"tags={tag}" for tag in tags)
+        self.post("/wake_up" + (f"?{query}" if query else ""))
+
+    def is_sleeping(self) -> bool:
+        return bool(self.get("/is_sleeping")["is_sleeping"])
 
     def get(self, path: str) -> dict[str, Any]:
         return self._call(path, lambda: self.http.get(path))

@@ -20,7 +20,10 @@ the reward server (``ludic.inference.vllm.reward_server``: ``make_control_router
 ``POST /init_communicator``     ``TorchDistributedWeightSyncInfo`` JSON; the workers join the
                                 group as ranks 1..W in the background (the trainer joins as
                                 rank 0 after the reply); loopback ``master_addr`` only,
-                                ``timeout_s`` capped (the reply holds the one used)
+                                ``timeout_s`` capped (the reply holds the one used).
+                                ``{"strategy": "cuda_ipc" | "packed_cuda_ipc"}``: a trainer
+                                on this server's GPU; no group, each worker builds the IPC
+                                receiver (400 on a server not on CUDA)
 ``POST /update_param_batch``    a ``WeightUpdateRequest`` JSON (``to_dict``); every worker
                                 receives and loads the chunk in the background
                                 (``?first=true`` marks a sync's first chunk). The version
@@ -39,6 +42,12 @@ the reward server (``ludic.inference.vllm.reward_server``: ``make_control_router
 ``GET  /is_paused``             ``{"is_paused": bool}``: the gate is closed or the engine paused
 ``GET  /admission``             ``{"open", "held", "adding", "admitted"}``: the admission gate
                                 (requests waiting at it, being added, added since start)
+``POST /sleep``                 ``?level=1`` (weights to CPU memory, KV cache dropped) or
+                                ``2`` (both dropped): the GPU freed for a colocated trainer;
+                                new requests wait. 409 without ``--enable-sleep-mode``
+``POST /wake_up``               ``?tags=weights`` / ``?tags=kv_cache`` / both (default);
+                                serving resumes once all is awake
+``GET  /is_sleeping``           ``{"is_sleeping": bool}``
 ==============================  ==========================================================
 
 Background tasks run one at a time, in arrival order; a failure is logged and recorded (the

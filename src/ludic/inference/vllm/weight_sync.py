@@ -67,7 +67,9 @@ class WeightSyncSession:
 
         ``backend``: ``"gloo"`` (CPU tensors) or ``"nccl"`` (default: nccl when CUDA is
         available). ``strategy`` / ``extractor`` default to ``BroadcastTransferStrategy``
-        and ``ModelWeightExtractor()``.
+        and ``ModelWeightExtractor()``; a ``CudaIpcTransferStrategy`` /
+        ``PackedCudaIpcTransferStrategy`` (a trainer on the server's GPU, one server) forms
+        no group: the server's workers open the IPC handles each request carries.
         """
         from ludic.distributed.broadcast_publisher import BroadcastPolicyPublisher
         from ludic.distributed.weight_transfer import (
@@ -91,11 +93,18 @@ class WeightSyncSession:
         info = strategy.create_sync_info(
             master_addr=master_addr, master_port=master_port, world_size=1 + sum(workers)
         )
+        name = getattr(strategy, "name", "broadcast")
+        if name != "broadcast" and len(self.controls) > 1:
+            raise ValueError(
+                f"strategy {name!r} shares one GPU between the trainer and one server; "
+                f"{len(self.controls)} servers need the broadcast strategy"
+            )
         offset = 1
         for control, n in zip(self.controls, workers):
             # the workers join in the background; rank 0 joining below completes the group
             spanning = isinstance(info, TorchDistributedWeightSyncInfo)
-            control.init_communicator(replace(info, rank_offset=offset) if spanning else info)
+            info_here = replace(info, rank_offset=offset) if spanning else info
+            control.init_communicator(info_here, strategy=name)
             offset += n
         try:
             sender = strategy.create_sender(info)  # blocks until every rank has joined

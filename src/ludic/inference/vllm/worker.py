@@ -6,7 +6,9 @@ worker; the server calls them with ``engine.collective_rpc(method, args=...)``. 
 are JSON-shaped dicts (never pickled objects from the network).
 
 The data plane is the weight-transfer layer's: a ``BroadcastTransferStrategy`` receiver
-moves each announced chunk and ``VLLMWeightLoader`` loads it into ``self.model_runner``.
+moves each announced chunk (or, for a trainer on the same GPU, a ``cuda_ipc`` /
+``packed_cuda_ipc`` receiver opens the chunk's IPC handles) and ``VLLMWeightLoader`` loads
+it into ``self.model_runner``.
 This module adds what a live server needs around the loader:
 
 * **Check before touching the model.** Every name must be in the served checkpoint (a
@@ -41,8 +43,10 @@ import torch
 # timeout of the other ranks.
 from ludic.distributed.weight_transfer import (
     BroadcastTransferStrategy,
+    EmptyWeightSyncInfo,
     TorchDistributedWeightSyncInfo,
     VLLMWeightLoader,
+    create_strategy,
     sync_info_from_dict,
 )
 
@@ -62,12 +66,24 @@ class WeightSyncWorkerExtension:
     ludic_sync_failed: bool = False  # a chunk of the current sync failed: load nothing
     ludic_checkpoint: dict[str, list[int]] | None = None  # served checkpoint: name -> shape
 
-    def init_communicator(self, sync_info: dict[str, Any], rank_offset: int) -> None:
+    def init_communicator(
+        self, sync_info: dict[str, Any], rank_offset: int, strategy: str = "broadcast"
+    ) -> None:
         """Start joining the trainer's group as rank ``rank_offset + self.rank`` (the
         trainer is rank 0, so the server passes ``rank_offset=1``). The join runs in a
         thread and this returns at once, so the engine keeps generating while the worker
-        waits for the trainer; poll :meth:`communicator_status`."""
+        waits for the trainer; poll :meth:`communicator_status`.
+
+        ``strategy`` ``cuda_ipc`` / ``packed_cuda_ipc``: a trainer on this worker's GPU;
+        no group: the receiver that opens the requests' IPC handles is built now."""
         self.close_communicator()
+        if strategy != "broadcast":
+            self.ludic_receiver = create_strategy(strategy).create_receiver(EmptyWeightSyncInfo())
+            if self.ludic_checkpoint is None:
+                self.ludic_checkpoint = checkpoint_shapes(
+                    self.model_runner.vllm_config.model_config
+                )  # type: ignore[attr-defined]
+            return
         info = sync_info_from_dict(sync_info)
         if not isinstance(info, TorchDistributedWeightSyncInfo):
             raise ValueError(f"init_communicator needs a process-group sync info, got {sync_info}")
@@ -108,6 +124,8 @@ class WeightSyncWorkerExtension:
             raise
         if not self._is_cpu():
             self._load(named)
+            if parsed.kind != "broadcast":  # IPC tensors alias the trainer's memory:
+                torch.cuda.current_stream().synchronize()  # copied before it may reuse it
             return len(named)
         if not self.ludic_sync_failed:
             self.ludic_pending.update(named)

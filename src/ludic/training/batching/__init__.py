@@ -27,6 +27,7 @@ _EXPORTS: dict[str, str] = {
     "EmptyBatchError": "ludic.training.batching.synced_batching",
     "RolloutBatchSource": "ludic.training.batching.synced_batching",
     "AsyncBatchSource": "ludic.training.batching.async_source",
+    "SleepingBatchSource": "ludic.training.batching.colocated",
     "PipelineBatchSource": "ludic.training.batching.pipeline",
     "run_pipeline_actor": "ludic.training.batching.pipeline",
     "AdmissionTimeoutError": "ludic.training.batching.pipeline",

@@ -1,0 +1,53 @@
+"""A trainer and a vLLM server on one GPU: the server sleeps while the trainer trains.
+
+Each batch: wake the server if a step left it asleep (one that published nothing), generate,
+then put the server to sleep (vLLM sleep mode: level 1 moves the weights to CPU memory and
+frees the KV cache, level 2 frees both), so the trainer's forward and backward have the GPU.
+The publish after the step wakes it again (``VLLMChatClient.sync_weights``: the weights
+first, written through CUDA IPC, then the KV cache).
+
+    source = SleepingBatchSource(RolloutBatchSource(...), client, level=1)
+    trainer = Trainer(policy, algorithm, source, config, publisher=ClientPolicyPublisher(client))
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+from ludic.training.types import BatchSource, SAWBatch
+
+__all__ = ["SleepingBatchSource", "SleepingServer"]
+
+
+class SleepingServer(Protocol):
+    """The client side of a server with sleep mode (``VLLMChatClient``)."""
+
+    asleep: bool
+
+    def sleep(self, level: int = 1) -> None: ...
+
+    def wake_up(self) -> None: ...
+
+
+class SleepingBatchSource:
+    """``source``'s batches, generated with the server awake; the server asleep after."""
+
+    def __init__(self, source: BatchSource, server: SleepingServer, *, level: int = 1) -> None:
+        if level not in (1, 2):
+            raise ValueError(f"SleepingBatchSource(level={level}); expected 1 or 2")
+        self.source = source
+        self.server = server
+        self.level = level
+
+    async def next_batch(self) -> SAWBatch:
+        if self.server.asleep:  # the last step published nothing: wake without a sync
+            await asyncio.to_thread(self.server.wake_up)
+        batch = await self.source.next_batch()
+        await asyncio.to_thread(self.server.sleep, self.level)
+        return batch
+
+    async def aclose(self) -> None:
+        aclose: Any = getattr(self.source, "aclose", None)
+        if aclose is not None:
+            await aclose()
