@@ -41,7 +41,7 @@ from ludic.inference.vllm.process import die_with_parent_preexec
 from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
 from ludic.run.pipeline import PIPELINE_RESUMABLE, make_queue, pipeline_prefix
-from ludic.run.run_dir import open_run
+from ludic.run.run_dir import RunDirectory, open_run
 
 __all__ = ["PipelineProcessError", "launch_pipeline"]
 
@@ -55,10 +55,7 @@ def launch_pipeline(config: RunConfig, *, resume: str | Path | None = None) -> P
     learner is done; returns the run directory. Call inside ``terminate_as_interrupt``
     (``job.train`` does), so SIGTERM stops every child as Ctrl-C does."""
     console = Console()
-    run, config = open_run(config, resume=resume, resumable=PIPELINE_RESUMABLE)
-    console.print(f"run directory: [bold]{run.path}[/bold]", highlight=False, soft_wrap=True)
-    logs = run.path / "logs"
-    logs.mkdir(exist_ok=True)
+    run, config, logs = open_run_with_logs(config, resume, console)
     p = config.pipeline
     with contextlib.ExitStack() as stack:
         url = p.redis_url
@@ -102,6 +99,18 @@ def launch_pipeline(config: RunConfig, *, resume: str | Path | None = None) -> P
                     f"the learner finished: {actor.error_line()} (log {actor.log_path})[/yellow]"
                 )
     return run.path
+
+
+def open_run_with_logs(
+    config: RunConfig, resume: str | Path | None, console: Console
+) -> tuple[RunDirectory, RunConfig, Path]:
+    """The run directory (new, or ``resume``; :data:`PIPELINE_RESUMABLE` fields may
+    change), printed, and its ``logs`` folder for the children's output."""
+    run, config = open_run(config, resume=resume, resumable=PIPELINE_RESUMABLE)
+    console.print(f"run directory: [bold]{run.path}[/bold]", highlight=False, soft_wrap=True)
+    logs = run.path / "logs"
+    logs.mkdir(exist_ok=True)
+    return run, config, logs
 
 
 def child_env(config: RunConfig) -> dict[str, str]:

@@ -55,17 +55,15 @@ from ludic.run.config import PlacementConfig, RunConfig
 from ludic.run.errors import RunError
 from ludic.run.loading import dump_config
 from ludic.run.pipeline import (
-    PIPELINE_RESUMABLE,
     REDIS_URL_ENV,
     configured_redis_url,
     make_queue,
     pipeline_prefix,
     require_pipeline_mode,
 )
-from ludic.run.pipeline_launch import PipelineProcessError, child_env
+from ludic.run.pipeline_launch import PipelineProcessError, child_env, open_run_with_logs
 from ludic.run.preflight import check_config
 from ludic.run.ray_processes import PlacedProcess, ProcessSpec
-from ludic.run.run_dir import open_run
 from ludic.run.signals import terminate_as_interrupt
 
 __all__ = ["launch_on_ray"]
@@ -128,10 +126,7 @@ def _starts_reward_server(config: RunConfig) -> bool:
 
 def _launch(ray: Any, config: RunConfig, address: str | None, resume: str | Path | None) -> Path:
     console = Console()
-    run, config = open_run(config, resume=resume, resumable=PIPELINE_RESUMABLE)
-    console.print(f"run directory: [bold]{run.path}[/bold]", highlight=False, soft_wrap=True)
-    logs = run.path / "logs"
-    logs.mkdir(exist_ok=True)
+    run, config, logs = open_run_with_logs(config, resume, console)
     lc = config.launch
     with contextlib.ExitStack() as stack:
         _connect(ray, address, config, stack, console)

@@ -21,6 +21,7 @@ No control operation can hold the plane forever:
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import time
@@ -354,18 +355,7 @@ def make_control_router(
             raise HTTPException(
                 HTTPStatus.BAD_REQUEST, f"mode={mode[:64]!r}; expected one of {PAUSE_MODES}"
             )
-        async with state.pause_lock:
-            try:  # nothing new is admitted; every admitted request reaches the engine
-                await state.gate.close(cap)
-            except TimeoutError as e:
-                raise HTTPException(
-                    HTTPStatus.SERVICE_UNAVAILABLE, f"not paused: {e}; the server keeps serving"
-                ) from None
-            try:
-                await engine.pause_generation(mode=mode)
-            except BaseException:
-                state.gate.reopen()
-                raise
+        await behind_closed_gate(state, "paused", engine.pause_generation(mode=mode), cap)
         return JSONResponse({"status": "paused", "mode": mode})
 
     @router.post("/resume")
@@ -389,18 +379,8 @@ def make_control_router(
         if level not in (1, 2):
             raise HTTPException(HTTPStatus.BAD_REQUEST, f"level={level}; expected 1 or 2")
         require_sleep_mode(engine)
-        async with state.pause_lock:
-            try:
-                await state.gate.close(cap)
-            except TimeoutError as e:
-                raise HTTPException(
-                    HTTPStatus.SERVICE_UNAVAILABLE, f"not asleep: {e}; the server keeps serving"
-                ) from None
-            try:
-                await bounded(state, f"sleep(level={level})", engine.sleep(level), cap)
-            except BaseException:
-                state.gate.reopen()
-                raise
+        work = bounded(state, f"sleep(level={level})", engine.sleep(level), cap)
+        await behind_closed_gate(state, "asleep", work, cap)
         return JSONResponse({"status": "asleep", "level": level})
 
     @router.post("/wake_up")
@@ -430,6 +410,28 @@ def make_control_router(
         return state.gate.status()
 
     return router
+
+
+async def behind_closed_gate(
+    state: ControlState, what: str, work: Awaitable[Any], cap_s: float
+) -> None:
+    """Close the admission gate (nothing new is admitted; every admitted request reaches
+    the engine, within ``cap_s``), then await ``work`` (pause, sleep); the gate reopens if
+    either fails. ``what`` ("paused", "asleep") names the state in a 503."""
+    async with state.pause_lock:
+        try:
+            await state.gate.close(cap_s)
+        except TimeoutError as e:
+            if inspect.iscoroutine(work):
+                work.close()  # never started
+            raise HTTPException(
+                HTTPStatus.SERVICE_UNAVAILABLE, f"not {what}: {e}; the server keeps serving"
+            ) from None
+        try:
+            await work
+        except BaseException:
+            state.gate.reopen()
+            raise
 
 
 async def json_body(request: Request) -> dict[str, Any]:
