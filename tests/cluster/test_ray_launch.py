@@ -153,6 +153,8 @@ def test_a_job_runs_across_two_nodes_and_survives_a_killed_rollout_actor(
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in records if r["phase"] == "rl"]
     assert [r["step"] for r in rl] == [1, 2, 3, 4, 5, 6]  # no step lost to the kill
+    saved = load_config(run_dir / "config.yaml").inference.vllm  # the run's own placement,
+    assert saved.start_server and saved.urls == [] and saved.group_host is None  # not the URLs
     assert all(0 <= r["staleness/max"] <= 1 for r in rl)  # versions from node B's server
     for name in ("learner", "policy-server-0", "actor-0"):
         assert (run_dir / "logs" / f"{name}.log").stat().st_size > 0
@@ -298,6 +300,8 @@ def test_launch_config_errors_name_the_field(tmp_path: Path) -> None:
         load_config(DEMO, [*base, "launch.strategy=EVERYWHERE"])
     with pytest.raises(RunError, match=r"Ray Client is not supported"):
         check_placement(load_config(DEMO, [*base, "launch.address=ray://head:10001"]))
+    with pytest.raises(RunError, match=r"Ray address 'ray://h:1': Ray Client"):
+        check_placement(load_config(DEMO, base), "ray://h:1")  # --address
     cuda = load_config(DEMO, [*base, "model.device=cuda"])
     with pytest.raises(RunError, match=r"launch.learner.gpus=0 with model.device=cuda"):
         check_placement(cuda)
@@ -305,6 +309,9 @@ def test_launch_config_errors_name_the_field(tmp_path: Path) -> None:
     data["launch"]["learner"]["gpus"] = 1
     with pytest.raises(RunError, match=r"launch.policy_server.gpus=0"):
         check_placement(validate_config(data))
+    ipc = load_config(DEMO, [*base, "model.device=cuda", "inference.vllm.sync_strategy=cuda_ipc"])
+    with pytest.raises(RunError, match=r"places the servers apart from the learner"):
+        check_placement(ipc)
 
 
 def test_the_servers_placement_reaches_the_learner_and_actors_as_resumable_overrides(
@@ -314,14 +321,16 @@ def test_the_servers_placement_reaches_the_learner_and_actors_as_resumable_overr
     from ludic.run.ray_launch import _server_overrides
     from ludic.run.run_dir import _flat_diff
 
-    config = load_config(DEMO, [f"output_dir={tmp_path}", *JOB])
+    two = [f"output_dir={tmp_path}", *JOB, "inference.vllm.num_servers=2"]
+    two.append("inference.vllm.cpu_cores=[0, 1]")  # one set per placed server
+    config = load_config(DEMO, two)
     urls = {"policy-server-1": "http://10.0.0.2:8001", "policy-server-0": "http://10.0.0.3:8000"}
     urls["reward-server"] = "http://10.0.0.4:9000"
     overrides = _server_overrides(config, urls, "10.0.0.1")
-    learner = load_config(DEMO, [f"output_dir={tmp_path}", *JOB, *overrides["learner"]])
+    learner = load_config(DEMO, [*two, *overrides["learner"]])  # a valid config
     v = learner.inference.vllm
     assert v.urls == ["http://10.0.0.3:8000", "http://10.0.0.2:8001"] and not v.start_server
-    assert v.group_host == "10.0.0.1"
+    assert v.group_host == "10.0.0.1" and v.cpu_cores == []
     assert overrides["actor"] == [
         "reward.server.start_server=false",
         "reward.server.host=10.0.0.4",

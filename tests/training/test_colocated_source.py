@@ -45,7 +45,7 @@ def test_the_server_sleeps_through_training_and_is_woken_to_generate() -> None:
     log: list[str] = []
     server = RecordingServer(log)
     inner = GeneratingSource(server)
-    source = SleepingBatchSource(inner, server, level=2)
+    source = SleepingBatchSource(inner, server, level=1)
 
     async def steps() -> None:
         await source.next_batch()
@@ -59,11 +59,26 @@ def test_the_server_sleeps_through_training_and_is_woken_to_generate() -> None:
 
     asyncio.run(steps())
     assert log == [
-        "generate", "sleep(2)", "train", "publish",
-        "generate", "sleep(2)", "train",
-        "wake_up", "generate", "sleep(2)",
+        "generate", "sleep(1)", "train", "publish",
+        "generate", "sleep(1)", "train",
+        "wake_up", "generate", "sleep(1)",
+        "wake_up",  # closed while asleep (a failed step): woken for its next clients
     ]  # fmt: skip
     assert inner.closed
+
+
+def test_level_two_never_serves_dropped_weights() -> None:
+    log: list[str] = []
+    server = RecordingServer(log)
+    source = SleepingBatchSource(GeneratingSource(server), server, level=2)
+
+    async def steps() -> None:
+        await source.next_batch()
+        await source.next_batch()  # no publish woke it: its weights are gone
+
+    with pytest.raises(RuntimeError, match=r"level 2 \(its weights dropped\)"):
+        asyncio.run(steps())
+    assert log == ["generate", "sleep(2)"]
 
 
 def test_a_bad_level_is_refused() -> None:

@@ -116,7 +116,14 @@ def colocated(tmp_path_factory: pytest.TempPathFactory):
         model_dir,
         api_key=API_KEY,
         log_path=root / "server.log",
-        extra_args=["--gpu-memory-utilization", "0.25", "--enable-sleep-mode"],
+        # float32 as the mirror (vLLM would serve a float32 checkpoint in bf16 on CUDA)
+        extra_args=[
+            "--gpu-memory-utilization",
+            "0.25",
+            "--enable-sleep-mode",
+            "--dtype",
+            "float32",
+        ],
     )
     mirror = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     try:

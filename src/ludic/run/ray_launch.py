@@ -79,19 +79,27 @@ def launch_on_ray(
     with terminate_as_interrupt():
         require_pipeline_mode(config, "ludic launch")
         check_config(config)
-        check_placement(config)
+        check_placement(config, address)
         ray = _import_ray()
         return _launch(ray, config, address or config.launch.address, resume)
 
 
-def check_placement(config: RunConfig) -> None:
-    """A CUDA run's servers and learner must ask Ray for a GPU; Ray Client is refused."""
+def check_placement(config: RunConfig, address: str | None = None) -> None:
+    """A CUDA run's servers and learner must ask Ray for a GPU; Ray Client and CUDA IPC
+    (the servers are placed apart from the learner) are refused."""
     lc = config.launch
-    if lc.address is not None and lc.address.startswith("ray://"):
+    address = address or lc.address or os.environ.get("RAY_ADDRESS")
+    if address is not None and address.startswith("ray://"):
         raise RunError(
-            f"launch.address={lc.address!r}: Ray Client is not supported (the learner runs "
-            "on the launching node, which owns the run directory); run `ludic launch` on a "
-            "node of the cluster with address auto or HEAD_IP:6379"
+            f"Ray address {address!r}: Ray Client is not supported (the learner runs on the "
+            "launching node, which owns the run directory); run `ludic launch` on a node of "
+            "the cluster with address auto or HEAD_IP:6379"
+        )
+    v = config.inference.vllm
+    if config.inference.backend == "vllm" and v.sync_strategy != "broadcast":
+        raise RunError(
+            f"inference.vllm.sync_strategy={v.sync_strategy}: `ludic launch` places the servers "
+            "apart from the learner (own GPUs, maybe other nodes); use broadcast (nccl)"
         )
     if config.model.device.startswith("cuda"):
         needs = ["learner"]
@@ -131,8 +139,10 @@ def _launch(ray: Any, config: RunConfig, address: str | None, resume: str | Path
     with contextlib.ExitStack() as stack:
         _connect(ray, address, config, stack, console)
         node_ip = ray.util.get_node_ip_address()
-        env = child_env(config)
-        env.setdefault(API_KEY_ENV, secrets.token_urlsafe(32))  # servers listen beyond loopback
+        # only what the processes need travels (not this shell's environment): the API key
+        # (servers listen beyond loopback) and, below, the Redis URL
+        key = child_env(config).get(API_KEY_ENV) or secrets.token_urlsafe(32)
+        env = {API_KEY_ENV: key}
         url = configured_redis_url(config)
         if url is None:
             url = _start_redis(run.path / "redis", node_ip, stack, console)
@@ -140,8 +150,13 @@ def _launch(ray: Any, config: RunConfig, address: str | None, resume: str | Path
         queue = make_queue(config, url, pipeline_prefix(config, run.path))
         stack.callback(queue.close)
         queue.start_run()  # no actor may see the end of an earlier run of this directory
+        # the learner saves its config, with this launch's server addresses; put the run's
+        # own back at the end, so `ludic launch RUN_DIR/config.yaml --resume RUN_DIR` works
+        stack.callback(run.save_config, config)
         placed = stack.enter_context(_Placement(ray, logs, lc.placement_timeout_s, config))
-        common = dict(config_yaml=dump_config(config), run_name=run.path.name, env=env)
+        common = dict(
+            config_yaml=dump_config(config), run_name=run.path.name, env=env, cwd=os.getcwd()
+        )
 
         # 1. servers: policy servers, then the reward server, in one placement group
         # the learner, on this node, hosts the weight-sync rendezvous
@@ -169,7 +184,7 @@ def _launch(ray: Any, config: RunConfig, address: str | None, resume: str | Path
         learner_spec = ProcessSpec(
             "learner",
             "learner",
-            run_dir=str(run.path),
+            run_dir=str(run.path.resolve()),
             overrides=tuple(overrides["learner"]),
             **common,
         )
@@ -267,6 +282,7 @@ def _server_overrides(
         learner += [
             "inference.vllm.start_server=false",
             "inference.vllm.num_servers=1",
+            "inference.vllm.cpu_cores=[]",  # each placed server got its own set
             f"inference.vllm.urls={json.dumps(policy)}",
             f"inference.vllm.group_host={node_ip}",
         ]
@@ -293,7 +309,8 @@ class _Placed:
     last_lines: list[str] = field(default_factory=list)
     incarnation: int | None = None  # the Ray actor's pid, to notice restarts
     restarts: int = 0
-    unavailable: bool = False
+    killed: int | None = None  # the incarnation killed for a restart (its polls ignored)
+    unavailable_since: float | None = None
 
     @property
     def name(self) -> str:
@@ -438,16 +455,14 @@ class _Placement:
         exceptions = self.ray.exceptions
         try:
             info = self.ray.get(placed.handle.poll.remote(), timeout=30.0)
-        except exceptions.ActorUnavailableError:  # being restarted
-            if not placed.unavailable:
-                print(f"[{placed.name}] Ray actor unavailable: being restarted", flush=True)
-            placed.unavailable = True
-            return
-        except exceptions.GetTimeoutError:
+        except (exceptions.ActorUnavailableError, exceptions.GetTimeoutError):
+            self._unavailable(placed)  # being restarted, or busy
             return
         except exceptions.RayActorError as err:
             raise placed.failure(f"lost its Ray actor for good: {_first_line(err)}") from None
-        placed.unavailable = False
+        placed.unavailable_since = None
+        if info["actor_pid"] == placed.killed:
+            return  # the incarnation we killed, still answering: Ray replaces it
         self._take(placed, info)
         code = info["returncode"]
         if code is None or code == 0:
@@ -456,11 +471,25 @@ class _Placement:
         killed = code < 0 or code > 128
         if placed.restartable and killed and placed.restarts < self.max_restarts:
             print(f"[{placed.name}] killed (exit code {code}); Ray restarts it", flush=True)
+            placed.killed = info["actor_pid"]
             self.ray.kill(placed.handle, no_restart=False)
             return
         placed.returncode = code
         if placed.spec.role != "learner":  # the learner's exit is the caller's to judge
             raise placed.failure()
+
+    def _unavailable(self, placed: _Placed) -> None:
+        """An actor that does not answer (Ray restarting it, or its node lost) fails the
+        launch after ``launch.placement_timeout_s``: a run never waits on it forever."""
+        now = time.monotonic()
+        if placed.unavailable_since is None:
+            placed.unavailable_since = now
+            print(f"[{placed.name}] Ray actor unavailable (being restarted?)", flush=True)
+        elif now - placed.unavailable_since > self.timeout_s:
+            raise placed.failure(
+                f"has not answered for {self.timeout_s:g}s (launch.placement_timeout_s): its "
+                "Ray actor could not be restarted or placed again"
+            )
 
     def _take(self, placed: _Placed, info: dict[str, Any]) -> None:
         if placed.incarnation is not None and info["actor_pid"] != placed.incarnation:
@@ -489,7 +518,7 @@ class _Placement:
 
     # ------------------------------------------------------------------ stopping
     def __exit__(self, *exc: object) -> None:
-        running = [p for p in self.placed if p.returncode is None]
+        running = self.placed  # stop() only signals a process still running; it cleans up
         refs = {}
         for placed in running:
             with contextlib.suppress(Exception):

@@ -63,6 +63,9 @@ class ProcessSpec:
     """Config overrides (learner, rollout), or more server arguments (servers)."""
     env: dict[str, str] = field(default_factory=dict, repr=False)
     """Extra environment: the API key, the Redis URL (never on a command line)."""
+    cwd: str | None = None
+    """The launcher's working directory: relative paths of the config (``model.path``,
+    data files) mean the same on a node that has it (a shared filesystem)."""
 
 
 class PlacedProcess:
@@ -89,8 +92,10 @@ class PlacedProcess:
         argv, env = self._command()
         env = {**os.environ, **env, **spec.env, "PYTHONUNBUFFERED": "1"}
         env[PARENT_PID_ENV] = str(os.getpid())  # a server's watchdog ends vLLM's processes too
+        cwd = spec.cwd if spec.cwd and Path(spec.cwd).is_dir() else None
         self.process = subprocess.Popen(
             argv,
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -124,7 +129,12 @@ class PlacedProcess:
         """This process's node-local copy of the run directory: config and model folder."""
         from ludic.run.builders import policy_folder
 
-        root = Path(tempfile.gettempdir()) / "ludic-launch" / f"{self.spec.name}-{os.getpid()}"
+        scratch = Path(tempfile.gettempdir()) / "ludic-launch"
+        for stale in scratch.glob(f"{self.spec.name}-*"):  # of incarnations killed before
+            with contextlib.suppress(ValueError):
+                if not _alive(int(stale.name.rsplit("-", 1)[1])):
+                    shutil.rmtree(stale, ignore_errors=True)
+        root = scratch / f"{self.spec.name}-{os.getpid()}"
         copy = root / self.spec.run_name
         copy.mkdir(parents=True, exist_ok=True)
         self.scratch = root
@@ -137,8 +147,11 @@ class PlacedProcess:
         from ludic.run.builders import policy_folder, server_args
 
         cuda = config.model.device.startswith("cuda")
+        cores = None
         if self.spec.role == "policy_server":
             kind, model, v = "policy", policy_folder(config, copy / "model"), config.inference.vllm
+            index = int(self.spec.name.rsplit("-", 1)[1])
+            cores = v.cpu_cores[index] if v.cpu_cores and not cuda else None
         else:
             kind, model, v = "reward", config.reward.path, config.reward.server
         self.url = f"http://{_url_host(self.node_ip)}:{self._port}"
@@ -149,6 +162,7 @@ class PlacedProcess:
             port=self._port,
             extra_args=[*server_args(v, cuda), *self.spec.overrides],
             cpu=not cuda,
+            cpu_cores=cores,
         )
 
     # ---------------------------------------------------------------- output and state
@@ -181,19 +195,30 @@ class PlacedProcess:
     def stop(self, timeout_s: float) -> int | None:
         """SIGTERM to the process's group (a learner checkpoints), SIGKILL after
         ``timeout_s``; returns the exit code."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        if self.process.poll() is None:  # an exited one's pid may be reused: not signalled
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.process.pid, sig)
+                try:
+                    self.process.wait(timeout=timeout_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.process.pid, sig)
-            try:
-                self.process.wait(timeout=timeout_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)  # what it left behind
+                os.killpg(self.process.pid, signal.SIGKILL)  # what it left behind
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
         return self.process.returncode
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _url_host(ip: str) -> str:

@@ -267,6 +267,8 @@ class VLLMChatClient:
         if self.asleep:  # colocated: wake the weights, write them, then the KV cache
             self.control.wake_up(["weights"])
             self.weight_sync.publish(params, version=version)
+            if torch.cuda.is_available():  # the trainer's cached blocks back to the GPU
+                torch.cuda.empty_cache()
             self.control.wake_up(["kv_cache"])
             self.asleep = False
             return f"synced {len(params)} tensors to {self.base_url} as version {version} (woken)"

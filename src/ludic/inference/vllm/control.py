@@ -379,8 +379,12 @@ def make_control_router(
         if level not in (1, 2):
             raise HTTPException(HTTPStatus.BAD_REQUEST, f"level={level}; expected 1 or 2")
         require_sleep_mode(engine)
-        work = bounded(state, f"sleep(level={level})", engine.sleep(level), cap)
-        await behind_closed_gate(state, "asleep", work, cap)
+
+        async def after_updates() -> None:  # never in the middle of a weight update
+            async with state.lock:
+                await bounded(state, f"sleep(level={level})", engine.sleep(level), cap)
+
+        await behind_closed_gate(state, "asleep", after_updates(), cap)
         return JSONResponse({"status": "asleep", "level": level})
 
     @router.post("/wake_up")

@@ -42,12 +42,21 @@ class SleepingBatchSource:
 
     async def next_batch(self) -> SAWBatch:
         if self.server.asleep:  # the last step published nothing: wake without a sync
+            if self.level == 2:
+                raise RuntimeError(
+                    "the server slept at level 2 (its weights dropped) and no publish woke it; "
+                    "publish after every step (trainer.publish_every: 1) or use level 1"
+                )
             await asyncio.to_thread(self.server.wake_up)
         batch = await self.source.next_batch()
         await asyncio.to_thread(self.server.sleep, self.level)
         return batch
 
     async def aclose(self) -> None:
+        """Close the inner source; a server left asleep (a failed step) is woken, so it
+        does not hold its next clients at a closed gate."""
         aclose: Any = getattr(self.source, "aclose", None)
         if aclose is not None:
             await aclose()
+        if self.server.asleep:
+            await asyncio.to_thread(self.server.wake_up)
