@@ -23,9 +23,11 @@ def test_every_shipped_config_validates(path: Path) -> None:
     assert isinstance(load_config(path), RunConfig)
 
 
-def test_gpu_config_selects_vllm_nccl_and_a_hub_model() -> None:
+def test_gpu_config_selects_colocated_vllm_and_a_local_model() -> None:
     config = load_config(ROOT / "examples/configs/gsm8k_qwen2.5_0.5b_vllm.yaml")
-    assert config.inference.backend == "vllm" and config.inference.vllm.sync_backend == "nccl"
+    v = config.inference.vllm
+    assert config.inference.backend == "vllm" and v.sync_strategy == "packed_cuda_ipc"
+    assert v.sleep_level == 1 and v.num_servers == 1
     assert config.model.path == "models/Qwen2.5-0.5B-Instruct" and config.model.device == "cuda"
 
 
