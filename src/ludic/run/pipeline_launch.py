@@ -131,6 +131,19 @@ def child_env(config: RunConfig) -> dict[str, str]:
     return env
 
 
+def error_line(lines: list[str]) -> str:
+    """A process's ``error: ...`` line (the CLI prints one), else its last line."""
+    errors = [line for line in lines if line.startswith("error:")]
+    lines = errors or [line for line in lines if line.strip()]
+    return lines[-1].strip() if lines else "(no output)"
+
+
+def process_failure(text: str, code: int | None) -> Exception:
+    """A failed process's error: ``RunError`` for exit code 2 (a mistake the user can fix),
+    else ``PipelineProcessError``."""
+    return RunError(text) if code == 2 else PipelineProcessError(text)
+
+
 class _Child:
     """One ``python -m ludic ...`` child: its process, log and output-copying thread."""
 
@@ -163,16 +176,13 @@ class _Child:
                 print(f"[{self.name}] {line}", flush=True)
 
     def error_line(self) -> str:
-        """The child's ``error: ...`` line (the CLI prints one), else its last line."""
         self.thread.join(timeout=5.0)  # the output after the exit
-        errors = [line for line in self.lines if line.startswith("error:")]
-        lines = errors or [line for line in self.lines if line.strip()]
-        return lines[-1].strip() if lines else "(no output)"
+        return error_line(self.lines)
 
     def failure(self) -> Exception:
         code = self.process.returncode
         text = f"{self.name} exited with code {code}: {self.error_line()} (log: {self.log_path})"
-        return RunError(text) if code == 2 else PipelineProcessError(text)
+        return process_failure(text, code)
 
     def signal(self, sig: signal.Signals, *, group_even_if_exited: bool = False) -> None:
         """Signal the child's process group (it leads it)."""

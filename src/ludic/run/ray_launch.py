@@ -61,7 +61,13 @@ from ludic.run.pipeline import (
     pipeline_prefix,
     require_pipeline_mode,
 )
-from ludic.run.pipeline_launch import PipelineProcessError, child_env, open_run_with_logs
+from ludic.run.pipeline_launch import (
+    PipelineProcessError,
+    child_env,
+    error_line,
+    open_run_with_logs,
+    process_failure,
+)
 from ludic.run.preflight import check_config
 from ludic.run.ray_processes import PlacedProcess, ProcessSpec
 from ludic.run.signals import terminate_as_interrupt
@@ -316,18 +322,14 @@ class _Placed:
     def name(self) -> str:
         return self.spec.name
 
-    def error_line(self) -> str:
-        """The process's ``error: ...`` line (the CLI prints one), else its last line."""
-        errors = [line for line in self.last_lines if line.startswith("error:")]
-        lines = errors or [line for line in self.last_lines if line.strip()]
-        line = lines[-1].strip() if lines else "(no output)"
-        return line.removesuffix(" (run with --debug for the traceback)")
-
     def failure(self, what: str | None = None) -> Exception:
         code = self.returncode
-        what = what or f"exited with code {code}: {self.error_line()}"
-        text = f"{self.name} {what} (log: {self.log_path})"
-        return RunError(text) if code == 2 else PipelineProcessError(text)
+        if what is None:
+            line = error_line(self.last_lines)
+            what = f"exited with code {code}: " + line.removesuffix(
+                " (run with --debug for the traceback)"
+            )
+        return process_failure(f"{self.name} {what} (log: {self.log_path})", code)
 
 
 class _Placement:
