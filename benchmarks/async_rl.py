@@ -184,7 +184,7 @@ def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
 def learning_check(args: argparse.Namespace) -> None:
     """The default task (``ludic demo``: warm start, then its GRPO steps) with the vLLM
     backend, sync and async, unpinned: greedy evals, wall-clock, and a reward curve."""
-    from ludic.run import job
+    from ludic import jobs
 
     pin(os.getpid(), set(range(os.cpu_count() or 1)), children=False)  # undo the pinning
     torch.set_num_threads(os.cpu_count() or 1)
@@ -195,7 +195,7 @@ def learning_check(args: argparse.Namespace) -> None:
         ("async", ["trainer.mode=async", f"trainer.max_staleness={args.max_staleness}"]),
     ):
         overrides = [f"output_dir={out / mode}", "inference.backend=vllm", *extra]
-        run_dir = job.train(load_config(DEMO, overrides))
+        run_dir = jobs.train(load_config(DEMO, overrides))
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
         rl = [r for r in records if r["phase"] == "rl"]
         elapsed, curve = 0.0, []

@@ -39,22 +39,24 @@ from ludic.inference import HFChatTemplate, InferenceSpec, SamplingSpec, Transfo
 from ludic.interaction import SingleAgentProtocol
 from ludic.models.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 from ludic.parsers import ParseResult
+from ludic.pipeline import (
+    PipelineBatchSource,
+    RedisBatchQueue,
+    run_pipeline_actor,
+    start_redis_server,
+)
 from ludic.training import (
     DataExhausted,
     EnvSpec,
     GRPORequestStrategy,
-    PipelineBatchSource,
     ProtocolSpec,
-    RedisBatchQueue,
     RolloutBatchSource,
     RolloutEngine,
     RolloutRequest,
     Trainer,
     TrainerConfig,
     make_grpo,
-    run_pipeline_actor,
 )
-from ludic.training.batching.redis_server import start_redis_server
 
 
 @dataclass

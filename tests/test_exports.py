@@ -25,6 +25,7 @@ PACKAGES = [
     "ludic.distributed",
     "ludic.distributed.weight_transfer",
     "ludic.eval",
+    "ludic.pipeline",
 ]
 
 

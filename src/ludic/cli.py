@@ -3,8 +3,8 @@
 ``ludic launch`` (the pipeline on Ray).
 
 Each command loads a config (YAML or TOML, schema in ``ludic/run/config.py``), applies
-``dotted.key=value`` overrides and calls :mod:`ludic.run.job`. Failures the user can fix
-(a bad config, a missing file, a :class:`~ludic.run.job.RunError`, an env or parser
+``dotted.key=value`` overrides and calls :mod:`ludic.jobs`. Failures the user can fix
+(a bad config, a missing file, a :class:`~ludic.run.errors.RunError`, an env or parser
 breaking its contract: :class:`~ludic.types.ContractError`) print one
 ``error: ...`` line and exit 2; ``--debug`` shows the traceback instead.
 """
@@ -119,9 +119,9 @@ def _train(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)  # checked before torch is imported
     if config.trainer.world_size > 1 and "WORLD_SIZE" not in os.environ:
         return _train_ranks(config.trainer.world_size, args.argv)
-    from ludic.run import job
+    from ludic import jobs
 
-    run_dir = job.train(config, resume=args.resume)
+    run_dir = jobs.train(config, resume=args.resume)
     if os.environ.get("RANK", "0") == "0":  # one line, from rank 0, under torchrun
         _stdout().print(f"run directory: {run_dir}", highlight=False, soft_wrap=True)
     return EXIT_OK
@@ -148,11 +148,11 @@ def _eval(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     if args.run_dir is not None:
         _check_run_dir(args.run_dir)
-    from ludic.run import job
+    from ludic import jobs
     from ludic.run.preflight import check_config
 
     check_config(config)
-    metrics = job.evaluate(config, run_dir=args.run_dir)
+    metrics = jobs.evaluate(config, run_dir=args.run_dir)
     _print_metrics(metrics, source=args.run_dir or "initial model")
     return EXIT_OK
 
@@ -168,7 +168,7 @@ def _export(args: argparse.Namespace) -> int:
 
 def _learner(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
-    from ludic.run.pipeline_learner import run_learner
+    from ludic.pipeline.learner import run_learner
 
     run_dir = run_learner(config, run_dir=args.run_dir)
     _stdout().print(f"run directory: {run_dir}", highlight=False, soft_wrap=True)
@@ -177,7 +177,7 @@ def _learner(args: argparse.Namespace) -> int:
 
 def _actor(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
-    from ludic.run.pipeline_actor import run_actor
+    from ludic.pipeline.actor import run_actor
 
     run_actor(config, run_dir=args.run_dir, actor_id=args.actor_id)
     return EXIT_OK
@@ -185,7 +185,7 @@ def _actor(args: argparse.Namespace) -> int:
 
 def _launch(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
-    from ludic.run.ray_launch import launch_on_ray
+    from ludic.pipeline.ray_launch import launch_on_ray
 
     run_dir = launch_on_ray(config, address=args.address, resume=args.resume)
     _stdout().print(f"run directory: {run_dir}", highlight=False, soft_wrap=True)
@@ -260,7 +260,7 @@ def _check_model_folder(kind: str, server_args: Sequence[str]) -> None:
             model = arg.partition("=")[2]
     if model is None:
         raise RunError(f"ludic serve {kind}: give --model DIR (a Hugging Face model folder)")
-    from ludic.run.preflight import local_path
+    from ludic.run.models import local_path
 
     local = local_path(model)
     if local is None:

@@ -237,9 +237,9 @@ def test_a_server_on_another_node_is_synced_to_parity(cluster, tmp_path: Path) -
     from ludic.inference.vllm.client import VLLMChatClient
     from ludic.inference.vllm.process import wait_for_vllm_health
     from ludic.models.tiny import build_tiny_tokenizer
-    from ludic.run.builders import policy_folder
+    from ludic.pipeline.ray_processes import PlacedProcess, ProcessSpec
     from ludic.run.loading import dump_config
-    from ludic.run.ray_processes import PlacedProcess, ProcessSpec
+    from ludic.run.models import policy_folder
 
     config = load_config(DEMO, [f"output_dir={tmp_path}", *JOB])
     ray.init(address=cluster.address, log_to_driver=False)
@@ -289,9 +289,9 @@ def test_a_server_on_another_node_is_synced_to_parity(cluster, tmp_path: Path) -
 
 
 def test_launch_config_errors_name_the_field(tmp_path: Path) -> None:
+    from ludic.pipeline.ray_launch import check_placement
     from ludic.run.errors import RunError
     from ludic.run.loading import ConfigError
-    from ludic.run.ray_launch import check_placement
 
     base = [f"output_dir={tmp_path}", *JOB]
     with pytest.raises(ConfigError, match=r"launch.rollout_actor.cpus: .* greater than 0"):
@@ -317,8 +317,8 @@ def test_launch_config_errors_name_the_field(tmp_path: Path) -> None:
 def test_the_servers_placement_reaches_the_learner_and_actors_as_resumable_overrides(
     tmp_path: Path,
 ) -> None:
-    from ludic.run.pipeline import PIPELINE_RESUMABLE
-    from ludic.run.ray_launch import _server_overrides
+    from ludic.pipeline.ray_launch import _server_overrides
+    from ludic.pipeline.run_info import PIPELINE_RESUMABLE
     from ludic.run.run_dir import _flat_diff
 
     two = [f"output_dir={tmp_path}", *JOB, "inference.vllm.num_servers=2"]

@@ -170,8 +170,8 @@ def test_a_run_trains_on_one_part_and_evaluates_on_the_held_out_one(tmp_path, ca
     part, and the run trains; holding out without evaluating on the held-out part is a
     config error naming the field, reported before any run folder exists."""
     from ludic.cli import main
+    from ludic.run.builders import build_env
     from ludic.run.loading import load_config
-    from ludic.run.preflight import build_env
 
     rows = [{"question": f"{i}+{i}=", "answer": str(2 * i)} for i in range(12)]
     data = _write(tmp_path / "qa.jsonl", rows)

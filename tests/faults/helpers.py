@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ludic.run import job
+from ludic import jobs
 from ludic.run.loading import load_config
 
-DEMO = Path(job.__file__).parents[1] / "configs" / "arithmetic_demo.yaml"
+DEMO = Path(jobs.__file__).parent / "configs" / "arithmetic_demo.yaml"
 TINY = [
     "warm_start.steps=2",
     "warm_start.num_demos=8",

@@ -15,9 +15,9 @@ import asyncio
 import sys
 
 from ludic.models.tiny import build_tiny_causal_lm, build_tiny_tokenizer
+from ludic.pipeline.batch_source import PipelineBatchSource
+from ludic.pipeline.redis_queue import RedisBatchQueue
 from ludic.training.algorithm import make_reinforce
-from ludic.training.batching.pipeline import PipelineBatchSource
-from ludic.training.batching.redis_queue import RedisBatchQueue
 from ludic.training.config import TrainerConfig
 from ludic.training.trainer import Trainer
 from ludic.training.types import DataExhausted

@@ -21,7 +21,7 @@ from tests.faults.helpers import (
     wait_for,
 )
 
-from ludic.run import job
+from ludic import jobs
 
 LONG_RL = ["trainer.steps=100000", "trainer.checkpoint_every=1000", "eval.every=0"]
 
@@ -54,7 +54,7 @@ def test_sigterm_in_rl_checkpoints_the_last_step_exits_143_and_resume_finishes(
     assert done == list(range(1, len(done) + 1))
     assert checkpoint_steps(run, "rl") == [done[-1]]  # the step the metrics end at
 
-    job.train(config(tmp_path, *LONG_RL[1:], f"trainer.steps={done[-1] + 2}"), resume=run)
+    jobs.train(config(tmp_path, *LONG_RL[1:], f"trainer.steps={done[-1] + 2}"), resume=run)
     assert steps(run, "rl") == list(range(1, done[-1] + 3))
     assert steps(run, "eval") == [0, done[-1] + 2]
 
@@ -85,7 +85,7 @@ def test_kill_9_right_after_a_checkpoint_keeps_that_steps_metrics_line(tmp_path:
     saved = checkpoint_steps(run, "rl")[-1]
     assert steps(run, "rl")[:saved] == list(range(1, saved + 1))
 
-    job.train(config(tmp_path, "trainer.checkpoint_every=1", f"trainer.steps={saved + 2}"),
+    jobs.train(config(tmp_path, "trainer.checkpoint_every=1", f"trainer.steps={saved + 2}"),
               resume=run)  # fmt: skip
     assert steps(run, "rl") == list(range(1, saved + 3))
     sampled = [json.loads(line)["step"] for line in (run / "samples.jsonl").open()]
@@ -102,7 +102,7 @@ def test_kill_9_before_the_first_rl_checkpoint_resumes_without_duplicates(tmp_pa
     proc.wait(timeout=10)
     assert checkpoint_steps(run, "rl") == []
 
-    job.train(config(tmp_path, *LONG_RL[1:], "trainer.steps=3"), resume=run)
+    jobs.train(config(tmp_path, *LONG_RL[1:], "trainer.steps=3"), resume=run)
     assert steps(run, "warm_start") == [1, 2]
     assert steps(run, "rl") == [1, 2, 3]
     assert steps(run, "eval") == [0, 3]
@@ -112,9 +112,9 @@ def test_kill_9_before_the_first_rl_checkpoint_resumes_without_duplicates(tmp_pa
 
 def test_resuming_a_finished_run_adds_no_records(tmp_path: Path) -> None:
     """Finding: resuming a finished run appended a duplicate final evaluation."""
-    run = job.train(config(tmp_path))
+    run = jobs.train(config(tmp_path))
     before = (run / "metrics.jsonl").read_text()
-    job.train(config(tmp_path), resume=run)
+    jobs.train(config(tmp_path), resume=run)
     assert (run / "metrics.jsonl").read_text() == before
     assert steps(run, "eval") == [0, 4]
 
@@ -124,25 +124,25 @@ def test_a_torn_last_metrics_line_is_dropped_with_a_warning_naming_the_file(
 ) -> None:
     """Finding: one torn last line (a crash mid-append) blocked --resume with a bare
     JSONDecodeError."""
-    run = job.train(config(tmp_path, "trainer.steps=2"))
+    run = jobs.train(config(tmp_path, "trainer.steps=2"))
     metrics = run / "metrics.jsonl"
     with metrics.open("a") as f:
         f.write('{"phase": "rl", "step": 3, "reward_m')  # cut off mid-write
     with pytest.warns(UserWarning, match=rf"{metrics}:\d+: dropped a torn last line"):
-        job.train(config(tmp_path, "trainer.steps=3"), resume=run)
+        jobs.train(config(tmp_path, "trainer.steps=3"), resume=run)
     assert steps(run, "rl") == [1, 2, 3]
 
 
 def test_a_torn_line_in_the_middle_of_metrics_is_an_error_naming_file_and_line(
     tmp_path: Path,
 ) -> None:
-    run = job.train(config(tmp_path, "trainer.steps=2"))
+    run = jobs.train(config(tmp_path, "trainer.steps=2"))
     metrics = run / "metrics.jsonl"
     lines = metrics.read_text().splitlines(keepends=True)
     lines[2] = lines[2][:10] + "\n"
     metrics.write_text("".join(lines))
     with pytest.raises(ValueError, match=rf"{metrics}:3: not valid JSON .* fix or delete"):
-        job.train(config(tmp_path, "trainer.steps=3"), resume=run)
+        jobs.train(config(tmp_path, "trainer.steps=3"), resume=run)
 
 
 def test_ctrl_c_in_the_warm_start_resumes_with_the_same_data_as_an_uninterrupted_run(
@@ -152,7 +152,7 @@ def test_ctrl_c_in_the_warm_start_resumes_with_the_same_data_as_an_uninterrupted
     resumed losses differed from an uninterrupted run's."""
     sft = ["warm_start.steps=6", "warm_start.num_demos=16", "warm_start.batch_size=4",
            "trainer.steps=1", "trainer.checkpoint_every=100"]  # fmt: skip
-    reference = job.train(config(tmp_path / "a", *sft))
+    reference = jobs.train(config(tmp_path / "a", *sft))
 
     from ludic.training.trainer import Trainer
 
@@ -165,11 +165,11 @@ def test_ctrl_c_in_the_warm_start_resumes_with_the_same_data_as_an_uninterrupted
 
     monkeypatch.setattr(Trainer, "train_step", interrupted_before_sft_step_4)
     with pytest.raises(KeyboardInterrupt):
-        job.train(config(tmp_path / "b", *sft))
+        jobs.train(config(tmp_path / "b", *sft))
     run = run_dir(tmp_path / "b")
     assert checkpoint_steps(run, "warm_start") == [3]
     monkeypatch.setattr(Trainer, "train_step", real_step)
-    job.train(config(tmp_path / "b", *sft), resume=run)
+    jobs.train(config(tmp_path / "b", *sft), resume=run)
     got, want = records(run, "warm_start"), records(reference, "warm_start")
     assert [r["step"] for r in got] == [1, 2, 3, 4, 5, 6]
     assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in want], abs=1e-6)
@@ -191,11 +191,11 @@ def test_any_failure_saves_the_last_completed_step(
 
     monkeypatch.setattr(Trainer, "train_step", failing_before_rl_step_3)
     with pytest.raises(ConnectionError):
-        job.train(config(tmp_path, "trainer.checkpoint_every=100"))
+        jobs.train(config(tmp_path, "trainer.checkpoint_every=100"))
     run = run_dir(tmp_path)
     assert checkpoint_steps(run, "rl") == [2]
     monkeypatch.setattr(Trainer, "train_step", real_step)
-    job.train(config(tmp_path, "trainer.checkpoint_every=100"), resume=run)
+    jobs.train(config(tmp_path, "trainer.checkpoint_every=100"), resume=run)
     assert steps(run, "rl") == [1, 2, 3, 4]
 
 
@@ -207,7 +207,7 @@ def test_exploding_weights_stop_with_a_clear_error_and_are_never_checkpointed(
     with pytest.raises(
         FloatingPointError, match=r"optimizer step 1 .*exploded.*lower .*trainer\.lr"
     ):
-        job.train(config(tmp_path, "trainer.lr=1e30", "trainer.checkpoint_every=1"))
+        jobs.train(config(tmp_path, "trainer.lr=1e30", "trainer.checkpoint_every=1"))
     assert checkpoint_steps(run_dir(tmp_path), "rl") == []
     assert steps(run_dir(tmp_path), "rl") == []
 

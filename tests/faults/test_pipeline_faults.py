@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from tests.pipeline.helpers import new_queue, require_redis_server, rollout_source, running_redis
 
+from ludic.pipeline.batch_source import PipelineBatchSource, run_pipeline_actor
+from ludic.pipeline.redis_queue import RedisBatchQueue
+from ludic.pipeline.redis_server import RedisServer, start_redis_server
 from ludic.training.algorithm import make_reinforce
-from ludic.training.batching.pipeline import PipelineBatchSource, run_pipeline_actor
-from ludic.training.batching.redis_queue import RedisBatchQueue
-from ludic.training.batching.redis_server import RedisServer, start_redis_server
 from ludic.training.config import TrainerConfig
 from ludic.training.trainer import Trainer
 from ludic.training.types import DataExhausted

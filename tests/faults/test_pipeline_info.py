@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from ludic.pipeline.run_info import PIPELINE_INFO, wait_for_redis_url, write_pipeline_info
 from ludic.run.errors import RunError
-from ludic.run.pipeline import PIPELINE_INFO, wait_for_redis_url, write_pipeline_info
 
 
 def test_written_info_reads_back(tmp_path: Path) -> None:

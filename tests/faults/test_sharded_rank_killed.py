@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 from tests.faults.helpers import checkpoint_steps, config, launch, run_dir, steps, wait_for
 
-from ludic.run import job
+from ludic import jobs
 
 LONG = [
     "trainer.world_size=2",
@@ -60,7 +60,7 @@ def test_a_killed_rank_stops_the_run_and_it_resumes_from_the_last_checkpoint(tmp
     last = max(checkpoint_steps(run, "rl"))
     assert last >= 4 and done[:last] == list(range(1, last + 1))
     # Resume in one process: the metrics past the checkpoint are dropped and redone.
-    job.train(
+    jobs.train(
         config(tmp_path, *LONG[2:], "trainer.world_size=1", f"trainer.steps={last + 2}"),
         resume=run,
     )

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ludic.run.builders import server_api_key
 from ludic.run.config import VLLMConfig
 from ludic.run.loading import load_config
+from ludic.run.servers import server_api_key
 
 DEMO = Path(__file__).parents[2] / "src" / "ludic" / "configs" / "arithmetic_demo.yaml"
 
@@ -42,7 +42,7 @@ def test_a_started_server_gets_a_random_key_that_only_the_client_knows(tmp_path,
 
     from ludic.inference.vllm.client import VLLMChatClient
     from ludic.models.tiny import save_tiny_model
-    from ludic.run.builders import vllm_server_client
+    from ludic.run.servers import vllm_server_client
 
     monkeypatch.delenv("LUDIC_API_KEY", raising=False)
     model_dir = save_tiny_model(tmp_path / "model")
@@ -75,13 +75,13 @@ def test_a_started_server_gets_a_random_key_that_only_the_client_knows(tmp_path,
 def test_train_with_the_key_in_the_environment_runs(tmp_path, monkeypatch):
     """The finding: the server inherited the key, the trainer's clients did not send it."""
     pytest.importorskip("vllm", reason="vLLM is not installed")
-    from ludic.run import job
+    from ludic import jobs
 
     monkeypatch.setenv("LUDIC_API_KEY", "env-key-for-the-faults-test")
     overrides = [f"output_dir={tmp_path}", "inference.backend=vllm", "warm_start.steps=0"]
     overrides += ["trainer.steps=1", "trainer.prompts_per_step=2", "algorithm.group_size=2"]
     overrides += ["eval.num_problems=2", "env.kwargs.num_problems=4"]
-    run_dir = job.train(load_config(DEMO, overrides))
+    run_dir = jobs.train(load_config(DEMO, overrides))
     assert (run_dir / "metrics.jsonl").read_text().strip()
     for name in ("config.yaml", "vllm_server.log"):
         assert "env-key-for-the-faults-test" not in (run_dir / name).read_text(errors="replace")

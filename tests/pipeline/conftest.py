@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from tests.pipeline.helpers import running_redis
 
-from ludic.training.batching.redis_server import RedisServer
+from ludic.pipeline.redis_server import RedisServer
 
 
 @pytest.fixture(scope="session")

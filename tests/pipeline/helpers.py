@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ludic.training.batching.redis_queue import RedisBatchQueue
-from ludic.training.batching.redis_server import RedisServer, start_redis_server
+from ludic.pipeline.redis_queue import RedisBatchQueue
+from ludic.pipeline.redis_server import RedisServer, start_redis_server
 
 _prefixes = itertools.count()
 

@@ -10,12 +10,12 @@ import time
 import pytest
 from tests.pipeline.helpers import new_queue, rollout_source
 
-from ludic.training.algorithm import make_reinforce
-from ludic.training.batching.pipeline import (
+from ludic.pipeline.batch_source import (
     AdmissionTimeoutError,
     PipelineBatchSource,
     run_pipeline_actor,
 )
+from ludic.training.algorithm import make_reinforce
 from ludic.training.batching.wire import Producer, encode_batch
 from ludic.training.config import TrainerConfig
 from ludic.training.trainer import Trainer
@@ -186,7 +186,7 @@ def test_a_bad_payload_is_rejected_moved_to_dead_and_not_trained_on(
     q.push("batch-1", encode_batch(SAWBatch(_items(0)), Producer("batch-7", "a", 7)))
     q.push("batch-2", good)
 
-    with caplog.at_level(logging.ERROR, logger="ludic.training.batching.pipeline"):
+    with caplog.at_level(logging.ERROR, logger="ludic.pipeline.batch_source"):
         metrics = asyncio.run(_train_one(trainer, source))
     assert metrics["batch/pipeline_batch_index"] == 2
     dead = q.records("dead")
@@ -237,7 +237,7 @@ def test_cancelled_while_redis_is_down_the_event_loop_exits_at_once(side: str) -
     # asyncio.run waits for worker threads before returning: without the interrupt a
     # cancelled call would keep retrying the dead Redis for reconnect_timeout_s (60 s).
     from ludic.distributed.weight_transfer.groups import free_port
-    from ludic.training.batching.redis_queue import RedisBatchQueue
+    from ludic.pipeline.redis_queue import RedisBatchQueue
 
     dead = RedisBatchQueue(f"redis://127.0.0.1:{free_port()}/0", prefix="p", reconnect_timeout_s=60)
     if side == "learner":

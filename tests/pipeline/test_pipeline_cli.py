@@ -20,13 +20,12 @@ import torch
 from tests.faults.helpers import DEMO, TINY
 from tests.pipeline.helpers import require_redis_server
 
-from ludic import cli
-from ludic.run import job
-from ludic.run.builders import load_policy
+from ludic import cli, jobs
+from ludic.pipeline.redis_queue import RedisBatchQueue
+from ludic.pipeline.redis_server import start_redis_server
+from ludic.pipeline.redis_weights import decode_weights
 from ludic.run.loading import ConfigError, load_config
-from ludic.training.batching.redis_queue import RedisBatchQueue
-from ludic.training.batching.redis_server import start_redis_server
-from ludic.training.batching.redis_weights import decode_weights
+from ludic.run.models import load_policy
 from ludic.training.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.redis
@@ -88,7 +87,7 @@ def test_one_command_pipeline_with_two_actors_trains_every_step_within_max_stale
         ),
     )
     started = time.monotonic()
-    run_dir = job.train(config)
+    run_dir = jobs.train(config)
     print(f"one-command pipeline run: {time.monotonic() - started:.1f}s")
     q = _queue(redis_server.url, prefix)
     _assert_every_step_trained_once_within_staleness(run_dir, q)
@@ -280,7 +279,7 @@ def test_one_command_pipeline_on_vllm_actors_generate_from_the_learners_server(
             f"pipeline.prefix={prefix}",
         ),
     )
-    run_dir = job.train(config)
+    run_dir = jobs.train(config)
     rl = _records(run_dir, "rl")
     assert [r["step"] for r in rl] == [1, 2]
     assert all(0 <= r["staleness/max"] <= 1 for r in rl)  # versions from the server's header
@@ -294,7 +293,7 @@ def test_one_command_pipeline_on_vllm_actors_generate_from_the_learners_server(
 def test_a_failing_child_fails_the_one_command_run_with_its_error(
     redis_server, tmp_path: Path
 ) -> None:
-    from ludic.run.pipeline_launch import PipelineProcessError
+    from ludic.pipeline.launch import PipelineProcessError
 
     config = load_config(
         DEMO,
@@ -307,7 +306,7 @@ def test_a_failing_child_fails_the_one_command_run_with_its_error(
         ),
     )
     with pytest.raises(PipelineProcessError) as failure:
-        job.train(config)
+        jobs.train(config)
     message = str(failure.value)
     assert re.match(r"(learner|actor-0) exited with code 1: error: TimeoutError: ", message)
     assert "did not finish within timeout_s=1e-06" in message and "(log: " in message

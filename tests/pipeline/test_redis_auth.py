@@ -14,12 +14,12 @@ import psutil
 import pytest
 from tests.pipeline.helpers import require_redis_server
 
-from ludic.run.pipeline import write_pipeline_info
+from ludic.pipeline.redis_keys import redis
+from ludic.pipeline.redis_queue import RedisBatchQueue
+from ludic.pipeline.redis_server import start_redis_server
+from ludic.pipeline.redis_urls import redacted
+from ludic.pipeline.run_info import write_pipeline_info
 from ludic.run.run_dir import RunDirectory
-from ludic.training.batching.redis_keys import redis
-from ludic.training.batching.redis_queue import RedisBatchQueue
-from ludic.training.batching.redis_server import start_redis_server
-from ludic.training.batching.redis_urls import redacted
 
 pytestmark = pytest.mark.redis
 

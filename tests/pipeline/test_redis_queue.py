@@ -8,7 +8,7 @@ import time
 import pytest
 from tests.pipeline.helpers import new_queue
 
-from ludic.training.batching.redis_queue import (
+from ludic.pipeline.redis_queue import (
     PipelineConnectionError,
     PipelineStateError,
     QueueFullError,

@@ -12,7 +12,7 @@ from tests.pipeline.helpers import new_queue
 from ludic.distributed import policy_state_dict
 from ludic.inference import TransformersChatClient
 from ludic.models.tiny import build_tiny_causal_lm
-from ludic.training.batching.redis_weights import (
+from ludic.pipeline.redis_weights import (
     RedisWeightPublisher,
     RedisWeightSubscriber,
     WeightsFormatError,

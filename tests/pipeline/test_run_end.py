@@ -11,8 +11,8 @@ import time
 import pytest
 from tests.pipeline.helpers import new_queue, rollout_source
 
-from ludic.training.batching.pipeline import run_pipeline_actor
-from ludic.training.batching.redis_queue import PushStopped, RunFinishedError
+from ludic.pipeline.batch_source import run_pipeline_actor
+from ludic.pipeline.redis_queue import PushStopped, RunFinishedError
 
 pytestmark = pytest.mark.redis
 

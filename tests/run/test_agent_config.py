@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from ludic import jobs
 from ludic.agents import ReActAgent, ToolAgent
 from ludic.inference import HFChatTemplate, InferenceSpec
 from ludic.interaction import MultiAgentProtocol
-from ludic.run import job
 from ludic.run.builders import PROTOCOL_NAME, make_engine, sampling_spec
 from ludic.run.errors import RunError
 from ludic.run.loading import ConfigError, load_config
 from ludic.run.preflight import check_config
 from ludic.run.registries import load_function
 
-DEMO = Path(job.__file__).parents[1] / "configs" / "arithmetic_demo.yaml"
+DEMO = Path(jobs.__file__).parent / "configs" / "arithmetic_demo.yaml"
 
 
 class _NoClient:

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from tests.run.test_job import _config, _records
 
-from ludic.run import job
+from ludic import jobs
 from ludic.run.builders import RunError
 from ludic.run.loading import ConfigError
 
 
 def test_async_run_trains_every_step_within_max_staleness(tmp_path: Path) -> None:
-    run_dir = job.train(
+    run_dir = jobs.train(
         _config(tmp_path, "trainer.mode=async", "trainer.max_staleness=2", "trainer.steps=6")
     )
     rl = _records(run_dir, "rl")
@@ -27,9 +27,9 @@ def test_async_run_trains_every_step_within_max_staleness(tmp_path: Path) -> Non
 
 
 def test_async_with_zero_staleness_is_the_sync_run(tmp_path: Path) -> None:
-    sync = _records(job.train(_config(tmp_path / "sync")), "rl")
+    sync = _records(jobs.train(_config(tmp_path / "sync")), "rl")
     on_policy = _records(
-        job.train(_config(tmp_path / "async", "trainer.mode=async", "trainer.max_staleness=0")),
+        jobs.train(_config(tmp_path / "async", "trainer.mode=async", "trainer.max_staleness=0")),
         "rl",
     )
     assert [r["staleness/max"] for r in on_policy] == [0, 0, 0, 0]
@@ -52,7 +52,7 @@ def test_staleness_below_the_publish_interval_is_refused(tmp_path: Path) -> None
 def test_keeping_multi_version_items_needs_a_correcting_loss(tmp_path: Path) -> None:
     config = _config(tmp_path, "trainer.max_version_span=0", "trainer.version_span=correct")
     with pytest.raises(RunError, match=r"trainer.version_span=correct .* algorithm.name='grpo'"):
-        job.train(config)
+        jobs.train(config)
 
 
 def test_decoupled_grpo_runs_async_with_several_updates_per_batch(tmp_path: Path) -> None:
@@ -66,6 +66,6 @@ def test_decoupled_grpo_runs_async_with_several_updates_per_batch(tmp_path: Path
         "trainer.max_version_span=0",
         "trainer.version_span=correct",
     )
-    rl = _records(job.train(config), "rl")
+    rl = _records(jobs.train(config), "rl")
     assert [r["num_updates"] for r in rl] == [4, 4, 4, 4]
     assert all(0 < r["loss/behaviour_weight_mean"] < 5 for r in rl)

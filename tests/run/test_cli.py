@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from ludic import jobs
 from ludic.cli import demo_config_path, main
-from ludic.run import job
 from ludic.run.loading import ConfigError, load_config
 
 
@@ -21,8 +21,8 @@ def no_job(monkeypatch):
     def unreachable(*args, **kwargs):
         raise AssertionError("the job must not run for a bad config")
 
-    monkeypatch.setattr(job, "train", unreachable)
-    monkeypatch.setattr(job, "evaluate", unreachable)
+    monkeypatch.setattr(jobs, "train", unreachable)
+    monkeypatch.setattr(jobs, "evaluate", unreachable)
 
 
 @pytest.fixture
@@ -119,16 +119,16 @@ def test_debug_lets_an_unexpected_error_propagate(config_file, monkeypatch) -> N
     def boom(config, *, resume=None):
         raise ValueError("boom")
 
-    monkeypatch.setattr(job, "train", boom)
+    monkeypatch.setattr(jobs, "train", boom)
     with pytest.raises(ValueError, match="boom"):
         main(["train", str(config_file), "--debug"])
 
 
 def test_run_error_and_file_not_found_from_the_job_exit_2(config_file, monkeypatch, capsys):
     def run_error(config, *, resume=None):
-        raise job.RunError("no checkpoint in runs/x; train first")
+        raise jobs.RunError("no checkpoint in runs/x; train first")
 
-    monkeypatch.setattr(job, "train", run_error)
+    monkeypatch.setattr(jobs, "train", run_error)
     assert main(["train", str(config_file)]) == 2
     line = _single_error_line(capsys.readouterr().err)
     assert line == "error: no checkpoint in runs/x; train first"
@@ -136,7 +136,7 @@ def test_run_error_and_file_not_found_from_the_job_exit_2(config_file, monkeypat
     def missing(config, *, run_dir=None):
         raise FileNotFoundError(2, "No such file or directory", "runs/x/config.yaml")
 
-    monkeypatch.setattr(job, "evaluate", missing)
+    monkeypatch.setattr(jobs, "evaluate", missing)
     assert main(["eval", str(config_file)]) == 2
     line = _single_error_line(capsys.readouterr().err)
     assert line == "error: No such file or directory: runs/x/config.yaml"
@@ -146,7 +146,7 @@ def test_keyboard_interrupt_exits_130_with_a_resume_hint(config_file, monkeypatc
     def interrupted(config, *, resume=None):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(job, "train", interrupted)
+    monkeypatch.setattr(jobs, "train", interrupted)
     assert main(["train", str(config_file), "trainer.lr=1e-5"]) == 130
     line = _single_error_line(capsys.readouterr().err)
     assert "interrupted" in line
@@ -160,7 +160,7 @@ def test_unexpected_error_exits_1_with_the_type_and_a_debug_hint(config_file, mo
     def boom(config, *, resume=None):
         raise ValueError("boom\nsecond line")
 
-    monkeypatch.setattr(job, "train", boom)
+    monkeypatch.setattr(jobs, "train", boom)
     assert main(["train", str(config_file)]) == 1
     line = _single_error_line(capsys.readouterr().err)
     assert line == "error: ValueError: boom second line (run with --debug for the traceback)"
@@ -173,7 +173,7 @@ def test_train_passes_resume_and_overrides_through(tmp_path, config_file, monkey
         seen.update(config=config, resume=resume)
         return tmp_path / "runs" / "cli-test-1"
 
-    monkeypatch.setattr(job, "train", fake_train)
+    monkeypatch.setattr(jobs, "train", fake_train)
     argv = ["train", str(config_file), "trainer.lr=1e-5", "--resume", "runs/r1"]
     assert main([*argv, "algorithm.name=gspo"]) == 0  # an override after an option
 
@@ -194,7 +194,7 @@ def test_eval_passes_run_dir_and_prints_a_metrics_table(tmp_path, config_file, m
         seen.update(config=config, run_dir=run_dir)
         return {"success_rate": 0.75, "reward_mean": 0.5}
 
-    monkeypatch.setattr(job, "evaluate", fake_evaluate)
+    monkeypatch.setattr(jobs, "evaluate", fake_evaluate)
     argv = ["eval", str(config_file), "eval.num_problems=7", "--run-dir", str(run_dir)]
     assert main(argv) == 0
     assert seen["run_dir"] == str(run_dir) and seen["config"].eval.num_problems == 7
@@ -209,7 +209,7 @@ def test_demo_trains_the_packaged_config_with_overrides(monkeypatch, capsys, tmp
         seen.update(config=config, resume=resume)
         return tmp_path / "run"
 
-    monkeypatch.setattr(job, "train", fake_train)
+    monkeypatch.setattr(jobs, "train", fake_train)
     assert demo_config_path().is_file()
     assert main(["demo", "trainer.steps=2"]) == 0
     packaged = load_config(str(demo_config_path()))

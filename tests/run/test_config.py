@@ -220,7 +220,8 @@ def test_policy_servers_config_takes_core_numbers_and_running_urls() -> None:
 
 
 def test_memory_switches_reach_the_trainer_and_the_model(tmp_path: Path) -> None:
-    from ludic.run.builders import load_policy, rl_trainer_config
+    from ludic.run.builders import rl_trainer_config
+    from ludic.run.models import load_policy
 
     config = load_config(
         None,

@@ -9,11 +9,11 @@ import pytest
 import torch
 from tests.run.test_job import _config
 
+from ludic import jobs
 from ludic.cli import EXIT_OK, EXIT_USAGE, main
 from ludic.distributed import policy_state_dict
-from ludic.run import job
-from ludic.run.builders import load_policy
 from ludic.run.export import POLICY_DIR, export_run
+from ludic.run.models import load_policy
 from ludic.run.run_dir import RunDirectory
 from ludic.training.checkpoint import load_checkpoint
 
@@ -41,7 +41,7 @@ def _assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) ->
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return job.train(_config(tmp_path_factory.mktemp("export")))
+    return jobs.train(_config(tmp_path_factory.mktemp("export")))
 
 
 def test_a_run_leaves_its_final_policy_as_a_hugging_face_folder(run_dir: Path) -> None:
@@ -69,7 +69,7 @@ def test_ludic_export_writes_any_kept_checkpoint(run_dir: Path, tmp_path: Path, 
 
 
 def test_a_lora_policy_is_exported_merged(tmp_path: Path) -> None:
-    run_dir = job.train(_config(tmp_path, "model.lora.r=4", "trainer.lr=1e-2"))
+    run_dir = jobs.train(_config(tmp_path, "model.lora.r=4", "trainer.lr=1e-2"))
     loaded = _loaded(run_dir / POLICY_DIR)
     assert not any("lora" in name for name in loaded)
     final = _weights_of_checkpoint(run_dir, "rl", 4)  # merged: W + BA
@@ -86,6 +86,6 @@ def test_every_checkpoint_holds_its_policy_as_a_hugging_face_folder(run_dir: Pat
 
 
 def test_checkpoint_policy_false_keeps_checkpoints_lean(tmp_path: Path) -> None:
-    run_dir = job.train(_config(tmp_path, "trainer.checkpoint_policy=false"))
+    run_dir = jobs.train(_config(tmp_path, "trainer.checkpoint_policy=false"))
     assert not (run_dir / "checkpoints" / "rl" / "step_00000004" / POLICY_DIR).exists()
     assert (run_dir / POLICY_DIR / "model.safetensors").is_file()  # the final one still is

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 from ludic.cli import main
+from ludic.run.builders import build_env
 from ludic.run.loading import load_config
-from ludic.run.preflight import build_env
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "examples/configs/gsm8k_qwen2.5_0.5b_vllm.yaml"

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ludic.run import job, phases
+from ludic import jobs
+from ludic.run import phases
 from ludic.run.builders import RunError
 from ludic.run.loading import load_config
 
@@ -26,7 +27,7 @@ TINY = [
 
 
 def _config(tmp_path: Path, *extra: str):
-    demo = Path(job.__file__).parents[1] / "configs" / "arithmetic_demo.yaml"
+    demo = Path(jobs.__file__).parent / "configs" / "arithmetic_demo.yaml"
     return load_config(demo, [f"output_dir={tmp_path}", *TINY, *extra])
 
 
@@ -38,7 +39,7 @@ def _records(run_dir: Path, phase: str) -> list[dict]:
 
 
 def test_train_leaves_a_complete_run_directory(tmp_path: Path) -> None:
-    run_dir = job.train(_config(tmp_path))
+    run_dir = jobs.train(_config(tmp_path))
     for name in [
         "config.yaml",
         "metrics.jsonl",
@@ -64,20 +65,20 @@ def test_train_leaves_a_complete_run_directory(tmp_path: Path) -> None:
 
     # `ludic eval --run-dir`: the newest checkpoint reproduces the run's final greedy eval.
     final = _records(run_dir, "eval")[-1]
-    metrics = job.evaluate(_config(tmp_path), run_dir=run_dir)
+    metrics = jobs.evaluate(_config(tmp_path), run_dir=run_dir)
     assert metrics["success_rate"] == final["success_rate"]
     assert metrics["reward_mean"] == pytest.approx(final["reward_mean"])
 
 
 def test_missing_model_path_is_a_run_error_naming_the_field(tmp_path: Path) -> None:
     with pytest.raises(RunError, match="model.path: folder '/no/such/model' does not exist"):
-        job.train(_config(tmp_path, "model.path=/no/such/model"))
+        jobs.train(_config(tmp_path, "model.path=/no/such/model"))
 
 
 def test_resume_refuses_a_different_config(tmp_path: Path) -> None:
-    run_dir = job.train(_config(tmp_path, "trainer.steps=1", "warm_start.steps=1"))
+    run_dir = jobs.train(_config(tmp_path, "trainer.steps=1", "warm_start.steps=1"))
     with pytest.raises(RunError, match=r"trainer.lr"):
-        job.train(_config(tmp_path, "trainer.lr=0.1"), resume=run_dir)
+        jobs.train(_config(tmp_path, "trainer.lr=0.1"), resume=run_dir)
 
 
 def test_interrupt_then_resume_continues_like_an_uninterrupted_run(
@@ -87,7 +88,7 @@ def test_interrupt_then_resume_continues_like_an_uninterrupted_run(
     with the same step count and (restored optimizer, RNGs and step-seeded problems) the
     same losses and rewards as a run that was never interrupted."""
     steps = ["trainer.steps=6", "trainer.checkpoint_every=100"]
-    reference = job.train(_config(tmp_path / "a", *steps))
+    reference = jobs.train(_config(tmp_path / "a", *steps))
 
     from ludic.training.trainer import Trainer
 
@@ -100,13 +101,13 @@ def test_interrupt_then_resume_continues_like_an_uninterrupted_run(
 
     monkeypatch.setattr(Trainer, "train_step", interrupted_before_rl_step_4)
     with pytest.raises(KeyboardInterrupt):
-        job.train(_config(tmp_path / "b", *steps))
+        jobs.train(_config(tmp_path / "b", *steps))
     run_dir = next((tmp_path / "b").glob("*"))
     assert [r["step"] for r in _records(run_dir, "rl")] == [1, 2, 3]
     assert (run_dir / "checkpoints" / "rl" / "step_00000003").is_dir()
 
     monkeypatch.setattr(Trainer, "train_step", real_step)
-    job.train(_config(tmp_path / "b", *steps), resume=run_dir)
+    jobs.train(_config(tmp_path / "b", *steps), resume=run_dir)
     got, want = _records(run_dir, "rl"), _records(reference, "rl")
     assert [r["step"] for r in got] == [1, 2, 3, 4, 5, 6]
     assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in want], abs=1e-5)
@@ -127,6 +128,6 @@ def test_ctrl_c_during_the_final_evaluation_still_checkpoints_the_last_step(
     monkeypatch.setattr(phases, "evaluate_policy", interrupted_on_the_final_eval)
     config = _config(tmp_path, "trainer.steps=3", "trainer.checkpoint_every=100")
     with pytest.raises(KeyboardInterrupt):
-        job.train(config)
+        jobs.train(config)
     run_dir = next(tmp_path.glob("arithmetic-demo-*"))
     assert (run_dir / "checkpoints" / "rl" / "step_00000003").is_dir()

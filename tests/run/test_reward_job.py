@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from ludic import jobs
 from ludic.cli import main
 from ludic.distributed.publisher import InMemoryPublisher
 from ludic.distributed.reward_publisher import RewardModelPublisher
-from ludic.run import job
 from ludic.run.builders import RunError
 from ludic.run.loading import ConfigError, load_config
 from ludic.run.reward_job import train_reward_model
@@ -83,11 +83,11 @@ def test_cli_trains_a_reward_model_into_a_complete_run_directory(tmp_path: Path,
     final = run_dir / "reward_model"
     assert (final / "config.json").is_file() and not (final / "adapter_config.json").exists()
     saved_config = load_config(run_dir / "config.yaml")
-    metrics = job.evaluate(saved_config, run_dir=run_dir)
+    metrics = jobs.evaluate(saved_config, run_dir=run_dir)
     assert metrics["accuracy"] == evals[-1]["accuracy"]
     assert metrics["loss"] == pytest.approx(evals[-1]["loss"], rel=1e-5)
     # Without a run directory: the config's initial model, as evaluated at step 0.
-    initial = job.evaluate(saved_config)
+    initial = jobs.evaluate(saved_config)
     assert initial["loss"] == pytest.approx(evals[0]["loss"], rel=1e-5)
     assert main(["eval", str(run_dir / "config.yaml"), "--run-dir", str(run_dir)]) == 0
     assert "accuracy" in capsys.readouterr().out

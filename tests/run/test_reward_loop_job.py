@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ludic.run import job
+from ludic import jobs
 from ludic.run.builders import RunError
 from ludic.run.loading import load_config
 from ludic.run.preflight import check_config
@@ -41,7 +41,7 @@ async def failing(data_source, solution_str, ground_truth, extra_info):
 
 
 def _config(tmp_path: Path, *extra: str):
-    demo = Path(job.__file__).parents[1] / "configs" / "arithmetic_demo.yaml"
+    demo = Path(jobs.__file__).parent / "configs" / "arithmetic_demo.yaml"
     return load_config(demo, [f"output_dir={tmp_path}", *TINY, *extra])
 
 
@@ -55,7 +55,7 @@ def test_a_reward_function_from_a_file_scores_every_sample(tmp_path: Path, mode:
     fn = tmp_path / "my_reward.py"
     fn.write_text(REWARD_FILE)
     log = tmp_path / "calls.jsonl"
-    run_dir = job.train(
+    run_dir = jobs.train(
         _config(
             tmp_path,
             f"reward_loop.function={fn}:length_reward",
@@ -76,7 +76,7 @@ def test_a_reward_function_from_a_file_scores_every_sample(tmp_path: Path, mode:
 def test_failing_samples_are_counted_and_dropped_never_scored_zero(tmp_path: Path) -> None:
     fn = tmp_path / "my_reward.py"
     fn.write_text(REWARD_FILE)
-    run_dir = job.train(_config(tmp_path, f"reward_loop.function={fn}:failing"))
+    run_dir = jobs.train(_config(tmp_path, f"reward_loop.function={fn}:failing"))
     for record in _rl(run_dir):
         assert record["batch/reward_loop/errors"] == 4
         assert record["batch/reward_loop/dropped"] == 4
@@ -85,7 +85,7 @@ def test_failing_samples_are_counted_and_dropped_never_scored_zero(tmp_path: Pat
 
 
 def test_the_built_in_rule_scores_the_arithmetic_env_like_its_verifier(tmp_path: Path) -> None:
-    run_dir = job.train(_config(tmp_path, "reward_loop.mode=colocate", "logging.console_every=1"))
+    run_dir = jobs.train(_config(tmp_path, "reward_loop.mode=colocate", "logging.console_every=1"))
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     scored = [s for s in samples if "reward_loop" in s["meta"]]
     assert len(scored) >= 4

@@ -25,15 +25,15 @@ from typing import Any
 import pytest
 import yaml
 
+from ludic import jobs
 from ludic.inference import HFChatTemplate
 from ludic.rollouts.strategies import GRPORequestStrategy
-from ludic.run import job
 from ludic.run.builders import batch_requests, make_algorithm, make_engine
 from ludic.run.loading import load_config
 
 pytestmark = pytest.mark.vllm
 
-DEMO = Path(job.__file__).parents[1] / "configs" / "arithmetic_demo.yaml"
+DEMO = Path(jobs.__file__).parent / "configs" / "arithmetic_demo.yaml"
 TOOLS = '''
 def add(a: int, b: int) -> int:
     """Add two integers.

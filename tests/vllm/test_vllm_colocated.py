@@ -93,7 +93,7 @@ def test_colocated_config_errors_name_the_fields(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"sleep_level=2 needs trainer.mode: sync and"):
         load_config(DEMO, [*cuda, "inference.vllm.sleep_level=2", "trainer.publish_every=2"])
     config = load_config(DEMO, [*cuda, "inference.vllm.sleep_level=1"])
-    from ludic.run.builders import server_args, sync_strategy
+    from ludic.run.servers import server_args, sync_strategy
 
     assert "--enable-sleep-mode" in server_args(config.inference.vllm, cuda=True)
     assert sync_strategy(config.inference.vllm).name == "cuda_ipc"

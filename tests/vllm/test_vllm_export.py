@@ -14,17 +14,17 @@ import torch  # noqa: E402
 from tests.run.test_job import _config  # noqa: E402
 from tests.vllm.helpers import API_KEY, MAX_ABS_LOGPROB_DIFF, PROMPT  # noqa: E402
 
+from ludic import jobs  # noqa: E402
 from ludic.inference.request import CompletionRequest, InferenceSpec, SamplingSpec  # noqa: E402
 from ludic.inference.vllm.client import VLLMChatClient  # noqa: E402
 from ludic.inference.vllm.process import start_vllm_server  # noqa: E402
-from ludic.run import job  # noqa: E402
 from ludic.run.export import POLICY_DIR  # noqa: E402
 
 
 def test_the_exported_policy_serves_on_vllm_as_it_runs_in_transformers(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    folder = job.train(_config(tmp_path / "runs")) / POLICY_DIR
+    folder = jobs.train(_config(tmp_path / "runs")) / POLICY_DIR
     server = start_vllm_server(folder, api_key=API_KEY, log_path=tmp_path / "server.log")
     client = VLLMChatClient(server.url, api_key=API_KEY, timeout_s=60.0)
     try:

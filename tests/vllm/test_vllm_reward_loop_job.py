@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed")
 
-from ludic.run import job  # noqa: E402
+from ludic import jobs  # noqa: E402
 from ludic.run.loading import load_config  # noqa: E402
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "configs" / "reward_loop_hybrid_tiny.yaml"
@@ -38,7 +38,7 @@ def _ludic_servers() -> set[int]:
 
 
 def test_the_hybrid_example_trains_on_rule_disrm_and_genrm(tmp_path: Path) -> None:
-    run_dir = job.train(load_config(EXAMPLE, [f"output_dir={tmp_path}", *TINY]))
+    run_dir = jobs.train(load_config(EXAMPLE, [f"output_dir={tmp_path}", *TINY]))
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     rl = [r for r in map(json.loads, lines) if r["phase"] == "rl"]
     assert [r["step"] for r in rl] == [1, 2]

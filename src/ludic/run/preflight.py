@@ -11,16 +11,22 @@ fixed config could then no longer resume.
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import re
-from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
+from ludic.run.builders import (
+    build_env,
+    make_algorithm,
+    reward_trainer_config,
+    rl_trainer_config,
+    warm_start_trainer_config,
+)
 from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
-from ludic.run.registries import ENVS, PARSERS, load_function, resolve
+from ludic.run.models import check_model_path, reward_model_folder
+from ludic.run.registries import PARSERS, load_function, resolve
+from ludic.run.reward_loop import make_manager, rule_function
 
 
 def check_config(config: RunConfig) -> None:
@@ -39,8 +45,6 @@ def check_config(config: RunConfig) -> None:
     _check_agent(config, env)
     _check_algorithm(config)
     _check_trainer_configs(config)
-    from ludic.run.reward_loop import check_reward_loop  # (it imports the builders)
-
     check_reward_loop(config)
 
 
@@ -68,70 +72,6 @@ def check_device(field: str, device: str) -> None:
             )
     elif parsed.type == "mps" and not torch.backends.mps.is_available():
         raise RunError(f"{field}={device!r} but MPS is not available here; use {field}=cpu")
-
-
-def local_path(path: str) -> Path | None:
-    """The local path ``path`` names (``~`` expanded), or ``None`` for a hub id such as
-    ``Qwen/Qwen2.5-0.5B-Instruct``: a path that exists, starts with ``.``, ``/`` or ``~``,
-    or has more than one ``/`` is local."""
-    local = Path(path).expanduser()
-    looks_local = local.exists() or path.startswith((".", "/", "~")) or path.count("/") > 1
-    return local if looks_local else None
-
-
-def check_model_path(field: str, path: str | None) -> None:
-    """A ``path`` that names a local folder must exist (hub ids pass through)."""
-    if path is None:
-        return
-    local = local_path(path)
-    if local is not None and not local.is_dir():
-        raise RunError(f"{field}: folder {path!r} does not exist")
-
-
-def reward_model_folder(path: str) -> Path:
-    """``reward.path`` as a folder holding a saved reward model (a ``config.json``)."""
-    folder = Path(path).expanduser()
-    if not (folder / "config.json").is_file():
-        raise RunError(
-            f"reward.path: {path!r} is not a model folder (no config.json); train one with a "
-            "task: reward_model run and point at its RUN_DIR/reward_model"
-        )
-    return folder
-
-
-@contextlib.contextmanager
-def naming_load_errors(field: str, path: str) -> Iterator[None]:
-    """Any failure loading a model from ``path`` becomes a :class:`RunError` naming
-    ``field``, the path and the error type (a corrupt weights file raises safetensors'
-    ``SafetensorError``, which names no file)."""
-    try:
-        yield
-    except Exception as e:  # noqa: BLE001 (OSError, ValueError, SafetensorError, ...)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise RunError(
-            f"{field}: cannot load {path!r} ({type(e).__name__}: {first}); check the folder "
-            "holds a complete save_pretrained checkpoint"
-        ) from None
-
-
-def build_env(
-    config: RunConfig, overrides: Mapping[str, Any] | None = None, *, field: str = "env.kwargs"
-) -> Any:
-    """The configured env built with ``env.kwargs`` updated by ``overrides``; a constructor
-    that refuses its arguments raises :class:`RunError` naming ``field``, the env kind and
-    the parameters the constructor takes."""
-    kind = config.env.kind
-    factory = resolve("env", kind, ENVS)
-    try:
-        return factory(**{**config.env.kwargs, **(overrides or {})})
-    except TypeError as e:
-        if not _is_signature_error(e, factory):
-            raise RunError(f"{field}: env {kind!r}: {e}") from None
-        raise RunError(
-            f"{field}: env {kind!r} ({_name(factory)}) {_short(e)}; it takes {_parameters(factory)}"
-        ) from None
-    except (ValueError, FileNotFoundError) as e:
-        raise RunError(f"{field}: env {kind!r}: {e}") from None
 
 
 def _check_agent(config: RunConfig, env: Any) -> None:
@@ -167,16 +107,12 @@ def _check_holdout(config: RunConfig) -> None:
 
 
 def _check_algorithm(config: RunConfig) -> None:
-    from ludic.run.builders import make_algorithm
-
     # reward_rl needs a reward client; the real one starts with the run, so a stand-in
     # object checks the preset's other arguments now.
     make_algorithm(config, reward_client=_RewardClientStandIn())
 
 
 def _check_trainer_configs(config: RunConfig) -> None:
-    from ludic.run.builders import rl_trainer_config, warm_start_trainer_config
-
     _trainer_config("trainer", lambda: rl_trainer_config(config, 0))
     if config.warm_start.steps > 0:
         _trainer_config("warm_start", lambda: warm_start_trainer_config(config, 0))
@@ -186,8 +122,6 @@ def _check_reward_model(config: RunConfig) -> None:
     rm = config.reward_model
     check_device("reward_model.device", rm.device)
     check_model_path("reward_model.path", rm.path)
-    from ludic.run.reward_job import reward_trainer_config
-
     _trainer_config("reward_model", lambda: reward_trainer_config(config))
 
 
@@ -207,26 +141,14 @@ class _RewardClientStandIn:
         raise RuntimeError("the preflight stand-in reward client scores nothing")
 
 
-def _is_signature_error(error: TypeError, factory: Callable[..., Any]) -> bool:
-    text = str(error)
-    return "argument" in text and (_name(factory) in text or "__init__" in text)
-
-
-def _short(error: TypeError) -> str:
-    """``X.__init__() got an unexpected keyword argument 'foo'`` -> ``got an unexpected
-    keyword argument 'foo'``."""
-    return re.sub(r"^[\w.<>]+\(\)\s*", "", str(error))
-
-
-def _name(factory: Callable[..., Any]) -> str:
-    return getattr(factory, "__qualname__", type(factory).__name__)
-
-
-def _parameters(factory: Callable[..., Any]) -> str:
-    try:
-        params = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):
-        return "arguments its documentation lists"
-    named = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    extra = " (and more keyword arguments)" if any(p.kind == p.VAR_KEYWORD for p in params) else ""
-    return f"{named}{extra}"
+def check_reward_loop(config: RunConfig) -> None:
+    """Preflight: the function loads, the manager is registered and takes its arguments."""
+    section = config.reward_loop
+    if section is None:
+        return
+    if config.trainer.mode == "pipeline":
+        raise RunError(
+            "reward_loop is not supported with trainer.mode=pipeline yet; use trainer.mode "
+            "sync or async"
+        )
+    make_manager(section, config, rule_function(section))

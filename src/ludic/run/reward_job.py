@@ -37,13 +37,16 @@ from rich.console import Console
 
 from ludic.distributed.reward_publisher import create_reward_publisher
 from ludic.inference.reward_client import format_reward_input
-from ludic.run.builders import RunError, vllm_server_client
+from ludic.run.builders import reward_trainer_config
 from ludic.run.config import RewardModelSection, RunConfig
 from ludic.run.demos import synthetic_arithmetic_preferences
-from ludic.run.preflight import check_config, check_model_path, local_path, naming_load_errors
+from ludic.run.errors import RunError
+from ludic.run.models import load_reward_model, reward_model_from_folder
+from ludic.run.preflight import check_config
 from ludic.run.progress import ProgressLogger, print_summary
 from ludic.run.run_dir import RunDirectory, open_run
 from ludic.run.run_loggers import run_loggers
+from ludic.run.servers import vllm_server_client
 from ludic.run.signals import interrupts_deferred
 from ludic.training.checkpoint import CheckpointConfig
 from ludic.training.loggers import RichConsoleLogger
@@ -57,7 +60,6 @@ from ludic.training.reward_model.preferences import (
 from ludic.training.reward_model.trainer import (
     LoraSettings,
     PreferenceTrainer,
-    PreferenceTrainerConfig,
     RewardPublisher,
     evaluate_preferences,
     prepare_reward_model,
@@ -180,7 +182,7 @@ def evaluate_reward_model(
                 f"{run.path}: no final reward model ({FINAL_DIR}/) yet; finish the run with "
                 "`ludic train CONFIG --resume RUN_DIR`"
             )
-        model, tokenizer = _from_pretrained(str(final))
+        model, tokenizer = reward_model_from_folder(str(final))
         eval_pairs = read_preferences_jsonl(_pairs_path(run, "eval"))
     else:
         with tempfile.TemporaryDirectory(prefix="ludic-rm-") as tmp:
@@ -234,55 +236,6 @@ def _served_check(
 
 
 # ---------------------------------------------------------------------------- parts
-def load_reward_model(rm: RewardModelSection, model_dir: Path) -> tuple[torch.nn.Module, Any]:
-    """The reward model and its tokenizer from ``reward_model.path``; with path null, the
-    tiny reward model is built and saved to ``model_dir`` first (an ordinary HF folder)
-    and loaded back the way a real one is."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # the run has its own progress display
-    path = rm.path
-    if path is None:
-        if not (model_dir / "config.json").is_file():
-            from ludic.models.tiny import build_tiny_reward_model, build_tiny_tokenizer
-
-            tokenizer = build_tiny_tokenizer()
-            tiny = build_tiny_reward_model(
-                tokenizer,
-                seed=rm.tiny.seed,
-                hidden_size=rm.tiny.hidden_size,
-                num_layers=rm.tiny.num_layers,
-                num_heads=rm.tiny.num_heads,
-            )
-            save_reward_model(tiny, tokenizer, model_dir)
-        path = str(model_dir)
-    return _from_pretrained(path)
-
-
-def _from_pretrained(path: str) -> tuple[torch.nn.Module, Any]:
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    check_model_path("reward_model.path", path)
-    source = str(local_path(path) or path)
-    with naming_load_errors("reward_model.path", path):
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForSequenceClassification.from_pretrained(
-            source, num_labels=1, dtype=torch.float32
-        )
-    if tokenizer.pad_token_id is None:
-        raise RunError(
-            f"reward_model.path: the tokenizer of {path!r} has no pad token; the reward model "
-            "pools at the last non-pad token, so it needs one"
-        )
-    if model.config.pad_token_id is None:
-        # HF classifiers find the last real token through config.pad_token_id.
-        model.config.pad_token_id = tokenizer.pad_token_id
-    elif model.config.pad_token_id != tokenizer.pad_token_id:
-        raise RunError(
-            f"reward_model.path: {path!r} has config.pad_token_id={model.config.pad_token_id}"
-            f" but its tokenizer pads with {tokenizer.pad_token_id}; make them agree"
-        )
-    return model, tokenizer
 
 
 def _lora_settings(rm: RewardModelSection) -> LoraSettings | None:
@@ -344,22 +297,6 @@ def _run_preferences(
     write_preferences_jsonl(train, _pairs_path(run, "train"))
     write_preferences_jsonl(evals, _pairs_path(run, "eval"))
     return train, evals
-
-
-def reward_trainer_config(config: RunConfig) -> PreferenceTrainerConfig:
-    rm = config.reward_model
-    return PreferenceTrainerConfig(
-        lr=rm.lr,
-        batch_size=rm.batch_size,
-        weight_decay=rm.weight_decay,
-        max_grad_norm=rm.max_grad_norm,
-        lr_schedule=rm.lr_schedule,
-        warmup_steps=rm.warmup_steps,
-        total_steps=rm.steps,
-        publish_every=rm.publish_every,
-        seed=config.seed,
-        device=rm.device,
-    )
 
 
 # ---------------------------------------------------------------------------- the loop

@@ -32,29 +32,16 @@ from ludic.rewards import (
     rollout_reward_sample,
 )
 from ludic.rewards.genrm import DEFAULT_TEMPLATE
-from ludic.run.builders import server_api_key, server_args
 from ludic.run.config import RunConfig
 from ludic.run.config_reward import RewardLoopSection
 from ludic.run.errors import RunError
+from ludic.run.servers import server_api_key, server_args
 from ludic.training import RewardLoopCreditAssigner
 from ludic.training.algorithm import RLAlgorithm
 
 _NEEDS_VLLM = (
     "{field} starts vLLM servers, which needs vLLM ({error}); pip install 'ludic-rl[vllm]'"
 )
-
-
-def check_reward_loop(config: RunConfig) -> None:
-    """Preflight: the function loads, the manager is registered and takes its arguments."""
-    section = config.reward_loop
-    if section is None:
-        return
-    if config.trainer.mode == "pipeline":
-        raise RunError(
-            "reward_loop is not supported with trainer.mode=pipeline yet; use trainer.mode "
-            "sync or async"
-        )
-    make_manager(section, config, _rule_function(section))
 
 
 @contextlib.contextmanager
@@ -67,7 +54,7 @@ def reward_loop_from_config(config: RunConfig, *, log_dir: Path) -> Iterator[Rew
         return
     with contextlib.ExitStack() as stack:
         address, key = _router_address(section, config, log_dir, stack)
-        function: Any = _rule_function(section)
+        function: Any = rule_function(section)
         if section.disrm is not None or section.genrm is not None:
             function = _hybrid(section, function, address, key)
         manager = make_manager(
@@ -128,7 +115,7 @@ def make_manager(
 
 
 # ------------------------------------------------------------------------------ parts
-def _rule_function(section: RewardLoopSection) -> Any:
+def rule_function(section: RewardLoopSection) -> Any:
     if section.function is None:
         return default_compute_score
     try:

@@ -28,13 +28,13 @@ from ludic.distributed import policy_state_dict
 from ludic.distributed.weight_transfer.extractor import gather_full_tensors
 from ludic.run.builders import (
     RunError,
-    load_policy,
     make_algorithm,
     rl_trainer_config,
     warm_start_trainer_config,
 )
 from ludic.run.config import RunConfig
 from ludic.run.export import POLICY_DIR, save_policy_folder
+from ludic.run.models import load_policy
 from ludic.run.phases import pad_id, phase_checkpoint_config
 from ludic.run.run_dir import RunDirectory
 from ludic.run.steps import run_steps

@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from ludic.training.batching.redis_queue import PushStopped, RedisBatchQueue, RunFinishedError
+from ludic.pipeline.redis_queue import PushStopped, RedisBatchQueue, RunFinishedError
 from ludic.training.batching.wire import (
     Producer,
     WireBatch,

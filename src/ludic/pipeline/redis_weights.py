@@ -35,7 +35,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from ludic.distributed import check_finite
-from ludic.training.batching.redis_queue import RedisBatchQueue
+from ludic.pipeline.redis_queue import RedisBatchQueue
 
 __all__ = [
     "WEIGHTS_FORMAT",

@@ -34,17 +34,7 @@ from typing import Any
 from rich.console import Console
 
 from ludic.inference import HFChatTemplate, TransformersChatClient
-from ludic.run.builders import (
-    batch_requests,
-    load_policy,
-    make_algorithm,
-    make_engine,
-    reward_backend,
-    serving_copy,
-)
-from ludic.run.config import RunConfig
-from ludic.run.errors import RunError
-from ludic.run.pipeline import (
+from ludic.pipeline.run_info import (
     check_same_run,
     configured_redis_url,
     make_queue,
@@ -53,8 +43,13 @@ from ludic.run.pipeline import (
     require_pipeline_mode,
     wait_for_redis_url,
 )
-from ludic.run.preflight import check_config, local_path, naming_load_errors
+from ludic.run.builders import batch_requests, make_algorithm, make_engine
+from ludic.run.config import RunConfig
+from ludic.run.errors import RunError
+from ludic.run.models import load_policy, local_path, naming_load_errors, serving_copy
+from ludic.run.preflight import check_config
 from ludic.run.run_dir import RunDirectory
+from ludic.run.servers import reward_backend
 from ludic.run.signals import terminate_as_interrupt
 from ludic.training import GRPORequestStrategy, RolloutBatchSource
 
@@ -135,7 +130,7 @@ def _inference(
     """The chat client, the tokenizer, and the ``policy_version`` callable read before
     each batch (transformers: it first reloads newer weights from Redis)."""
     if config.inference.backend == "transformers":
-        from ludic.training.batching.redis_weights import RedisWeightSubscriber
+        from ludic.pipeline.redis_weights import RedisWeightSubscriber
 
         policy, tokenizer = load_policy(config, run.model_dir)
         client = TransformersChatClient(
@@ -184,7 +179,7 @@ async def _produce(
     actor_id: str,
     policy_version: Callable[[], int | None],
 ) -> list[str]:
-    from ludic.training.batching.pipeline import run_pipeline_actor
+    from ludic.pipeline.batch_source import run_pipeline_actor
 
     stop = threading.Event()
     try:

@@ -1,4 +1,4 @@
-"""The names and errors of the Redis batch queue (:mod:`ludic.training.batching.redis_queue`).
+"""The names and errors of the Redis batch queue (:mod:`ludic.pipeline.redis_queue`).
 
 Payloads are opaque bytes to the queue (see :mod:`ludic.training.batching.wire`); batches are
 named by a ``batch_id`` unique within a ``prefix``. Several runs share one Redis through
@@ -23,7 +23,7 @@ their prefixes. Keys (``P`` = prefix)::
     P:learner                JSON: the running learner's announcement (version, weights
                              channel, inference URL); actors wait for it before starting
     P:weights                the policy weights published through Redis (safetensors bytes;
-                             see ludic.training.batching.redis_weights), P:weights_version
+                             see ludic.pipeline.redis_weights), P:weights_version
                              their version; both written in one MULTI/EXEC
 
 """

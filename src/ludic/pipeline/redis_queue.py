@@ -2,7 +2,7 @@
 
 Payloads are opaque bytes here (see :mod:`ludic.training.batching.wire`); batches are
 named by a ``batch_id`` unique within a ``prefix``. Several runs share one Redis through
-their prefixes; the keys of one prefix are listed in :mod:`ludic.training.batching.redis_keys`.
+their prefixes; the keys of one prefix are listed in :mod:`ludic.pipeline.redis_keys`.
 
 Guarantees:
 
@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from ludic.training.batching.redis_keys import (
+from ludic.pipeline.redis_keys import (
     COUNTERS,
     NoBackoff,
     PipelineConnectionError,
@@ -50,7 +50,7 @@ from ludic.training.batching.redis_keys import (
     TakenBatch,
     redis,
 )
-from ludic.training.batching.redis_urls import redacted
+from ludic.pipeline.redis_urls import redacted
 
 __all__ = [
     "PipelineConnectionError",

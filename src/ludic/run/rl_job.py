@@ -1,4 +1,5 @@
-"""The main job: ``ludic train`` / ``ludic eval`` as plain functions.
+"""The RL job in one process (``trainer.mode: sync`` / ``async``), or as the ranks of one
+sharded trainer (``trainer.world_size``); :mod:`ludic.jobs` picks it for a ``task: rl`` run.
 
 A training run has two phases, each with its own Trainer and checkpoints:
 ``warm_start`` (SFT on demonstrations; skipped when ``warm_start.steps == 0``) then ``rl``
@@ -9,7 +10,7 @@ after RL).
 
 Ctrl-C (or SIGTERM) stops at a step boundary, saves a checkpoint and re-raises
 ``KeyboardInterrupt`` (:class:`~ludic.run.signals.Terminated` for SIGTERM); any other
-failure also saves one while the weights are finite. ``train(config, resume=RUN_DIR)``
+failure also saves one while the weights are finite. ``train_rl(config, resume=RUN_DIR)``
 continues from the newest checkpoint with the same step count, optimizer state and data
 position.
 
@@ -32,18 +33,16 @@ from ludic.distributed import ClientPolicyPublisher, policy_state_dict
 from ludic.inference import HFChatTemplate
 from ludic.rewards import RewardLoop
 from ludic.run.builders import (
-    RunError,
     batch_requests,
-    inference_backend,
-    load_policy,
     make_algorithm,
     make_engine,
-    reward_backend,
     rl_sample_filter,
     rl_trainer_config,
 )
 from ludic.run.config import RunConfig
+from ludic.run.errors import RunError
 from ludic.run.export import POLICY_DIR
+from ludic.run.models import load_policy
 from ludic.run.phases import (
     evaluate_policy,
     pad_id,
@@ -54,12 +53,11 @@ from ludic.run.phases import (
     warm_start,
 )
 from ludic.run.plot import plot_reward_curve
-from ludic.run.preflight import check_config
 from ludic.run.progress import print_summary
 from ludic.run.reward_loop import reward_loop_from_config, with_reward_loop
 from ludic.run.run_dir import RunDirectory, open_run
 from ludic.run.run_loggers import run_loggers
-from ludic.run.signals import terminate_as_interrupt
+from ludic.run.servers import inference_backend, reward_backend
 from ludic.run.steps import checkpoint_on_failure
 from ludic.run.trainer_ranks import (
     follow,
@@ -79,7 +77,7 @@ from ludic.training import (
 from ludic.training.checkpoint import load_checkpoint
 from ludic.training.data_parallel import TrainerRanks
 
-__all__ = ["RunError", "evaluate", "train"]
+__all__ = ["RESUMABLE_CHANGES", "evaluate_rl", "train_rl"]
 
 RESUMABLE_CHANGES = {
     "trainer.steps",
@@ -97,23 +95,9 @@ RESUMABLE_CHANGES = {
 """Config fields a resumed run may change; anything else must match the saved config."""
 
 
-def train(config: RunConfig, *, resume: str | Path | None = None) -> Path:
-    """Run (or resume) a training job; returns the run directory. ``task: reward_model``
-    runs :func:`ludic.run.reward_job.train_reward_model` instead."""
-    with terminate_as_interrupt():
-        if config.task == "reward_model":
-            from ludic.run.reward_job import train_reward_model
-
-            return train_reward_model(config, resume=resume)  # runs check_config itself
-        check_config(config)  # every part buildable before the run directory or a step
-        if config.trainer.mode == "pipeline":  # learner + actor processes over Redis
-            from ludic.run.pipeline_launch import launch_pipeline
-
-            return launch_pipeline(config, resume=resume)
-        return _train(config, resume=resume)
-
-
-def _train(config: RunConfig, *, resume: str | Path | None) -> Path:
+def train_rl(config: RunConfig, *, resume: str | Path | None = None) -> Path:
+    """Run (or resume) an RL job in this process (rank 0 leads, other ranks follow);
+    returns the run directory. The config has passed :func:`~ludic.run.preflight.check_config`."""
     ranks = join_trainer_group(config)  # trainer.world_size > 1: this is one of torchrun's
     try:
         if ranks is not None and not ranks.is_main:
@@ -163,14 +147,9 @@ def _lead(config: RunConfig, *, resume: str | Path | None, ranks: TrainerRanks |
     return run.path
 
 
-def evaluate(config: RunConfig, *, run_dir: str | Path | None = None) -> dict[str, float]:
+def evaluate_rl(config: RunConfig, *, run_dir: str | Path | None = None) -> dict[str, float]:
     """Greedy evaluation of the newest checkpoint in ``run_dir`` (or of the config's
-    initial model when ``run_dir`` is None); returns the metrics. ``task: reward_model``
-    runs :func:`ludic.run.reward_job.evaluate_reward_model` instead."""
-    if config.task == "reward_model":
-        from ludic.run.reward_job import evaluate_reward_model
-
-        return evaluate_reward_model(config, run_dir=run_dir)
+    initial model when ``run_dir`` is None); returns the metrics."""
     run = RunDirectory.open(run_dir) if run_dir is not None else None
     model_dir = run.model_dir if run is not None else Path(tempfile.mkdtemp(prefix="ludic-eval-"))
     policy, tokenizer = load_policy(config, model_dir)

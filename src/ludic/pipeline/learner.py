@@ -41,26 +41,7 @@ from rich.console import Console
 
 from ludic.distributed import ClientPolicyPublisher
 from ludic.inference import HFChatTemplate
-from ludic.run.builders import (
-    inference_backend,
-    load_policy,
-    make_algorithm,
-    make_engine,
-    rl_sample_filter,
-    rl_trainer_config,
-)
-from ludic.run.config import RunConfig
-from ludic.run.errors import RunError
-from ludic.run.export import POLICY_DIR, save_policy_folder
-from ludic.run.phases import (
-    pad_id,
-    phase_checkpoint_config,
-    phase_loggers,
-    run_rl,
-    run_summary,
-    warm_start,
-)
-from ludic.run.pipeline import (
+from ludic.pipeline.run_info import (
     configured_redis_url,
     make_queue,
     open_learner_run,
@@ -69,11 +50,25 @@ from ludic.run.pipeline import (
     require_pipeline_mode,
     write_pipeline_info,
 )
+from ludic.run.builders import make_algorithm, make_engine, rl_sample_filter, rl_trainer_config
+from ludic.run.config import RunConfig
+from ludic.run.errors import RunError
+from ludic.run.export import POLICY_DIR, save_policy_folder
+from ludic.run.models import load_policy
+from ludic.run.phases import (
+    pad_id,
+    phase_checkpoint_config,
+    phase_loggers,
+    run_rl,
+    run_summary,
+    warm_start,
+)
 from ludic.run.plot import plot_reward_curve
 from ludic.run.preflight import check_config
 from ludic.run.progress import print_summary
 from ludic.run.run_dir import RunDirectory
 from ludic.run.run_loggers import run_loggers
+from ludic.run.servers import inference_backend
 from ludic.run.signals import terminate_as_interrupt
 from ludic.run.steps import checkpoint_on_failure
 from ludic.training import Trainer
@@ -100,7 +95,7 @@ def _learn(config: RunConfig, run_dir: str | Path | None) -> Path:
         stack.enter_context(run_loggers(config, run))
         url = own_redis = configured_redis_url(config)
         if url is None:
-            from ludic.training.batching.redis_server import start_redis_server
+            from ludic.pipeline.redis_server import start_redis_server
 
             server = start_redis_server(run.path / "redis", die_with_parent=True)
             stack.callback(server.stop)
@@ -148,7 +143,7 @@ def _reinforce_from_queue(
     queue: Any,
     console: Console,
 ) -> None:
-    from ludic.training.batching.pipeline import PipelineBatchSource
+    from ludic.pipeline.batch_source import PipelineBatchSource
 
     # reward_rl scores completions in a rollout hook, on the actors; the learner only needs
     # the loss, so it gets no reward model.
@@ -222,7 +217,7 @@ def _publisher(config: RunConfig, client: Any, queue: Any) -> Any:
     (for its evaluations)."""
     if config.inference.backend == "vllm":
         return ClientPolicyPublisher(client)
-    from ludic.training.batching.redis_weights import RedisWeightPublisher
+    from ludic.pipeline.redis_weights import RedisWeightPublisher
 
     return _FanOutPublisher([RedisWeightPublisher(queue), ClientPolicyPublisher(client)])
 

@@ -29,7 +29,7 @@ from urllib.parse import quote
 
 from ludic.distributed.weight_transfer.groups import free_port
 from ludic.inference.vllm.process import die_with_parent_preexec
-from ludic.training.batching.redis_keys import redis  # the guarded import of the client
+from ludic.pipeline.redis_keys import redis  # the guarded import of the client
 
 __all__ = ["RedisServer", "start_redis_server"]
 

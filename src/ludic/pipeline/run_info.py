@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from ludic.jsonl import write_atomic
+from ludic.pipeline.redis_urls import redacted
 from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
-from ludic.run.job import RESUMABLE_CHANGES
+from ludic.run.rl_job import RESUMABLE_CHANGES
 from ludic.run.run_dir import RunDirectory, _flat_diff
-from ludic.training.batching.redis_urls import redacted
 
 PIPELINE_INFO = "pipeline.json"
 REDIS_URL_ENV = "LUDIC_REDIS_URL"
@@ -58,7 +58,7 @@ PIPELINE_RESUMABLE = frozenset(
     }
 )
 """Config fields a pipeline run may change on resume (and in which an actor's config may
-differ from the run's): ``job.RESUMABLE_CHANGES`` plus the pipeline's plumbing and where
+differ from the run's): ``rl_job.RESUMABLE_CHANGES`` plus the pipeline's plumbing and where
 its servers run. Not
 ``pipeline.prefix``: the queue lives under it."""
 
@@ -93,7 +93,7 @@ def configured_redis_url(config: RunConfig) -> str | None:
 def make_queue(config: RunConfig, url: str, prefix: str) -> Any:
     """A ``RedisBatchQueue`` with the run's settings (imported here: it needs ``redis``)."""
     try:
-        from ludic.training.batching.redis_queue import RedisBatchQueue
+        from ludic.pipeline.redis_queue import RedisBatchQueue
     except ImportError as err:
         raise RunError(f"trainer.mode=pipeline: {err}") from None
     p = config.pipeline

@@ -38,9 +38,9 @@ from typing import IO
 from rich.console import Console
 
 from ludic.inference.vllm.process import die_with_parent_preexec
+from ludic.pipeline.run_info import PIPELINE_RESUMABLE, make_queue, pipeline_prefix
 from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
-from ludic.run.pipeline import PIPELINE_RESUMABLE, make_queue, pipeline_prefix
 from ludic.run.run_dir import RunDirectory, open_run
 
 __all__ = ["PipelineProcessError", "launch_pipeline"]
@@ -53,14 +53,14 @@ class PipelineProcessError(RuntimeError):
 def launch_pipeline(config: RunConfig, *, resume: str | Path | None = None) -> Path:
     """Run a pipeline run's Redis, learner and ``pipeline.num_actors`` actors until the
     learner is done; returns the run directory. Call inside ``terminate_as_interrupt``
-    (``job.train`` does), so SIGTERM stops every child as Ctrl-C does."""
+    (``ludic.jobs.train`` does), so SIGTERM stops every child as Ctrl-C does."""
     console = Console()
     run, config, logs = open_run_with_logs(config, resume, console)
     p = config.pipeline
     with contextlib.ExitStack() as stack:
         url = p.redis_url
         if url is None:
-            from ludic.training.batching.redis_server import start_redis_server
+            from ludic.pipeline.redis_server import start_redis_server
 
             server = start_redis_server(run.path / "redis", die_with_parent=True)
             stack.callback(server.stop)

@@ -21,7 +21,7 @@ Reads top to bottom:
    * the rollout actors' group (``launch.strategy``): ``pipeline.num_actors`` ``ludic actor``
      processes, each with a stable ``--actor-id`` and the reward server's address.
 
-   Each process runs inside a Ray actor (:class:`ludic.run.ray_processes.PlacedProcess`)
+   Each process runs inside a Ray actor (:class:`ludic.pipeline.ray_processes.PlacedProcess`)
    and ends with it; its output comes back here, prefixed ``[NAME]``, and into
    RUN_DIR/logs/NAME.log.
 5. Wait for the learner. When it is done, actors (which see the end of the run in Redis)
@@ -51,25 +51,25 @@ from typing import Any
 from rich.console import Console
 
 from ludic.inference.vllm.security import API_KEY_ENV
-from ludic.run.config import PlacementConfig, RunConfig
-from ludic.run.errors import RunError
-from ludic.run.loading import dump_config
-from ludic.run.pipeline import (
-    REDIS_URL_ENV,
-    configured_redis_url,
-    make_queue,
-    pipeline_prefix,
-    require_pipeline_mode,
-)
-from ludic.run.pipeline_launch import (
+from ludic.pipeline.launch import (
     PipelineProcessError,
     child_env,
     error_line,
     open_run_with_logs,
     process_failure,
 )
+from ludic.pipeline.ray_processes import PlacedProcess, ProcessSpec
+from ludic.pipeline.run_info import (
+    REDIS_URL_ENV,
+    configured_redis_url,
+    make_queue,
+    pipeline_prefix,
+    require_pipeline_mode,
+)
+from ludic.run.config import PlacementConfig, RunConfig
+from ludic.run.errors import RunError
+from ludic.run.loading import dump_config
 from ludic.run.preflight import check_config
-from ludic.run.ray_processes import PlacedProcess, ProcessSpec
 from ludic.run.signals import terminate_as_interrupt
 
 __all__ = ["launch_on_ray"]
@@ -262,7 +262,7 @@ def _local_gpus() -> int:
 
 
 def _start_redis(data_dir: Path, host: str, stack: contextlib.ExitStack, console: Console) -> str:
-    from ludic.training.batching.redis_server import start_redis_server
+    from ludic.pipeline.redis_server import start_redis_server
 
     server = start_redis_server(
         data_dir, host=host, password=secrets.token_urlsafe(24), die_with_parent=True

