@@ -30,6 +30,8 @@ class WeightedNLL:
 
     requires_old_logprobs: bool = False
     requires_ref_logprobs: bool = False
+    requires_proximal_logprobs: bool = False
+    requires_entropy: bool = False
 
     def __call__(self, inputs: LossInputs) -> LossOutput:
         per_token = -inputs.weights[:, None] * inputs.logprobs * inputs.action_mask
@@ -374,8 +376,73 @@ def test_train_sync_inside_an_event_loop_points_to_await_train(tiny_model) -> No
 
 
 def test_algorithm_without_a_loss_is_rejected(tiny_model) -> None:
-    with pytest.raises(TypeError, match="RLAlgorithm"):
+    with pytest.raises(TypeError, match="TrainingAlgorithm.*RLAlgorithm"):
         Trainer(tiny_model, object(), ListSource(), _config())
+
+
+@dataclass
+class LegacyLoss:
+    """A loss written before requires_proximal_logprobs and requires_entropy existed."""
+
+    requires_old_logprobs: bool = False
+    requires_ref_logprobs: bool = False
+
+    def __call__(self, inputs: LossInputs) -> LossOutput:
+        return WeightedNLL()(inputs)
+
+
+def test_a_loss_missing_a_flag_is_rejected_at_construction_naming_it(tiny_model) -> None:
+    with pytest.raises(
+        TypeError, match=r"lacks \['requires_proximal_logprobs', 'requires_entropy'\]"
+    ):
+        Trainer(tiny_model, _algorithm(LegacyLoss()), ListSource(), _config())
+
+
+class HalfConcurrentSource(ListSource):
+    """Hears policy versions but declares neither max_staleness nor aclose."""
+
+    def on_policy_version(self, version: int) -> None:
+        pass
+
+
+class UncallableAckSource(ListSource):
+    mark_trained = "yes"
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        (object(), "has no async next_batch"),
+        (HalfConcurrentSource(), r"has on_policy_version but lacks \['max_staleness', 'aclose'\]"),
+        (UncallableAckSource(), r"has mark_trained but has non-callable \['mark_trained'\]"),
+    ],
+)
+def test_a_batch_source_with_a_half_declared_capability_is_rejected(
+    tiny_model, source, message
+) -> None:
+    with pytest.raises(TypeError, match=message):
+        Trainer(tiny_model, _algorithm(), source, _config())
+
+
+class AcknowledgingSource(ListSource):
+    max_staleness = 0  # StalenessBoundedSource: only the current version is trained on
+
+    def __init__(self, *batches: SAWBatch) -> None:
+        super().__init__(*batches)
+        self.acknowledged: list[SAWBatch] = []
+
+    def mark_trained(self, batch: SAWBatch) -> None:
+        self.acknowledged.append(batch)
+
+
+def test_capabilities_are_used_through_their_protocols(tiny_model) -> None:
+    fresh, stale = _items(2, seed=1), _items(2, seed=2, policy_version=-1)
+    source = AcknowledgingSource(SAWBatch(fresh + stale, {"n": 1}))
+    trainer = Trainer(tiny_model, _algorithm(), source, _config())
+    assert trainer.max_staleness == 0  # from the source: TrainerConfig.max_lag is None
+    (metrics,) = trainer.train_sync(1)
+    assert metrics["dropped/stale"] == 2 and metrics["num_items"] == 2
+    assert [b.meta for b in source.acknowledged] == [{"n": 1}]  # after the step, once
 
 
 def test_preprocess_sees_only_items_that_survive_the_filter(tiny_model) -> None:

@@ -73,7 +73,6 @@ def test_train_async_closes_its_source(tiny_tokenizer) -> None:
 class StaleThenFresh:
     """An async-style source whose first batch is entirely stale."""
 
-    is_concurrent = True
     max_staleness = 1
 
     def __init__(self) -> None:

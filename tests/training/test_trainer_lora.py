@@ -23,6 +23,8 @@ peft = pytest.importorskip("peft")
 class TokenMeanNLL:
     requires_old_logprobs: bool = False
     requires_ref_logprobs: bool = False
+    requires_proximal_logprobs: bool = False
+    requires_entropy: bool = False
 
     def __call__(self, inputs: LossInputs) -> LossOutput:
         loss = -(inputs.logprobs * inputs.action_mask).sum() / inputs.num_action_tokens

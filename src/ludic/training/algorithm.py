@@ -32,6 +32,7 @@ from ludic.training.losses import (
     TokenAggregation,
     TokenClippedSurrogateLoss,
 )
+from ludic.training.losses.base import check_loss
 from ludic.training.losses.decoupled import BehaviourWeightMode
 from ludic.training.reward_credit import (
     CombineMode,
@@ -65,11 +66,7 @@ class RLAlgorithm:
                 f"RLAlgorithm({self.name!r}): credit_assigner={self.credit_assigner!r} has no "
                 "compute(rollouts) -> list[list[float]]"
             )
-        if not isinstance(self.loss, Loss):
-            raise TypeError(
-                f"RLAlgorithm({self.name!r}): loss={self.loss!r} is not a Loss; it needs "
-                "requires_old_logprobs, requires_ref_logprobs and __call__(LossInputs)"
-            )
+        check_loss(self.loss, f"RLAlgorithm({self.name!r})")
         if self.preprocess is not None and not callable(self.preprocess):
             raise TypeError(
                 f"RLAlgorithm({self.name!r}): preprocess={self.preprocess!r} is not callable"

@@ -68,7 +68,7 @@ from ludic.training.filters import SampleFilter
 from ludic.training.flat_parameters import flatten_parameters
 from ludic.training.loggers import TrainingLogger
 from ludic.training.logprobs import token_logprobs  # noqa: F401 (re-exported)
-from ludic.training.losses.base import LossInputs
+from ludic.training.losses.base import LossInputs, check_loss
 from ludic.training.packing import split_packed_microbatches
 from ludic.training.token_scores import (
     CausalLMParts,
@@ -76,7 +76,18 @@ from ludic.training.token_scores import (
     score_tokens,
     split_causal_lm,
 )
-from ludic.training.types import BatchSource, DataExhausted, EmptyBatchError, SAWBatch, SAWItem
+from ludic.training.types import (
+    AcknowledgingBatchSource,
+    BatchSource,
+    ConcurrentBatchSource,
+    DataExhausted,
+    EmptyBatchError,
+    SAWBatch,
+    SAWItem,
+    StalenessBoundedSource,
+    TrainingAlgorithm,
+    check_batch_source,
+)
 from ludic.training.varlen_attention import use_varlen_sdpa
 
 
@@ -132,7 +143,7 @@ class Trainer(HasTrainingCore):
     def __init__(
         self,
         model: torch.nn.Module,
-        algorithm: Any,
+        algorithm: TrainingAlgorithm,
         batch_source: BatchSource,
         config: TrainerConfig,
         *,
@@ -144,11 +155,8 @@ class Trainer(HasTrainingCore):
         metric_reducers: Sequence[Reducer] = (),
         ranks: TrainerRanks | None = None,
     ) -> None:
-        if not callable(getattr(algorithm, "loss", None)):
-            raise TypeError(
-                f"Trainer(algorithm=) needs an object with a callable .loss, got "
-                f"{type(algorithm).__name__}; pass an RLAlgorithm (e.g. make_grpo())"
-            )
+        _check_algorithm(algorithm)
+        check_batch_source(batch_source)
         self.config = config
         self.device = torch.device(config.device)
         _seed_everything(config.seed)
@@ -190,13 +198,13 @@ class Trainer(HasTrainingCore):
             # Rank 0 decides: whether weights are published, and the batch source's kind.
             self.publisher = publisher if self.ranks.is_main else None
             self._publishes = broadcast_flag(publisher is not None, self.ranks)
-            concurrent = bool(getattr(batch_source, "is_concurrent", False))
+            concurrent = isinstance(batch_source, ConcurrentBatchSource)
             self._concurrent = broadcast_flag(concurrent, self.ranks)
             if not self.ranks.is_main:
                 loggers = ()  # rank 0 logs the step (its metrics are summed over ranks)
         else:
             self._publishes = publisher is not None
-            self._concurrent = bool(getattr(batch_source, "is_concurrent", False))
+            self._concurrent = isinstance(batch_source, ConcurrentBatchSource)
         self.core = TrainingCore(
             self.model,
             config,
@@ -255,10 +263,9 @@ class Trainer(HasTrainingCore):
         self.logger.log(self.step, metrics)
         # After the log: a checkpoint never gets ahead of its step's metrics line.
         self.core.maybe_checkpoint(self._checkpoint_extra)
-        mark_trained = getattr(self.batch_source, "mark_trained", None)
-        if mark_trained is not None:  # e.g. a Redis learner acknowledges the batches
+        if isinstance(self.batch_source, AcknowledgingBatchSource):  # a Redis learner's acks
             for raw in raw_batches:
-                mark_trained(raw)
+                self.batch_source.mark_trained(raw)
         return metrics
 
     async def train(self, num_steps: int) -> list[dict[str, float]]:
@@ -278,7 +285,7 @@ class Trainer(HasTrainingCore):
         The batch source must be asynchronous, e.g.
         ``AsyncBatchSource(RolloutBatchSource(...), max_staleness=2)``; it is closed (its
         generation cancelled) when training ends, however it ends."""
-        if not getattr(self.batch_source, "is_concurrent", False):
+        if not isinstance(self.batch_source, ConcurrentBatchSource):
             raise TypeError(
                 f"Trainer.train_async needs an asynchronous batch source, got "
                 f"{type(self.batch_source).__name__}; wrap it: AsyncBatchSource(source, "
@@ -287,7 +294,7 @@ class Trainer(HasTrainingCore):
         try:
             return await self.train(num_steps)
         finally:
-            await self.batch_source.aclose()  # type: ignore[attr-defined]
+            await self.batch_source.aclose()
 
     def train_async_sync(self, num_steps: int) -> list[dict[str, float]]:
         """:meth:`train_async` for scripts without an event loop."""
@@ -330,9 +337,8 @@ class Trainer(HasTrainingCore):
             fresh = self._select_items(raw, dropped)
             if fresh:
                 batch = SAWBatch(items=fresh, meta=raw.meta)
-                preprocess = getattr(self.algorithm, "preprocess", None)
-                if preprocess is not None:  # a batch baseline over exactly the kept items
-                    batch = preprocess(batch)
+                if self.algorithm.preprocess is not None:  # a baseline over the kept items
+                    batch = self.algorithm.preprocess(batch)
                 self._check_loss_inputs(batch.items)
                 return batch, raw_batches, {**dropped, **self._staleness(batch.items)}
         received = sum(len(b.items) for b in raw_batches)
@@ -361,7 +367,11 @@ class Trainer(HasTrainingCore):
         """The oldest token version trained on is ``step - max_staleness``: the smaller of
         ``TrainerConfig.max_lag`` and the batch source's ``max_staleness`` (``None``: no
         bound)."""
-        bounds = [self.config.max_lag, getattr(self.batch_source, "max_staleness", None)]
+        source = self.batch_source
+        bounds = [
+            self.config.max_lag,
+            source.max_staleness if isinstance(source, StalenessBoundedSource) else None,
+        ]
         known = [b for b in bounds if b is not None]
         return min(known) if known else None
 
@@ -382,7 +392,7 @@ class Trainer(HasTrainingCore):
         }
 
     def _check_loss_inputs(self, items: Sequence[SAWItem]) -> None:
-        if not getattr(self.loss, "requires_old_logprobs", False):
+        if not self.loss.requires_old_logprobs:
             return
         missing = [item for item in items if item.old_logprobs is None]
         if missing:
@@ -495,7 +505,7 @@ class Trainer(HasTrainingCore):
         truncated importance sampling) when the step makes several updates (with one, the
         update's own forward gives them); keyed by ``id(item)``. With ``ranks``, for this
         rank's share of ``items`` only (``shares``), padded to the busiest rank's forwards."""
-        if not getattr(self.loss, "requires_proximal_logprobs", False):
+        if not self.loss.requires_proximal_logprobs:
             return None
         self.model.train()  # the mode of the gradient forward (dropout alike)
         shares = shares or self._shares(items)
@@ -509,7 +519,7 @@ class Trainer(HasTrainingCore):
     def _reference_logprobs(self, items: Sequence[SAWItem]) -> dict[int, torch.Tensor] | None:
         """The reference model's next-token logprobs [T-1] per item (no grad, on
         ``reference_device``), once per step for every update; keyed by ``id(item)``."""
-        if self.reference_model is None or not getattr(self.loss, "requires_ref_logprobs", False):
+        if self.reference_model is None or not self.loss.requires_ref_logprobs:
             return None
         device = torch.device(self.config.reference_device or self.config.device)
         return self._logprobs_without_grad(
@@ -614,12 +624,12 @@ class Trainer(HasTrainingCore):
         pi_prox (``proximal``, laid out as ``logprobs``), the reference's logprobs and the
         entropy."""
         extra: dict[str, Any] = {}
-        if getattr(self.loss, "requires_proximal_logprobs", False):
+        if self.loss.requires_proximal_logprobs:
             # One update per step: the weights at its start are the ones of this forward.
             extra["proximal_logprobs"] = logprobs.detach() if proximal is None else proximal
-        if reference is not None and getattr(self.loss, "requires_ref_logprobs", False):
+        if reference is not None and self.loss.requires_ref_logprobs:
             extra["ref_logprobs"] = reference
-        if getattr(self.loss, "requires_entropy", False):
+        if self.loss.requires_entropy:
             extra["entropy"] = entropy
         return LossInputs(
             logprobs=logprobs,
@@ -675,17 +685,16 @@ class Trainer(HasTrainingCore):
     def _announce_version(self) -> None:
         """Tell the batch source (``on_policy_version``) the newest version the inference
         side serves: the last published one (the step itself without a publisher)."""
-        announce = getattr(self.batch_source, "on_policy_version", None)
-        if announce is not None:
+        if isinstance(self.batch_source, ConcurrentBatchSource):
             version = self.step if not self._publishes else self._published_version
-            announce(version)
+            self.batch_source.on_policy_version(version)
 
     def save_checkpoint(self) -> Path:
         return self.core.save_checkpoint(self._checkpoint_extra())
 
     def _checkpoint_extra(self) -> dict[str, Any]:
         return {
-            "algorithm": getattr(self.algorithm, "name", type(self.algorithm).__name__),
+            "algorithm": self.algorithm.name,
             "config": dataclasses.asdict(self.config),
         }
 
@@ -730,7 +739,7 @@ class Trainer(HasTrainingCore):
 
     def _prepare_reference(self, model: torch.nn.Module | None) -> torch.nn.Module | None:
         if model is None:
-            if getattr(self.loss, "requires_ref_logprobs", False):
+            if self.loss.requires_ref_logprobs:
                 raise ValueError(
                     f"{type(self.loss).__name__} requires ref_logprobs; pass "
                     "Trainer(reference_model=...) (a frozen copy of the initial policy)"
@@ -800,3 +809,18 @@ def _enable_gradient_checkpointing(model: torch.nn.Module) -> None:
             "gradient_checkpointing_enable() (a Hugging Face model has); set it to False"
         )
     enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def _check_algorithm(algorithm: object) -> None:
+    """``algorithm`` is a :class:`TrainingAlgorithm` with a whole :class:`Loss`."""
+    if not isinstance(algorithm, TrainingAlgorithm):
+        raise TypeError(
+            f"Trainer(algorithm=) needs name, loss and preprocess (a TrainingAlgorithm), got "
+            f"{type(algorithm).__name__}; pass an RLAlgorithm (e.g. make_grpo())"
+        )
+    check_loss(algorithm.loss, "Trainer")
+    if algorithm.preprocess is not None and not callable(algorithm.preprocess):
+        raise TypeError(
+            f"Trainer: algorithm {algorithm.name!r} has preprocess={algorithm.preprocess!r}, "
+            "which is not callable; pass a function SAWBatch -> SAWBatch or None"
+        )

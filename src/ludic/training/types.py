@@ -1,4 +1,5 @@
-"""Training-side pure data and contracts: SAW items, batch sources, credit assigners.
+"""Training-side pure data and contracts: SAW items, batch sources (and their optional
+capabilities), credit assigners, and the algorithm the Trainer trains with.
 
 Rollout requests and rollout hooks live in :mod:`ludic.rollouts` (re-exported here).
 
@@ -11,14 +12,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ludic.rollouts.hooks import RolloutHook
 from ludic.rollouts.requests import DataExhausted, EnvSpec, ProtocolSpec, RolloutRequest
 from ludic.types import Rollout
 
+if TYPE_CHECKING:
+    from ludic.training.losses.base import Loss
+
 __all__ = [
+    "AcknowledgingBatchSource",
     "BatchSource",
+    "ConcurrentBatchSource",
     "CreditAssigner",
     "DataExhausted",
     "EmptyBatchError",
@@ -28,6 +34,9 @@ __all__ = [
     "RolloutRequest",
     "SAWBatch",
     "SAWItem",
+    "StalenessBoundedSource",
+    "TrainingAlgorithm",
+    "check_batch_source",
 ]
 
 
@@ -147,9 +156,81 @@ class EmptyBatchError(RuntimeError):
 @runtime_checkable
 class BatchSource(Protocol):
     """What the Trainer pulls from. Must not block forever: raise :class:`DataExhausted`
-    when the data runs out, or an error on timeout."""
+    when the data runs out, or an error on timeout.
+
+    Optional capabilities are Protocols of their own, which the Trainer checks when it is
+    built (:func:`check_batch_source`): :class:`StalenessBoundedSource`,
+    :class:`ConcurrentBatchSource` and :class:`AcknowledgingBatchSource`."""
 
     async def next_batch(self) -> SAWBatch: ...
+
+
+@runtime_checkable
+class StalenessBoundedSource(BatchSource, Protocol):
+    """A source whose items may come from older policy versions, at most
+    ``max_staleness`` versions behind the trainer's (``None``: no bound). The Trainer drops
+    an item whose oldest token version is older than ``step - min(max_staleness,
+    TrainerConfig.max_lag)`` (``PipelineBatchSource``)."""
+
+    max_staleness: int | None
+
+
+@runtime_checkable
+class ConcurrentBatchSource(StalenessBoundedSource, Protocol):
+    """A source that generates while the trainer trains (asynchronous RL,
+    ``AsyncBatchSource``): the Trainer tells it each policy version the inference side
+    serves (``on_policy_version``, after every publish) and closes it when
+    ``Trainer.train_async`` ends (``aclose``)."""
+
+    def on_policy_version(self, version: int) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class AcknowledgingBatchSource(BatchSource, Protocol):
+    """A source that hears when each batch it handed out has been trained on: the Trainer
+    calls ``mark_trained(batch)`` after the batch's optimizer step (and its metrics and
+    checkpoint), never before (``PipelineBatchSource``: until then the batch stays in the
+    learner's processing list, and a crash puts it back in the queue)."""
+
+    def mark_trained(self, batch: SAWBatch) -> None: ...
+
+
+# capability -> (the member that says a source means to have it, every member it needs)
+_CAPABILITIES: tuple[tuple[type, str, tuple[str, ...]], ...] = (
+    (ConcurrentBatchSource, "on_policy_version", ("max_staleness", "on_policy_version", "aclose")),
+    (AcknowledgingBatchSource, "mark_trained", ("mark_trained",)),
+)
+
+
+def check_batch_source(source: object, owner: str = "Trainer") -> None:
+    """Raise ``TypeError`` unless ``source`` is a :class:`BatchSource` whose optional
+    capabilities are whole: a source with ``on_policy_version`` is a
+    :class:`ConcurrentBatchSource` (``max_staleness`` and ``aclose`` too), and the methods
+    of each capability are callable. A half-declared capability would otherwise be passed
+    over without a word."""
+    name = type(source).__name__
+    if not isinstance(source, BatchSource):
+        raise TypeError(
+            f"{owner}: batch_source={name} has no async next_batch() -> SAWBatch; pass a "
+            "BatchSource (e.g. RolloutBatchSource, AsyncBatchSource, OfflineBatchSource)"
+        )
+    for capability, marker, members in _CAPABILITIES:
+        if not hasattr(source, marker):
+            continue
+        missing = [m for m in members if not hasattr(source, m)]
+        uncallable = [
+            m
+            for m in members
+            if m != "max_staleness" and m not in missing and not callable(getattr(source, m))
+        ]
+        if missing or uncallable:
+            problem = f"lacks {missing}" if missing else f"has non-callable {uncallable}"
+            raise TypeError(
+                f"{owner}: batch_source={name} has {marker} but {problem}; a "
+                f"{capability.__name__} declares all of {list(members)}"
+            )
 
 
 @runtime_checkable
@@ -160,3 +241,14 @@ class CreditAssigner(Protocol):
     """
 
     def compute(self, rollouts: Sequence[Rollout]) -> list[list[float]]: ...
+
+
+@runtime_checkable
+class TrainingAlgorithm(Protocol):
+    """What the Trainer reads from an algorithm (``RLAlgorithm`` is one): its ``name``
+    (logged, checkpointed), its ``loss`` and an optional ``preprocess`` that rewrites each
+    optimizer step's batch before the loss (``None``: none)."""
+
+    name: str
+    loss: Loss
+    preprocess: Any

@@ -49,10 +49,6 @@ class AsyncBatchSource:
     :meth:`next_batch` when the wrapped source exposes ``last_rollouts``.
     """
 
-    is_concurrent = True
-    """Tells the Trainer to run its optimizer step off the event loop, so generation
-    (which lives on the loop) goes on while it trains."""
-
     def __init__(
         self,
         source: BatchSource,

@@ -67,19 +67,24 @@ class LossOutput:
 
 @runtime_checkable
 class Loss(Protocol):
-    """``requires_old_logprobs`` / ``requires_ref_logprobs`` let the trainer fail before
-    the first forward pass when the data lacks what the loss reads.
+    """A policy loss and what it reads beyond ``logprobs``, ``action_mask`` and
+    ``weights``; the Trainer fills each input a flag asks for, and fails before the first
+    forward pass when the data cannot:
 
-    Optional: ``requires_proximal_logprobs`` (a bool, False when absent; the trainer reads
-    ``getattr(loss, "requires_proximal_logprobs", False)``). When true, the trainer fills
-    ``LossInputs.proximal_logprobs`` with the logprobs of the weights at the start of the
-    optimizer step (``DecoupledClippedSurrogateLoss``). Likewise ``requires_entropy``: the
-    trainer fills ``LossInputs.entropy`` (with gradient). Neither is a Protocol member, so
-    a loss written before them still satisfies the contract.
+    * ``requires_old_logprobs``: the behaviour policy's logprobs (``old_logprobs``), from
+      the items' sampled logprobs;
+    * ``requires_ref_logprobs``: a frozen reference model's (``ref_logprobs``;
+      ``Trainer(reference_model=...)``);
+    * ``requires_proximal_logprobs``: the logprobs of the weights at the start of the
+      optimizer step (``proximal_logprobs``; ``DecoupledClippedSurrogateLoss``);
+    * ``requires_entropy``: the next-token entropy, with gradient (``entropy``;
+      ``EntropyBonus``).
     """
 
     requires_old_logprobs: bool
     requires_ref_logprobs: bool
+    requires_proximal_logprobs: bool
+    requires_entropy: bool
 
     def __call__(self, inputs: LossInputs) -> LossOutput: ...
 
@@ -261,4 +266,30 @@ def check_dual_clip_c(owner: str, dual_clip_c: float | None) -> None:
         raise ValueError(
             f"{owner}: dual_clip_c={dual_clip_c!r}; expected a finite value > 1 (the dual-clip "
             "bound on -A * ratio for negative advantages, verl uses 3.0) or None"
+        )
+
+
+LOSS_FLAGS = (
+    "requires_old_logprobs",
+    "requires_ref_logprobs",
+    "requires_proximal_logprobs",
+    "requires_entropy",
+)
+"""The flags every :class:`Loss` declares (each a bool)."""
+
+
+def missing_loss_members(loss: object) -> list[str]:
+    """The :class:`Loss` members ``loss`` lacks: flags absent or not bools, ``__call__``."""
+    missing = [flag for flag in LOSS_FLAGS if not isinstance(getattr(loss, flag, None), bool)]
+    return missing + ([] if callable(loss) else ["__call__"])
+
+
+def check_loss(loss: object, owner: str) -> None:
+    """Raise ``TypeError`` naming what ``loss`` lacks to be a :class:`Loss`."""
+    missing = missing_loss_members(loss)
+    if missing:
+        raise TypeError(
+            f"{owner}: loss={type(loss).__name__} is not a Loss: it lacks {missing}. A loss "
+            f"declares {list(LOSS_FLAGS)} (bools: which inputs beyond logprobs, action_mask "
+            "and weights it reads) and __call__(inputs: LossInputs) -> LossOutput"
         )

@@ -127,6 +127,7 @@ class TokenClippedSurrogateLoss:
     requires_old_logprobs: ClassVar[bool] = True
     requires_ref_logprobs: ClassVar[bool] = False
     requires_proximal_logprobs: ClassVar[bool] = False
+    requires_entropy: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         name = type(self).__name__
@@ -174,6 +175,7 @@ class ClippedSurrogateLoss:
     requires_old_logprobs: ClassVar[bool] = True
     requires_ref_logprobs: ClassVar[bool] = False
     requires_proximal_logprobs: ClassVar[bool] = False
+    requires_entropy: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         check_clip_eps(
@@ -223,6 +225,7 @@ class GMPOLoss:
     requires_old_logprobs: ClassVar[bool] = True
     requires_ref_logprobs: ClassVar[bool] = False
     requires_proximal_logprobs: ClassVar[bool] = False
+    requires_entropy: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         check_clip_eps("GMPOLoss", clip_eps_low=self.clip_eps_low, clip_eps_high=self.clip_eps_high)

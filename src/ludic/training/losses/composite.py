@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ludic.training.losses.base import Loss, LossInputs, LossOutput
+from ludic.training.losses.base import Loss, LossInputs, LossOutput, missing_loss_members
 
 CompositeTerm = tuple[float, Loss] | tuple[str, float, Loss]
 
@@ -57,9 +57,9 @@ class CompositeLoss:
                 )
             if not isinstance(loss, Loss):
                 raise TypeError(
-                    f"CompositeLoss: term {k} ({loss!r}) is not a Loss; it needs attributes "
-                    "requires_old_logprobs, requires_ref_logprobs and "
-                    "__call__(inputs: LossInputs) -> LossOutput"
+                    f"CompositeLoss: term {k} ({loss!r}) is not a Loss; it needs "
+                    f"{missing_loss_members(loss)} and __call__(inputs: LossInputs) -> "
+                    "LossOutput"
                 )
             if isinstance(weight, bool) or not isinstance(weight, int | float):
                 raise TypeError(f"CompositeLoss: term {k} weight={weight!r}; expected a float")
@@ -83,11 +83,11 @@ class CompositeLoss:
 
     @property
     def requires_proximal_logprobs(self) -> bool:
-        return any(getattr(loss, "requires_proximal_logprobs", False) for _, _, loss in self.terms)
+        return any(loss.requires_proximal_logprobs for _, _, loss in self.terms)
 
     @property
     def requires_entropy(self) -> bool:
-        return any(getattr(loss, "requires_entropy", False) for _, _, loss in self.terms)
+        return any(loss.requires_entropy for _, _, loss in self.terms)
 
     def __call__(self, inputs: LossInputs) -> LossOutput:
         total: torch.Tensor | None = None

@@ -81,6 +81,7 @@ class DecoupledClippedSurrogateLoss:
     requires_old_logprobs: ClassVar[bool] = True
     requires_ref_logprobs: ClassVar[bool] = False
     requires_proximal_logprobs: ClassVar[bool] = True
+    requires_entropy: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         name = type(self).__name__

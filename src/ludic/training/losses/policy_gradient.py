@@ -44,6 +44,7 @@ class ReinforceLoss:
     requires_old_logprobs: ClassVar[bool] = False
     requires_ref_logprobs: ClassVar[bool] = False
     requires_proximal_logprobs: ClassVar[bool] = False
+    requires_entropy: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         mode = check_aggregation("ReinforceLoss", self.aggregation, self.constant_normalizer)
@@ -88,6 +89,7 @@ class CISPOLoss:
     requires_old_logprobs: ClassVar[bool] = True
     requires_ref_logprobs: ClassVar[bool] = False
     requires_proximal_logprobs: ClassVar[bool] = False
+    requires_entropy: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         check_clip_eps(

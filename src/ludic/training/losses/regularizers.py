@@ -77,6 +77,7 @@ class KLPenalty:
     log_ratio_clamp: float = LOG_RATIO_CLAMP
 
     requires_proximal_logprobs: ClassVar[bool] = False
+    requires_entropy: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if not (self.beta >= 0 and self.beta < float("inf")):

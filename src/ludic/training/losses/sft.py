@@ -32,6 +32,7 @@ class MaskedCausalLMCrossEntropyLoss:
     requires_old_logprobs: ClassVar[bool] = False
     requires_ref_logprobs: ClassVar[bool] = False
     requires_proximal_logprobs: ClassVar[bool] = False
+    requires_entropy: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         mode = check_aggregation(
