@@ -53,11 +53,11 @@ from ludic.training import (
     make_sft,
     write_rollouts_jsonl,
 )
+from ludic.training.reward_model.config import PreferenceTrainerConfig
 from ludic.training.reward_model.preferences import split_preferences
 from ludic.training.reward_model.trainer import (
     LoraSettings,
     PreferenceTrainer,
-    PreferenceTrainerConfig,
     prepare_reward_model,
     reward_scores,
 )

@@ -53,7 +53,7 @@ def _train(tmp_path: Path, *overrides: str, config: Path | None = None) -> int:
             ["trainer.lr_schedule=cosine", "trainer.warmup_steps=5", "trainer.steps=5"],
             ["trainer", "warmup_steps=5", "steps=5"],
         ),
-        (["trainer.max_lag=0", "trainer.publish_every=3"], ["trainer", "max_lag=0"]),
+        (["trainer.max_staleness=0", "trainer.publish_every=3"], ["trainer", "max_staleness=0"]),
         (["model.device=banana"], ["model.device", "banana", "cpu"]),
         (["env.kwargs.foo=1"], ["env.kwargs", "'arithmetic'", "foo", "problem_seed"]),
         (["model.path=/nonexistent/model"], ["model.path", "/nonexistent/model"]),

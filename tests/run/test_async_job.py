@@ -9,7 +9,7 @@ import pytest
 from tests.run.test_job import _config, _records
 
 from ludic import jobs
-from ludic.run.builders import RunError
+from ludic.run.builders import rl_trainer_config
 from ludic.run.loading import ConfigError
 
 
@@ -37,22 +37,37 @@ def test_async_with_zero_staleness_is_the_sync_run(tmp_path: Path) -> None:
     assert [r["loss"] for r in on_policy] == pytest.approx([r["loss"] for r in sync], abs=1e-5)
 
 
-def test_max_staleness_without_async_mode_names_both_fields(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"max_staleness=1 is for mode: async"):
-        _config(tmp_path, "trainer.max_staleness=1")
+def test_max_staleness_bounds_the_trainer_in_sync_mode_too(tmp_path: Path) -> None:
+    config = _config(tmp_path, "trainer.max_staleness=1")
+    assert rl_trainer_config(config, pad_token_id=0).max_staleness == 1
+
+
+@pytest.mark.parametrize(
+    ("override", "names"),
+    [
+        ("trainer.max_lag=1", "max_lag was removed; use trainer.max_staleness"),
+        ("trainer.version_span=correct", "version_span was removed; trainer.max_version_span"),
+    ],
+)
+def test_old_staleness_names_are_refused_naming_the_new_ones(
+    tmp_path: Path, override: str, names: str
+) -> None:
+    with pytest.raises(ConfigError, match=names):
+        _config(tmp_path, override)
+
+
+def test_a_config_saved_with_the_old_names_off_still_loads(tmp_path: Path) -> None:
+    config = _config(tmp_path, "trainer.max_lag=null", "trainer.version_span=drop")
+    assert config.trainer.max_staleness is None and config.trainer.max_version_span is None
 
 
 def test_staleness_below_the_publish_interval_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"max_staleness=0 < publish_every - 1 = 1"):
+    with pytest.raises(
+        ConfigError, match=r"max_staleness=0 is invalid; expected >= publish_every - 1 = 1"
+    ):
         _config(
             tmp_path, "trainer.mode=async", "trainer.max_staleness=0", "trainer.publish_every=2"
         )
-
-
-def test_keeping_multi_version_items_needs_a_correcting_loss(tmp_path: Path) -> None:
-    config = _config(tmp_path, "trainer.max_version_span=0", "trainer.version_span=correct")
-    with pytest.raises(RunError, match=r"trainer.version_span=correct .* algorithm.name='grpo'"):
-        jobs.train(config)
 
 
 def test_decoupled_grpo_runs_async_with_several_updates_per_batch(tmp_path: Path) -> None:
@@ -62,9 +77,7 @@ def test_decoupled_grpo_runs_async_with_several_updates_per_batch(tmp_path: Path
         "trainer.mode=async",
         "trainer.max_staleness=1",
         "trainer.ppo_epochs=2",
-        "trainer.num_minibatches=2",
-        "trainer.max_version_span=0",
-        "trainer.version_span=correct",
+        "trainer.num_minibatches=2",  # max_version_span null: items kept and corrected
     )
     rl = _records(jobs.train(config), "rl")
     assert [r["num_updates"] for r in rl] == [4, 4, 4, 4]

@@ -82,7 +82,7 @@ def test_resolved_config_round_trips(tmp_path: Path) -> None:
     [
         (["trainer.lrr=1"], "trainer.lrr: unknown field (did you mean 'lr'?)"),
         (["trainer.steps=abc"], "trainer.steps: Input should be a valid integer"),
-        (["trainer.lr=-1"], "trainer.lr: Input should be greater than 0"),
+        (["trainer.lr=-1"], "trainer.lr=-1.0 is invalid; expected a finite value > 0"),
         (["algorithm.name=ppo"], "algorithm.name: unknown algorithm 'ppo'; choose one of"),
         (["algorithm.name=gpro"], "(did you mean 'gspo'?)"),
         (["env.kind=chess"], "env.kind: unknown env 'chess'"),

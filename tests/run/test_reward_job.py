@@ -211,7 +211,10 @@ def test_missing_model_path_is_a_run_error_naming_the_field(tmp_path: Path):
             "reward_model: lora is set but training_mode='full'",
         ),
         (["task=reward_model", "reward_model.lrr=1"], "reward_model.lrr: unknown field"),
-        (["task=reward_model", "reward_model.lr=0"], "reward_model.lr: Input should be greater"),
+        (
+            ["task=reward_model", "reward_model.lr=0"],
+            "reward_model.lr=0.0 is invalid; expected a finite",
+        ),
         (
             ["task=reward_model", "reward_model.data.eval_size=0"],
             "reward_model.data.eval_size: Input should be greater than or equal to 1",

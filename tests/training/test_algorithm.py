@@ -352,3 +352,56 @@ def test_batch_mean_baseline_of_equal_weights_is_zero():
     out = BatchMeanBaseline(normalize_std=True)(SAWBatch(items=[item(0.1)] * 3))
     assert [i.weight for i in out.items] == [0.0, 0.0, 0.0]
     assert BatchMeanBaseline()(SAWBatch(items=[])).items == []
+
+
+@pytest.mark.parametrize(
+    "algorithm",
+    [
+        make_grpo(3),
+        make_dr_grpo(3, max_tokens=16),
+        make_gspo(3),
+        make_cispo(3),
+        make_gmpo(3),
+        make_decoupled_grpo(3),
+        make_reinforce(group_size=3),
+        make_reinforce_baseline(group_size=3),
+        make_decoupled_ppo(group_size=3),
+    ],
+    ids=lambda a: a.name,
+)
+def test_a_preset_carries_the_request_strategy_its_groups_need(algorithm) -> None:
+    from ludic.rollouts.requests import EnvSpec, ProtocolSpec, RolloutRequest
+
+    request = RolloutRequest(EnvSpec("env"), ProtocolSpec("p"), env_seed=7)
+    expanded = algorithm.request_strategy.expand([request])
+    assert [r.env_seed for r in expanded] == [7, 7, 7]
+    assert len({r.meta["group_id"] for r in expanded}) == 1
+    group_size = getattr(algorithm.credit_assigner, "group_size", 3)
+    assert group_size == 3  # the credit assigner's groups are the strategy's
+
+
+def test_sft_and_an_ungrouped_reinforce_run_requests_as_given() -> None:
+    assert make_sft().request_strategy is None
+    assert make_reinforce().request_strategy.group_size == 1
+    with pytest.raises(ValueError, match="make_reinforce: group_size=0"):
+        make_reinforce(group_size=0)
+
+
+def test_an_algorithm_with_a_request_strategy_without_expand_is_refused() -> None:
+    with pytest.raises(TypeError, match="request_strategy=.* has no expand"):
+        RLAlgorithm("x", MonteCarloReturn(), make_sft().loss, request_strategy=object())
+
+
+def test_from_algorithm_hands_the_batch_source_every_part() -> None:
+    from ludic.training.batching import RolloutBatchSource
+
+    hook = _async_noop
+    algorithm = dataclasses.replace(make_grpo(4), rollout_hooks=(hook,))
+    source = RolloutBatchSource.from_algorithm(object(), list, algorithm, max_empty_batches=2)
+    assert source.credit_assigner is algorithm.credit_assigner
+    assert source.request_strategy is algorithm.request_strategy
+    assert source.rollout_hooks == (hook,) and source.max_empty_batches == 2
+
+
+async def _async_noop(rollouts) -> None:
+    return None

@@ -16,11 +16,11 @@ from ludic.distributed.reward_publisher import (
 from ludic.models.tiny import build_tiny_causal_lm, build_tiny_reward_model
 from ludic.run.demos import synthetic_arithmetic_preferences
 from ludic.training.checkpoint import CheckpointConfig
+from ludic.training.reward_model.config import PreferenceTrainerConfig
 from ludic.training.reward_model.preferences import PreferencePair
 from ludic.training.reward_model.trainer import (
     LoraSettings,
     PreferenceTrainer,
-    PreferenceTrainerConfig,
     evaluate_preferences,
     prepare_reward_model,
     reward_scores,

@@ -162,7 +162,7 @@ def test_step_metrics_report_loss_counts_rewards_and_policy_version(tiny_model) 
     assert m["dropped/filter"] == 0 and m["dropped/stale"] == 0
 
 
-def test_max_lag_drops_items_older_than_step_minus_max_lag(tiny_model) -> None:
+def test_max_staleness_drops_items_older_than_step_minus_max_staleness(tiny_model) -> None:
     warmup = SAWBatch(_items(2))
     versioned = SAWBatch(
         [
@@ -171,7 +171,10 @@ def test_max_lag_drops_items_older_than_step_minus_max_lag(tiny_model) -> None:
         ]
     )
     trainer = Trainer(
-        tiny_model, _algorithm(), ListSource(warmup, warmup, warmup, versioned), _config(max_lag=1)
+        tiny_model,
+        _algorithm(),
+        ListSource(warmup, warmup, warmup, versioned),
+        _config(max_staleness=1),
     )
     trainer.train_sync(3)
     m = asyncio.run(trainer.train_step())  # current version 3: versions < 2 are stale
@@ -439,7 +442,7 @@ def test_capabilities_are_used_through_their_protocols(tiny_model) -> None:
     fresh, stale = _items(2, seed=1), _items(2, seed=2, policy_version=-1)
     source = AcknowledgingSource(SAWBatch(fresh + stale, {"n": 1}))
     trainer = Trainer(tiny_model, _algorithm(), source, _config())
-    assert trainer.max_staleness == 0  # from the source: TrainerConfig.max_lag is None
+    assert trainer.max_staleness == 0  # from the source: TrainerConfig.max_staleness is None
     (metrics,) = trainer.train_sync(1)
     assert metrics["dropped/stale"] == 2 and metrics["num_items"] == 2
     assert [b.meta for b in source.acknowledged] == [{"n": 1}]  # after the step, once

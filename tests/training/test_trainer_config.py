@@ -26,9 +26,9 @@ from ludic.training.optim import build_lr_scheduler, build_optimizer, lr_multipl
         ({"lr_schedule": "linear", "total_steps": 5, "warmup_steps": 5}, "total_steps"),
         ({"max_tokens_per_microbatch": 1}, "max_tokens_per_microbatch"),
         ({"pad_token_id": -1}, "pad_token_id"),
-        ({"max_lag": -1}, "max_lag"),
+        ({"max_staleness": -1}, "max_staleness"),
         ({"publish_every": -1}, "publish_every"),
-        ({"publish_every": 4, "max_lag": 2}, "max_lag"),
+        ({"publish_every": 4, "max_staleness": 2}, "max_staleness"),
         ({"dtype": "float64"}, "dtype"),
     ],
 )
@@ -37,14 +37,14 @@ def test_invalid_trainer_config_raises_naming_the_field(kwargs, field) -> None:
         TrainerConfig(**kwargs)
 
 
-def test_max_lag_may_cover_exactly_the_publish_interval() -> None:
-    assert TrainerConfig(publish_every=4, max_lag=3).max_lag == 3
-    assert TrainerConfig(publish_every=0, max_lag=0).max_lag == 0
+def test_max_staleness_may_cover_exactly_the_publish_interval() -> None:
+    assert TrainerConfig(publish_every=4, max_staleness=3).max_staleness == 3
+    assert TrainerConfig(publish_every=0, max_staleness=0).max_staleness == 0
 
 
 def test_default_trainer_config_is_valid() -> None:
     config = TrainerConfig()
-    assert config.device == "cpu" and config.max_grad_norm == 1.0 and config.max_lag is None
+    assert config.device == "cpu" and config.max_grad_norm == 1.0 and config.max_staleness is None
 
 
 def test_warmup_then_constant_schedule() -> None:

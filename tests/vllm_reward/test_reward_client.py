@@ -22,10 +22,10 @@ from ludic.inference.reward_client import ScoringRequest, format_reward_input  #
 from ludic.inference.vllm.http import VLLMServerError  # noqa: E402
 from ludic.inference.vllm.reward_client import VLLMRewardClient  # noqa: E402
 from ludic.run.demos import synthetic_arithmetic_preferences  # noqa: E402
-from ludic.training.reward_model.trainer import (  # noqa: E402
+from ludic.training.reward_model.config import PreferenceTrainerConfig
+from ludic.training.reward_model.trainer import (
     LoraSettings,
     PreferenceTrainer,
-    PreferenceTrainerConfig,
     prepare_reward_model,
     reward_scores,
 )

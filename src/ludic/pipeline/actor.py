@@ -51,7 +51,7 @@ from ludic.run.preflight import check_config
 from ludic.run.run_dir import RunDirectory
 from ludic.run.servers import reward_backend
 from ludic.run.signals import terminate_as_interrupt
-from ludic.training import GRPORequestStrategy, RolloutBatchSource
+from ludic.training import RolloutBatchSource
 
 __all__ = ["default_actor_id", "run_actor"]
 
@@ -94,14 +94,12 @@ def _act(config: RunConfig, run_path: Path, actor_id: str) -> int:
             reward_client = stack.enter_context(reward_backend(config, log_dir=log_dir))
             algorithm = make_algorithm(config, reward_client=reward_client)
             engine = make_engine(config, client, HFChatTemplate(tokenizer))
-            source = RolloutBatchSource(
+            source = RolloutBatchSource.from_algorithm(
                 engine,
                 # run_pipeline_actor claimed the index just before asking for the batch;
                 # claim_index returns the claim this actor holds.
                 lambda: batch_requests(config, queue.claim_index(actor_id)),
-                algorithm.credit_assigner,
-                request_strategy=GRPORequestStrategy(group_size=config.algorithm.group_size),
-                rollout_hooks=algorithm.rollout_hooks,
+                algorithm,
             )
             pushed = asyncio.run(_produce(config, source, queue, actor_id, policy_version))
         console.print(f"actor {actor_id}: pushed {len(pushed)} batches; the learner ended the run")

@@ -31,11 +31,12 @@ finished batch indices (trained, dropped, dead, or claims abandoned by a stoppin
 rather than versions, so that a batch that is dropped, rejected or never made cannot stall
 the actors forever.
 
-**TrainerConfig.max_lag.** The Trainer drops items with ``policy_version < step - max_lag``
-by the same rule. With this source leave ``max_lag=None`` (the source already enforces
-``max_staleness``) or set it to ``max_staleness``: with the Trainer's step equal to the
-source's version it then drops nothing more. A smaller ``max_lag`` drops items that the
-pipeline records as trained (they show up in the Trainer's ``dropped/stale`` metric).
+**TrainerConfig.max_staleness.** The Trainer drops items staler than the smaller of its
+own ``max_staleness`` and this source's, by the same rule. With this source leave the
+Trainer's at ``None`` (the source already enforces its bound) or set the same value: with
+the Trainer's step equal to the source's version it then drops nothing more. A smaller one
+drops items that the pipeline records as trained (they show up in the Trainer's
+``dropped/stale`` metric).
 """
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ def _reinforce_from_queue(
         publisher=_publisher(config, client, queue),
         checkpoint=phase_checkpoint_config(config, run, "rl", tokenizer),
         loggers=loggers,
-        sample_filter=rl_sample_filter(config, algorithm),
+        sample_filter=rl_sample_filter(config),
     )
     eval_engine = make_engine(
         config, client, HFChatTemplate(tokenizer), env_overrides=config.env.eval_kwargs

@@ -33,7 +33,7 @@ from ludic.training import (
 )
 from ludic.training.batching import SampleFilter
 from ludic.training.filters import drop_version_span
-from ludic.training.reward_model.trainer import PreferenceTrainerConfig
+from ludic.training.reward_model.config import PreferenceTrainerConfig
 
 ENV_NAME = "env"
 PROTOCOL_NAME = "single_agent"
@@ -199,43 +199,17 @@ def _preset_params(name: str) -> Mapping[str, inspect.Parameter]:
     return inspect.signature(resolve("algorithm", name, ALGORITHMS)).parameters
 
 
-def rl_sample_filter(config: RunConfig, algorithm: Any) -> SampleFilter | None:
-    """The staleness validator of ``trainer.max_version_span`` / ``trainer.version_span``:
-    drop items straddling too many updates, or keep them for a loss that corrects them."""
-    t = config.trainer
-    if t.max_version_span is None:
-        return None
-    if t.version_span == "drop":
-        return drop_version_span(t.max_version_span)
-    if not getattr(algorithm.loss, "requires_proximal_logprobs", False):
-        raise RunError(
-            f"trainer.version_span=correct keeps items straddling weight updates, but "
-            f"algorithm.name={config.algorithm.name!r} does not correct them per token; use "
-            "algorithm.name: decoupled_ppo or decoupled_grpo, or trainer.version_span: drop"
-        )
-    return None
+def rl_sample_filter(config: RunConfig) -> SampleFilter | None:
+    """The staleness validator of ``trainer.max_version_span``: drop items whose tokens
+    straddle more weight updates (None: keep every item)."""
+    span = config.trainer.max_version_span
+    return None if span is None else drop_version_span(span)
 
 
-def rl_trainer_config(config: RunConfig, pad_token_id: int) -> TrainerConfig:
-    t = config.trainer
-    return TrainerConfig(
-        lr=t.lr,
-        weight_decay=t.weight_decay,
-        max_grad_norm=t.max_grad_norm,
-        lr_schedule=t.lr_schedule,
-        warmup_steps=t.warmup_steps,
-        total_steps=t.steps,
-        max_tokens_per_microbatch=t.max_tokens_per_microbatch,
+def _run_level(config: RunConfig, pad_token_id: int) -> dict[str, Any]:
+    """The ``TrainerConfig`` fields set outside the trainer section."""
+    return dict(
         pad_token_id=pad_token_id,
-        max_lag=t.max_lag,
-        ppo_epochs=t.ppo_epochs,
-        num_minibatches=t.num_minibatches,
-        publish_every=t.publish_every,
-        flat_parameters=t.flat_parameters,
-        shared_prefix=t.shared_prefix,
-        packing=t.packing,
-        logprobs=t.logprobs,
-        logprob_chunk_tokens=t.logprob_chunk_tokens,
         gradient_checkpointing=config.model.gradient_checkpointing,
         seed=config.seed,
         device=config.model.device,
@@ -243,22 +217,31 @@ def rl_trainer_config(config: RunConfig, pad_token_id: int) -> TrainerConfig:
     )
 
 
+def rl_trainer_config(config: RunConfig, pad_token_id: int) -> TrainerConfig:
+    """The RL phase's settings: ``trainer.*`` (:data:`~ludic.run.config.TRAINER_SETTINGS`)
+    and the run-level fields."""
+    return config.trainer.trainer_config(**_run_level(config, pad_token_id))
+
+
+WARM_START_SHARED = (
+    "max_grad_norm",
+    "max_tokens_per_microbatch",
+    "shared_prefix",
+    "packing",
+    "logprobs",
+    "logprob_chunk_tokens",
+)
+"""Trainer settings the warm start takes from ``trainer.*``; the rest are its own
+(``warm_start.lr``, ``warm_start.steps``) or ``TrainerConfig``'s defaults."""
+
+
 def warm_start_trainer_config(config: RunConfig, pad_token_id: int) -> TrainerConfig:
+    """The SFT warm start's settings: ``warm_start.lr`` over ``warm_start.steps``, and the
+    micro-batching and logprob settings of ``trainer.*`` (:data:`WARM_START_SHARED`)."""
     w = config.warm_start
+    shared = {name: getattr(config.trainer, name) for name in WARM_START_SHARED}
     return TrainerConfig(
-        lr=w.lr,
-        max_grad_norm=config.trainer.max_grad_norm,
-        total_steps=max(w.steps, 1),
-        max_tokens_per_microbatch=config.trainer.max_tokens_per_microbatch,
-        pad_token_id=pad_token_id,
-        shared_prefix=config.trainer.shared_prefix,
-        packing=config.trainer.packing,
-        logprobs=config.trainer.logprobs,
-        logprob_chunk_tokens=config.trainer.logprob_chunk_tokens,
-        gradient_checkpointing=config.model.gradient_checkpointing,
-        seed=config.seed,
-        device=config.model.device,
-        dtype=None if config.model.dtype == "float32" else config.model.dtype,
+        lr=w.lr, total_steps=max(w.steps, 1), **shared, **_run_level(config, pad_token_id)
     )
 
 
@@ -308,16 +291,6 @@ def _parameters(factory: Callable[..., Any]) -> str:
 
 
 def reward_trainer_config(config: RunConfig) -> PreferenceTrainerConfig:
-    rm = config.reward_model
-    return PreferenceTrainerConfig(
-        lr=rm.lr,
-        batch_size=rm.batch_size,
-        weight_decay=rm.weight_decay,
-        max_grad_norm=rm.max_grad_norm,
-        lr_schedule=rm.lr_schedule,
-        warmup_steps=rm.warmup_steps,
-        total_steps=rm.steps,
-        publish_every=rm.publish_every,
-        seed=config.seed,
-        device=rm.device,
-    )
+    """The reward-model job's settings: ``reward_model.*``
+    (:data:`~ludic.run.config_reward.REWARD_TRAINER_SETTINGS`) and the run's seed."""
+    return config.reward_model.trainer_config(seed=config.seed)

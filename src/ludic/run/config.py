@@ -24,6 +24,7 @@ from ludic.run.config_common import (
     Section,
     TinyModelConfig,
     VLLMConfig,
+    settings_section,
 )
 from ludic.run.config_reward import (
     PreferenceDataConfig,
@@ -32,6 +33,7 @@ from ludic.run.config_reward import (
     RewardSection,
     SyntheticPreferencesConfig,
 )
+from ludic.training.config import TrainerConfig
 
 __all__ = [
     "LoraConfig",
@@ -223,54 +225,67 @@ class WarmStartConfig(Section):
     """How many problems (env seeds 0..num_demos-1) "dataset_answers" demonstrates."""
 
 
-class TrainerSection(Section):
+TRAINER_SETTINGS = (
+    "lr",
+    "weight_decay",
+    "betas",
+    "eps",
+    "max_grad_norm",
+    "lr_schedule",
+    "warmup_steps",
+    "max_tokens_per_microbatch",
+    "max_staleness",
+    "ppo_epochs",
+    "num_minibatches",
+    "publish_every",
+    "flat_parameters",
+    "shared_prefix",
+    "packing",
+    "logprobs",
+    "logprob_chunk_tokens",
+)
+"""The :class:`~ludic.training.config.TrainerConfig` fields a run config sets as
+``trainer.<field>``: same type, default and docstring (the rest come from elsewhere in the
+run config: ``total_steps`` is ``trainer.steps``; ``seed``, ``model.device``,
+``model.dtype`` and ``model.gradient_checkpointing``; ``pad_token_id`` from the
+tokenizer)."""
+
+TrainerSettings = settings_section(
+    "TrainerSettings",
+    TrainerConfig,
+    TRAINER_SETTINGS,
+    doc="The TrainerConfig fields of the trainer section (see TRAINER_SETTINGS).",
+)
+
+
+class TrainerSection(TrainerSettings):  # type: ignore[misc,valid-type]
+    """The RL phase: its length, batches, mode, checkpoints and ranks, and every
+    ``TrainerConfig`` setting in :data:`TRAINER_SETTINGS` (declared once, there)."""
+
+    removed = {
+        "max_lag": (None, "use trainer.max_staleness (one bound for every mode)"),
+        "version_span": (
+            "drop",
+            "trainer.max_version_span drops items straddling more weight updates; to keep "
+            "and correct them per token, leave max_version_span null and use algorithm.name: "
+            "decoupled_ppo or decoupled_grpo",
+        ),
+    }
+
     steps: int = Field(100, ge=1)
     """RL optimizer steps."""
-    lr: float = Field(5e-4, gt=0)
     prompts_per_step: int = Field(8, ge=1)
     """Distinct problems per step (each sampled group_size times)."""
-    max_grad_norm: float | None = Field(1.0, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    warmup_steps: int = Field(0, ge=0)
-    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    max_tokens_per_microbatch: int = Field(16384, ge=1)
-    publish_every: int = Field(1, ge=1)
-    """Push weights to the inference backend every N steps (version = step)."""
-    max_lag: int | None = Field(None, ge=0)
-    """Drop items with a token older than ``step - max_lag`` (any mode); null: keep all."""
     mode: Literal["sync", "async", "pipeline"] = "sync"
     """sync: each step waits for its rollouts; async: generation keeps running while the
-    trainer trains, at most ``max_staleness`` policy versions ahead (spec 4); pipeline:
-    actor processes generate into Redis and a learner process trains (the ``pipeline``
-    section; ``ludic train`` starts both, or run ``ludic learner`` / ``ludic actor``)."""
-    max_staleness: int | None = Field(None, ge=0)
-    """async and pipeline: no token older than ``step - max_staleness`` is trained on, and
-    generation runs at most that many versions ahead (default 1; 0 is on-policy)."""
-    ppo_epochs: int = Field(1, ge=1)
-    """Passes over each batch; each pass makes ``num_minibatches`` optimizer updates."""
-    num_minibatches: int = Field(1, ge=1)
-    """Optimizer updates per pass over a batch (shuffled mini-batches)."""
+    trainer trains, at most ``max_staleness`` policy versions ahead (default 1; spec 4);
+    pipeline: actor processes generate into Redis and a learner process trains (the
+    ``pipeline`` section; ``ludic train`` starts both, or run ``ludic learner`` / ``ludic
+    actor``). In every mode no token older than ``step - max_staleness`` is trained on."""
     max_version_span: int | None = Field(None, ge=0)
-    """Items whose tokens straddle more than this many weight updates (continued partial
-    rollouts) are dropped, or kept when ``version_span: correct``; null: no check."""
-    version_span: Literal["drop", "correct"] = "drop"
-    """What ``max_version_span`` does to such items: drop them, or keep them for a loss that
-    corrects per token with proximal logprobs (algorithm decoupled_ppo / decoupled_grpo)."""
-    flat_parameters: bool = False
-    """Keep the policy's parameters in one flat buffer per dtype, so weight syncs send
-    chunks of small tensors without a packing copy."""
-    shared_prefix: bool = True
-    """Run a prompt that several samples of a micro-batch share (a GRPO group) through the
-    model once in the training forward pass; same logits and gradients, fewer tokens."""
-    packing: bool = True
-    """Pack a micro-batch's samples end to end without padding (position ids restarting
-    per sample) when that runs fewer tokens; same logprobs and gradients."""
-    logprobs: Literal["chunked", "full"] = "chunked"
-    """chunked: the output head runs on the action tokens a chunk at a time, so the
-    [tokens, vocab] float32 logits never exist in full; full: whole logits (for models
-    whose head cannot be split off, e.g. with logit soft-capping)."""
-    logprob_chunk_tokens: int | None = Field(None, ge=1)
-    """Tokens per output-head chunk; null: 256 MiB of float32 logits per chunk."""
+    """Drop items whose tokens straddle more than this many weight updates (continued
+    partial rollouts); null: keep them (a decoupled loss, algorithm decoupled_ppo or
+    decoupled_grpo, corrects them per token)."""
     checkpoint_every: int = Field(25, ge=1)
     keep_last: int = Field(2, ge=1)
     """Checkpoints kept per phase."""
@@ -286,31 +301,23 @@ class TrainerSection(Section):
     size). Not with mode: pipeline, LoRA, flat_parameters or a learned reward."""
 
     @model_validator(mode="after")
-    def _schedule_and_lag(self) -> TrainerSection:
-        if self.lr_schedule != "constant" and self.warmup_steps >= self.steps:
+    def _settings_and_staleness(self) -> TrainerSection:
+        if self.publish_every < 1:
             raise ValueError(
-                f"warmup_steps={self.warmup_steps} must be < steps={self.steps} "
-                f"(lr_schedule={self.lr_schedule!r} decays to 0 at steps); lower warmup_steps "
-                "or use lr_schedule: constant"
+                f"publish_every={self.publish_every}: a run publishes its weights to the "
+                "inference backend; set publish_every >= 1"
             )
-        if self.mode == "sync" and self.max_staleness is not None:
-            raise ValueError(
-                f"max_staleness={self.max_staleness} is for mode: async or pipeline "
-                "(generation ahead of training); with mode: sync every batch is on-policy. "
-                "Set mode: async or remove max_staleness (max_lag drops stale items in any mode)"
-            )
+        try:
+            self.trainer_config(pad_token_id=0)
+        except ValueError as e:  # "TrainerConfig.lr=-1 is invalid; ..." -> "lr=-1 is ..."
+            message = str(e).replace("TrainerConfig.", "").replace("total_steps", "steps")
+            raise ValueError(message) from None
         if self.mode != "sync" and self.staleness < self.publish_every - 1:
             raise ValueError(
-                f"max_staleness={self.staleness} < publish_every - 1 = "
-                f"{self.publish_every - 1}: the newest published weights are up to that many "
-                "versions old, so generation could never start; raise max_staleness or lower "
-                "publish_every"
-            )
-        if self.max_lag is not None and self.max_lag < self.publish_every - 1:
-            raise ValueError(
-                f"max_lag={self.max_lag} < publish_every - 1 = {self.publish_every - 1}: "
-                "weights are published every publish_every steps, so every item would be too "
-                "stale; raise max_lag or lower publish_every"
+                f"max_staleness={self.staleness} (the async/pipeline default when unset) < "
+                f"publish_every - 1 = {self.publish_every - 1}: the newest published weights "
+                "are up to that many versions old, so generation could never start; raise "
+                "max_staleness or lower publish_every"
             )
         return self
 
@@ -318,6 +325,12 @@ class TrainerSection(Section):
     def staleness(self) -> int:
         """``max_staleness`` with its async/pipeline default (1)."""
         return 1 if self.max_staleness is None else self.max_staleness
+
+    def trainer_config(self, **rest: Any) -> TrainerConfig:
+        """The :class:`TrainerConfig` of these settings, ``total_steps=steps`` and ``rest``
+        (``pad_token_id``, ``seed``, ``device``, ...)."""
+        settings = {name: getattr(self, name) for name in TRAINER_SETTINGS}
+        return TrainerConfig(**settings, total_steps=self.steps, **rest)
 
 
 class PipelineConfig(Section):

@@ -6,11 +6,24 @@ string types (devices, registered names), the tiny model, LoRA and a vLLM server
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import inspect
 import re
-from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+import textwrap
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from ludic.run.registries import ALGORITHMS, ENVS, PARSERS, check_name
 
@@ -24,6 +37,7 @@ __all__ = [
     "Section",
     "TinyModelConfig",
     "VLLMConfig",
+    "settings_section",
 ]
 
 
@@ -46,10 +60,61 @@ AlgorithmName = Annotated[str, _registered("algorithm", ALGORITHMS)]
 
 
 class Section(BaseModel):
-    """The base of every config section."""
+    """The base of every config section. ``removed`` maps a field name a section no
+    longer has to what to write instead; a config that still sets it is refused with that
+    message (unless it holds the value the old field meant "off" with, as a config saved
+    by an earlier ludic does)."""
 
     # allow_inf_nan=False: lr=inf (or nan) is refused here, not after the warm start.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    removed: ClassVar[Mapping[str, tuple[Any, str]]] = {}
+    """Old field -> (its old "off" value, what to write instead)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_removed_fields(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping) or not cls.removed:
+            return data
+        for old, (off, instead) in cls.removed.items():
+            if old in data and data[old] != off:
+                raise ValueError(f"{old} was removed; {instead}")
+        return {k: v for k, v in data.items() if k not in cls.removed}
+
+
+def settings_section(name: str, source: type, fields: Sequence[str], *, doc: str) -> type[Section]:
+    """A :class:`Section` whose fields are ``fields`` of the dataclass ``source``, with its
+    types, defaults and attribute docstrings: a config section and a Python settings object
+    with one schema between them (``TrainerConfig`` -> ``trainer.*``), not a hand copy."""
+    hints = typing.get_type_hints(source)
+    defaults = {f.name: f.default for f in dataclasses.fields(source)}
+    docs = _attribute_docs(source)
+    unknown = sorted(set(fields) - set(defaults))
+    if unknown:
+        raise TypeError(f"settings_section({name}): {source.__name__} has no {unknown}")
+    spec: dict[str, Any] = {
+        field: (hints[field], Field(defaults[field], description=docs.get(field)))
+        for field in fields
+    }
+    section = create_model(name, __base__=Section, __module__=__name__, **spec)
+    section.__doc__ = doc
+    return section
+
+
+def _attribute_docs(cls: type) -> dict[str, str]:
+    """``field -> the string literal under it`` in ``cls``'s source."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for node, after in zip(body, body[1:]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[node.target.id] = inspect.cleandoc(after.value.value)
+    return docs
 
 
 class TinyModelConfig(Section):

@@ -8,7 +8,15 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from ludic.run.config_common import Device, LoraConfig, Section, TinyModelConfig, VLLMConfig
+from ludic.run.config_common import (
+    Device,
+    LoraConfig,
+    Section,
+    TinyModelConfig,
+    VLLMConfig,
+    settings_section,
+)
+from ludic.training.reward_model.config import PreferenceTrainerConfig
 
 __all__ = [
     "DisRMConfig",
@@ -71,10 +79,32 @@ class PreferenceDataConfig(Section):
         return self
 
 
-class RewardModelSection(Section):
+REWARD_TRAINER_SETTINGS = (
+    "lr",
+    "batch_size",
+    "weight_decay",
+    "max_grad_norm",
+    "lr_schedule",
+    "warmup_steps",
+    "publish_every",
+)
+"""The :class:`~ludic.training.reward_model.config.PreferenceTrainerConfig` fields the
+``reward_model`` section sets by the same name (``total_steps`` is ``steps``; ``seed`` and
+``device`` come from the run config)."""
+
+RewardTrainerSettings = settings_section(
+    "RewardTrainerSettings",
+    PreferenceTrainerConfig,
+    REWARD_TRAINER_SETTINGS,
+    doc="The PreferenceTrainerConfig fields of the reward_model section.",
+)
+
+
+class RewardModelSection(RewardTrainerSettings):  # type: ignore[misc,valid-type]
     """Reward-model training (``task: reward_model``): a sequence classifier with one
     label (backbone + linear ``score`` head) trained on preference pairs with the
-    Bradley-Terry loss."""
+    Bradley-Terry loss; the optimizer settings are those of
+    :data:`REWARD_TRAINER_SETTINGS` (declared once, in ``PreferenceTrainerConfig``)."""
 
     training_mode: Literal["head_only", "lora", "full"] = "full"
     """head_only: the head alone; lora: LoRA adapters + head; full: every weight."""
@@ -88,18 +118,8 @@ class RewardModelSection(Section):
     device: Device = "cpu"
     steps: int = Field(300, ge=1)
     """Optimizer steps."""
-    lr: float = Field(1e-3, gt=0)
-    batch_size: int = Field(16, ge=1)
-    """Preference pairs per step."""
-    weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float | None = Field(1.0, gt=0)
-    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    warmup_steps: int = Field(0, ge=0)
     eval_every: int = Field(0, ge=0)
     """Also evaluate every N steps (0: only before and after training)."""
-    publish_every: int = Field(0, ge=0)
-    """Publish weights to ``server`` every N steps (version = step) and after the last
-    step; 0 never."""
     server: VLLMConfig | None = None
     """A vLLM reward server (``ludic serve reward``) kept in sync with the training model:
     started on the initial model unless ``server.start_server`` is false. Null: none."""
@@ -128,7 +148,19 @@ class RewardModelSection(Section):
                 f"lr_schedule={self.lr_schedule!r} decays to 0 at steps={self.steps}, so "
                 f"warmup_steps={self.warmup_steps} must be smaller"
             )
+        try:
+            self.trainer_config()
+        except ValueError as e:  # "PreferenceTrainerConfig.lr=0 is invalid" -> "lr=0 is ..."
+            raise ValueError(str(e).replace("PreferenceTrainerConfig.", "")) from None
         return self
+
+    def trainer_config(self, **rest: Any) -> PreferenceTrainerConfig:
+        """The :class:`PreferenceTrainerConfig` of these settings, ``total_steps=steps``
+        and ``rest`` (``seed``)."""
+        settings = {name: getattr(self, name) for name in REWARD_TRAINER_SETTINGS}
+        return PreferenceTrainerConfig(
+            **settings, total_steps=self.steps, device=self.device, **rest
+        )
 
 
 class RewardSection(Section):

@@ -7,6 +7,7 @@ the problem, e.g. ``trainer.lrr: unknown field (did you mean 'lr'?)``.
 from __future__ import annotations
 
 import difflib
+import re
 import tomllib
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
@@ -131,6 +132,11 @@ def _describe(err: Mapping[str, Any]) -> str:
         hint = _close_field(loc)
         return f"{where}: unknown field{hint}"
     message = err["msg"].removeprefix("Value error, ")
+    field = re.match(r"(\w+)=\S+ is invalid", message)
+    if field and field.group(1) in _section_fields(
+        loc
+    ):  # "trainer: lr=-1 ..." -> "trainer.lr=-1 ..."
+        return f"{where}.{message}"
     if err["type"] in ("missing",):
         return f"{where}: required"
     got = err.get("input")
@@ -138,17 +144,25 @@ def _describe(err: Mapping[str, Any]) -> str:
     return f"{where}: {message}{shown}"
 
 
-def _close_field(loc: list[str]) -> str:
-    """' (did you mean ...?)' for an unknown field, from the schema's field names."""
+def _section_fields(loc: list[str]) -> list[str]:
+    """The field names of the section at ``loc`` ([] when ``loc`` is not a section)."""
     model: type[BaseModel] = RunConfig
-    for part in loc[:-1]:
+    for part in loc:
         field = model.model_fields.get(part)
         annotation = getattr(field, "annotation", None)
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            return ""
+            return []
         model = annotation
-    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else f"; fields: {sorted(model.model_fields)}"
+    return list(model.model_fields)
+
+
+def _close_field(loc: list[str]) -> str:
+    """' (did you mean ...?)' for an unknown field, from the schema's field names."""
+    fields = _section_fields(loc[:-1])
+    if not fields:
+        return ""
+    close = difflib.get_close_matches(loc[-1], fields, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else f"; fields: {sorted(fields)}"
 
 
 def dump_config(config: RunConfig) -> str:

@@ -69,7 +69,6 @@ from ludic.run.trainer_ranks import (
 from ludic.training import (
     AsyncBatchSource,
     CheckpointManager,
-    GRPORequestStrategy,
     RolloutBatchSource,
     SleepingBatchSource,
     Trainer,
@@ -238,13 +237,7 @@ def _reinforce_with(
             batch_index[:] = [index + 1]
         return batch_requests(config, index)
 
-    source: Any = RolloutBatchSource(
-        engine,
-        next_requests,
-        algorithm.credit_assigner,
-        request_strategy=GRPORequestStrategy(group_size=config.algorithm.group_size),
-        rollout_hooks=algorithm.rollout_hooks,
-    )
+    source: Any = RolloutBatchSource.from_algorithm(engine, next_requests, algorithm)
     if config.trainer.mode == "async":
         source = AsyncBatchSource(source, max_staleness=config.trainer.staleness)
     if config.inference.backend == "vllm" and config.inference.vllm.sleep_level:
@@ -262,7 +255,7 @@ def _reinforce_with(
         # several ranks: no policy folder per checkpoint (see ludic.run.trainer_ranks)
         checkpoint=phase_checkpoint_config(config, run, "rl", tokenizer if not ranks else None),
         loggers=loggers,
-        sample_filter=rl_sample_filter(config, algorithm),
+        sample_filter=rl_sample_filter(config),
         ranks=ranks,
     )
     with checkpoint_on_failure(trainer, loggers[0], console):

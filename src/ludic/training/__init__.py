@@ -89,7 +89,7 @@ _EXPORTS: dict[str, str] = {
     "write_preferences_jsonl": "ludic.training.reward_model.preferences",
     "split_preferences": "ludic.training.reward_model.preferences",
     "PreferenceTrainer": "ludic.training.reward_model.trainer",
-    "PreferenceTrainerConfig": "ludic.training.reward_model.trainer",
+    "PreferenceTrainerConfig": "ludic.training.reward_model.config",
     "LoraSettings": "ludic.training.reward_model.setup",
     "prepare_reward_model": "ludic.training.reward_model.setup",
     "evaluate_preferences": "ludic.training.reward_model.setup",

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ludic.inference.reward_client import RewardModelClient
+from ludic.rollouts.strategies import GRPORequestStrategy, RequestStrategy
 from ludic.training.credit_assignment import (
     ConstantCredit,
     GroupNormalizedReturn,
@@ -51,7 +52,9 @@ class RLAlgorithm:
     batch in between (e.g. ``BatchMeanBaseline``). ``rollout_hooks`` (optional) must run on
     the rollouts before ``credit_assigner`` (e.g. ``RewardModelScorer``, whose scores
     ``RewardModelCreditAssigner`` reads): hand them to the batch source,
-    ``RolloutBatchSource(..., algorithm.credit_assigner, rollout_hooks=algorithm.rollout_hooks)``.
+    ``RolloutBatchSource(..., algorithm.credit_assigner, rollout_hooks=algorithm.rollout_hooks)``,
+    or the whole algorithm in one piece with ``RolloutBatchSource.from_algorithm``
+    (credit assigner, rollout hooks and ``request_strategy``).
     """
 
     name: str
@@ -59,6 +62,10 @@ class RLAlgorithm:
     loss: Loss
     preprocess: Callable[[SAWBatch], SAWBatch] | None = None
     rollout_hooks: tuple[RolloutHook, ...] = ()
+    request_strategy: RequestStrategy | None = None
+    """How a batch's problems become the requests the engine runs: the group presets
+    sample each problem ``group_size`` times (``GRPORequestStrategy``), which their credit
+    assigner's groups expect; ``None`` runs each request as it is."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.credit_assigner, CreditAssigner):
@@ -75,6 +82,13 @@ class RLAlgorithm:
             raise TypeError(
                 f"RLAlgorithm({self.name!r}): rollout_hooks={self.rollout_hooks!r}; expected a "
                 "tuple of async callables (rollouts) -> None"
+            )
+        if self.request_strategy is not None and not isinstance(
+            self.request_strategy, RequestStrategy
+        ):
+            raise TypeError(
+                f"RLAlgorithm({self.name!r}): request_strategy={self.request_strategy!r} has no "
+                "expand(requests) -> list[RolloutRequest]"
             )
         object.__setattr__(self, "rollout_hooks", tuple(self.rollout_hooks))
         for i, hook in enumerate(self.rollout_hooks):
@@ -115,6 +129,18 @@ class BatchMeanBaseline:
         return SAWBatch(items=items, meta=dict(batch.meta))
 
 
+def _samples_per_problem(preset: str, group_size: int) -> GRPORequestStrategy:
+    """Each problem sampled ``group_size`` times (seeds and group ids as in GRPO)."""
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"{preset}: group_size={group_size!r}; expected an int >= 1")
+    return GRPORequestStrategy(group_size=group_size)
+
+
+def _grouped(group_size: int) -> GRPORequestStrategy:
+    """The request strategy of a group preset (its credit has validated ``group_size``)."""
+    return GRPORequestStrategy(group_size=group_size)
+
+
 def _group_credit(
     preset: str, group_size: int, normalize_std: bool, std: GroupStd = "population"
 ) -> GroupNormalizedReturn:
@@ -127,20 +153,30 @@ def _group_credit(
     return GroupNormalizedReturn(group_size=group_size, normalize_std=normalize_std, std=std)
 
 
-def make_reinforce(gamma: float = 1.0) -> RLAlgorithm:
+def make_reinforce(gamma: float = 1.0, group_size: int = 1) -> RLAlgorithm:
     """REINFORCE: credit ``MonteCarloReturn(gamma)``; loss ``ReinforceLoss``
-    (-A * logp); aggregation TOKEN_MEAN. No baseline (see ``make_reinforce_baseline``)."""
-    return RLAlgorithm("reinforce", MonteCarloReturn(gamma=gamma), ReinforceLoss())
+    (-A * logp); aggregation TOKEN_MEAN. No baseline (see ``make_reinforce_baseline``).
+    Each problem is sampled ``group_size`` times (the credit ignores the groups)."""
+    return RLAlgorithm(
+        "reinforce",
+        MonteCarloReturn(gamma=gamma),
+        ReinforceLoss(),
+        request_strategy=_samples_per_problem("make_reinforce", group_size),
+    )
 
 
-def make_reinforce_baseline(gamma: float = 1.0, normalize_std: bool = False) -> RLAlgorithm:
+def make_reinforce_baseline(
+    gamma: float = 1.0, normalize_std: bool = False, group_size: int = 1
+) -> RLAlgorithm:
     """REINFORCE with a batch-mean baseline: credit ``MonteCarloReturn(gamma)``; preprocess
-    ``BatchMeanBaseline(normalize_std)``; loss ``ReinforceLoss``; aggregation TOKEN_MEAN."""
+    ``BatchMeanBaseline(normalize_std)``; loss ``ReinforceLoss``; aggregation TOKEN_MEAN.
+    Each problem is sampled ``group_size`` times (the baseline is over the whole batch)."""
     return RLAlgorithm(
         "reinforce_baseline",
         MonteCarloReturn(gamma=gamma),
         ReinforceLoss(),
         preprocess=BatchMeanBaseline(normalize_std=normalize_std),
+        request_strategy=_samples_per_problem("make_reinforce_baseline", group_size),
     )
 
 
@@ -188,7 +224,7 @@ def make_grpo(
             dual_clip_c=dual_clip_c,
             aggregation=TokenAggregation.SEQ_MEAN_TOKEN_MEAN,
         )
-    return RLAlgorithm("grpo", credit, loss)
+    return RLAlgorithm("grpo", credit, loss, request_strategy=_grouped(group_size))
 
 
 def make_dr_grpo(
@@ -214,7 +250,7 @@ def make_dr_grpo(
         constant_normalizer=max_tokens,
         dual_clip_c=dual_clip_c,
     )
-    return RLAlgorithm("dr_grpo", credit, loss)
+    return RLAlgorithm("dr_grpo", credit, loss, request_strategy=_grouped(group_size))
 
 
 def make_gspo(
@@ -229,7 +265,7 @@ def make_gspo(
     mean over sequences."""
     credit = _group_credit("make_gspo", group_size, normalize_std, group_std)
     loss = ClippedSurrogateLoss(clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high)
-    return RLAlgorithm("gspo", credit, loss)
+    return RLAlgorithm("gspo", credit, loss, request_strategy=_grouped(group_size))
 
 
 def make_cispo(
@@ -244,7 +280,7 @@ def make_cispo(
     aggregation TOKEN_MEAN."""
     credit = _group_credit("make_cispo", group_size, normalize_std, group_std)
     loss = CISPOLoss(clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high)
-    return RLAlgorithm("cispo", credit, loss)
+    return RLAlgorithm("cispo", credit, loss, request_strategy=_grouped(group_size))
 
 
 def make_gmpo(
@@ -259,7 +295,7 @@ def make_gmpo(
     aggregation mean over sequences of the per-sequence objective."""
     credit = _group_credit("make_gmpo", group_size, normalize_std, group_std)
     loss = GMPOLoss(clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high)
-    return RLAlgorithm("gmpo", credit, loss)
+    return RLAlgorithm("gmpo", credit, loss, request_strategy=_grouped(group_size))
 
 
 def make_decoupled_ppo(
@@ -270,6 +306,7 @@ def make_decoupled_ppo(
     behaviour_weight_cap: float | None = 5.0,
     behaviour_weight_mode: BehaviourWeightMode = "mask",
     normalize_std: bool = True,
+    group_size: int = 1,
 ) -> RLAlgorithm:
     """Decoupled PPO (AReaL, arXiv:2505.24298) for stale (asynchronous) data: loss
     ``DecoupledClippedSurrogateLoss`` (ratio to the step-start policy pi_prox, clipped;
@@ -282,7 +319,8 @@ def make_decoupled_ppo(
     is not available; a baseline-free return is all-positive under 0/1 rewards, so the
     clip would only ever act on one side (and dual clip never). The batch-normalized
     return needs no groups; with several samples per prompt prefer
-    ``make_decoupled_grpo``, whose group baseline has lower variance.
+    ``make_decoupled_grpo``, whose group baseline has lower variance. Each problem is
+    sampled ``group_size`` times.
     """
     loss = _token_mean_decoupled_loss(
         clip_eps_low, clip_eps_high, dual_clip_c, behaviour_weight_cap, behaviour_weight_mode
@@ -292,6 +330,7 @@ def make_decoupled_ppo(
         MonteCarloReturn(gamma=gamma),
         loss,
         preprocess=BatchMeanBaseline(normalize_std=normalize_std),
+        request_strategy=_samples_per_problem("make_decoupled_ppo", group_size),
     )
 
 
@@ -313,7 +352,7 @@ def make_decoupled_grpo(
     loss = _token_mean_decoupled_loss(
         clip_eps_low, clip_eps_high, dual_clip_c, behaviour_weight_cap, behaviour_weight_mode
     )
-    return RLAlgorithm("decoupled_grpo", credit, loss)
+    return RLAlgorithm("decoupled_grpo", credit, loss, request_strategy=_grouped(group_size))
 
 
 def _token_mean_decoupled_loss(
@@ -379,7 +418,13 @@ def make_reward_rl(
             if group_normalize
             else ReinforceLoss()
         )
-    return RLAlgorithm("reward_rl", credit, loss, rollout_hooks=(scorer,))
+    return RLAlgorithm(
+        "reward_rl",
+        credit,
+        loss,
+        rollout_hooks=(scorer,),
+        request_strategy=None if group_size is None else _grouped(group_size),
+    )
 
 
 def make_sft() -> RLAlgorithm:

@@ -45,10 +45,12 @@ class TrainerConfig:
     pad_token_id: int = 0
     """Token id used to right-pad sequences (padded positions are masked out of attention
     and of the loss; use ``tokenizer.pad_token_id``)."""
-    max_lag: int | None = None
-    """Drop items whose ``policy_version < trainer.step - max_lag`` (stale experience in
-    asynchronous pipelines); ``None`` keeps everything. Must be at least
-    ``publish_every - 1``: the newest published version can be that many steps old."""
+    max_staleness: int | None = None
+    """Drop items with a token older than ``trainer.step - max_staleness`` (an item's
+    oldest token version; stale experience in asynchronous RL); ``None`` keeps everything.
+    A batch source with a bound of its own (``AsyncBatchSource``, ``PipelineBatchSource``)
+    tightens it. Must be at least ``publish_every - 1``: the newest published version can
+    be that many steps old."""
     ppo_epochs: int = 1
     """Passes over each batch (PPO epochs); each pass makes ``num_minibatches`` optimizer
     updates. Ratio losses compare against the behaviour (or proximal) logprobs, so later
@@ -132,21 +134,21 @@ class TrainerConfig:
         )
         _check(self.pad_token_id >= 0, "pad_token_id", self.pad_token_id, ">= 0")
         _check(
-            self.max_lag is None or self.max_lag >= 0,
-            "max_lag",
-            self.max_lag,
+            self.max_staleness is None or self.max_staleness >= 0,
+            "max_staleness",
+            self.max_staleness,
             ">= 0, or None to keep stale items",
         )
         _check(self.ppo_epochs >= 1, "ppo_epochs", self.ppo_epochs, ">= 1")
         _check(self.num_minibatches >= 1, "num_minibatches", self.num_minibatches, ">= 1")
         _check(self.publish_every >= 0, "publish_every", self.publish_every, ">= 0 (0 = never)")
         _check(
-            self.max_lag is None or self.max_lag >= self.publish_every - 1,
-            "max_lag",
-            self.max_lag,
+            self.max_staleness is None or self.max_staleness >= self.publish_every - 1,
+            "max_staleness",
+            self.max_staleness,
             f">= publish_every - 1 = {self.publish_every - 1}: weights are published every "
             f"{self.publish_every} steps, so items from the newest published version are up "
-            "to that many steps old and would all be dropped; raise max_lag or lower "
+            "to that many steps old and would all be dropped; raise max_staleness or lower "
             "publish_every",
         )
         _check(self.dtype is None or self.dtype in DTYPES, "dtype", self.dtype, DTYPES)

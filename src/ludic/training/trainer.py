@@ -352,7 +352,7 @@ class Trainer(HasTrainingCore):
             "sample_filter and "
             f"{dropped['dropped/stale']} stale (a token older than version {self.step} - "
             f"max_staleness={self.max_staleness}); loosen the filter, raise "
-            "TrainerConfig.max_lag / max_staleness, or check the batch source"
+            "TrainerConfig.max_staleness (or the batch source's), or check the batch source"
         )
 
     def _select_items(self, batch: SAWBatch, dropped: dict[str, int]) -> list[SAWItem]:
@@ -365,11 +365,11 @@ class Trainer(HasTrainingCore):
     @property
     def max_staleness(self) -> int | None:
         """The oldest token version trained on is ``step - max_staleness``: the smaller of
-        ``TrainerConfig.max_lag`` and the batch source's ``max_staleness`` (``None``: no
+        ``TrainerConfig.max_staleness`` and the batch source's (``None``: no
         bound)."""
         source = self.batch_source
         bounds = [
-            self.config.max_lag,
+            self.config.max_staleness,
             source.max_staleness if isinstance(source, StalenessBoundedSource) else None,
         ]
         known = [b for b in bounds if b is not None]

@@ -149,7 +149,7 @@ class SAWBatch:
 
 class EmptyBatchError(RuntimeError):
     """A batch has no training item left: a batch source's retries all came back empty, or
-    the trainer's sample filter and ``max_lag`` dropped every item. One class for both, so
+    the trainer's sample filter and ``max_staleness`` dropped every item. One class for both, so
     ``except EmptyBatchError`` catches either."""
 
 
@@ -170,7 +170,7 @@ class StalenessBoundedSource(BatchSource, Protocol):
     """A source whose items may come from older policy versions, at most
     ``max_staleness`` versions behind the trainer's (``None``: no bound). The Trainer drops
     an item whose oldest token version is older than ``step - min(max_staleness,
-    TrainerConfig.max_lag)`` (``PipelineBatchSource``)."""
+    TrainerConfig.max_staleness)`` (``PipelineBatchSource``)."""
 
     max_staleness: int | None
 

@@ -8,6 +8,7 @@ Each ``next_batch`` call: ``requests_fn()`` -> request strategy (e.g. GRPO group
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ludic.inference.chat_template import ChatTemplate
 from ludic.rollouts.engine import RolloutEngine
@@ -23,6 +24,9 @@ from ludic.training.types import (
 )
 from ludic.types import Rollout
 
+if TYPE_CHECKING:
+    from ludic.training.algorithm import RLAlgorithm
+
 
 class RolloutBatchSource:
     """A ``BatchSource`` that generates fresh rollouts for every batch.
@@ -33,7 +37,8 @@ class RolloutBatchSource:
 
     ``rollout_hooks`` run in order on every generated list of rollouts, before credit
     assignment (each attempt's); they annotate the rollouts in place (``rollout.meta``).
-    Pass ``RLAlgorithm.rollout_hooks`` here with ``RLAlgorithm.credit_assigner``.
+    Pass ``RLAlgorithm.rollout_hooks`` here with ``RLAlgorithm.credit_assigner``, or build
+    the source with :meth:`from_algorithm`, which takes the whole algorithm.
 
     ``last_rollouts`` holds the rollouts behind the latest batch (for logging/inspection).
     ``batch.meta`` holds the rollout statistics (see ``summarize_rollouts``) plus
@@ -68,6 +73,26 @@ class RolloutBatchSource:
         self.max_empty_batches = max_empty_batches
         self.rollout_hooks = check_rollout_hooks("RolloutBatchSource", rollout_hooks)
         self.last_rollouts: list[Rollout] = []
+
+    @classmethod
+    def from_algorithm(
+        cls,
+        engine: RolloutEngine,
+        requests_fn: Callable[[], list[RolloutRequest]],
+        algorithm: RLAlgorithm,
+        **options: Any,
+    ) -> RolloutBatchSource:
+        """A source generating for ``algorithm``, handed over in one piece: its credit
+        assigner, rollout hooks and request strategy (``options``: the other keyword
+        arguments, e.g. ``sample_filter``)."""
+        return cls(
+            engine,
+            requests_fn,
+            algorithm.credit_assigner,
+            request_strategy=algorithm.request_strategy,
+            rollout_hooks=algorithm.rollout_hooks,
+            **options,
+        )
 
     def _requests(self) -> list[RolloutRequest]:
         requests = list(self.requests_fn())

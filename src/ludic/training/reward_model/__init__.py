@@ -14,7 +14,7 @@ _EXPORTS: dict[str, str] = {
     "LoraSettings": "ludic.training.reward_model.setup",
     "save_reward_model": "ludic.training.reward_model.trainer",
     "PreferenceTrainer": "ludic.training.reward_model.trainer",
-    "PreferenceTrainerConfig": "ludic.training.reward_model.trainer",
+    "PreferenceTrainerConfig": "ludic.training.reward_model.config",
     "evaluate_preferences": "ludic.training.reward_model.setup",
 }
 
