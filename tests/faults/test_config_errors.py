@@ -57,6 +57,7 @@ def _train(tmp_path: Path, *overrides: str, config: Path | None = None) -> int:
         (["model.device=banana"], ["model.device", "banana", "cpu"]),
         (["env.kwargs.foo=1"], ["env.kwargs", "'arithmetic'", "foo", "problem_seed"]),
         (["model.path=/nonexistent/model"], ["model.path", "/nonexistent/model"]),
+        (["model.path=nope"], ["model.path", "'nope'", "not a hub id", "org/name"]),
     ],
     ids=lambda v: v[0] if isinstance(v, list) else None,
 )
