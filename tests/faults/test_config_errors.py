@@ -138,6 +138,7 @@ def test_corrupt_weights_name_model_path(tmp_path, capsys) -> None:
     assert _train(tmp_path, f"model.path={model_dir}", "warm_start.steps=0") == 2
     line = _error_line(capsys)
     assert "model.path" in line and str(model_dir) in line and "SafetensorError" in line
+    assert list((tmp_path / "runs").iterdir()) == []  # no half-made run directory left
 
 
 @pytest.mark.parametrize("make", ["missing", "not_a_run"])
