@@ -454,6 +454,7 @@ class RunConfig(Section):
     """policy: RL (optionally after an SFT warm start) of a policy on an env;
     reward_model: train a reward model on preference pairs (the ``reward_model`` section)."""
     name: str = "run"
+    """The run's name: one path component (no ``/``, ``\\`` or ``..``)."""
     output_dir: str = "runs"
     """Run directories are created as OUTPUT_DIR/NAME-TIMESTAMP."""
     seed: int = 0
@@ -499,6 +500,16 @@ class RunConfig(Section):
                 "step's publish wakes it"
             )
         return self
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not name.strip() or "/" in name or "\\" in name or ".." in name:
+            raise ValueError(
+                "must be one folder name (no '/', '\\' or '..': the run directory is "
+                "OUTPUT_DIR/NAME-TIMESTAMP); set output_dir to put runs elsewhere"
+            )
+        return name
 
     @model_validator(mode="after")
     def _sections_match_task(self) -> RunConfig:
