@@ -566,12 +566,20 @@ def _interrupted_message(args: argparse.Namespace) -> str:
     return f"interrupted; continue from the last checkpoint with: {shlex.join(command)}"
 
 
+MAX_ERROR_CHARS = 1000
+"""An error line is cut after this many characters (``--debug`` shows the whole message)."""
+
+
 def _one_line(err: BaseException) -> str:
     if isinstance(err, FileNotFoundError) and err.filename is not None:
         text = f"{err.strerror or 'no such file or directory'}: {err.filename}"
     else:
         text = str(err)
-    return " ".join(text.split())
+    text = " ".join(text.split())
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    more = len(text) - MAX_ERROR_CHARS
+    return f"{text[:MAX_ERROR_CHARS]} ... ({more} more characters)"
 
 
 def _print_error(line: str) -> None:
