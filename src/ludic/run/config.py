@@ -49,7 +49,8 @@ __all__ = [
 
 class ModelConfig(Section):
     path: str | None = None
-    """A Hugging Face model folder or hub id; null builds the tiny model in the run dir."""
+    """A Hugging Face model folder (with its config.json) or a hub id ``org/name`` (a bare
+    name only when the local cache has it); null builds the tiny model in the run dir."""
     tiny: TinyModelConfig = TinyModelConfig()
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Training compute dtype (autocast); weights stay in float32."""
@@ -454,7 +455,7 @@ class RunConfig(Section):
     """policy: RL (optionally after an SFT warm start) of a policy on an env;
     reward_model: train a reward model on preference pairs (the ``reward_model`` section)."""
     name: str = "run"
-    """The run's name: one path component (no ``/``, ``\\`` or ``..``)."""
+    """The NAME in OUTPUT_DIR/NAME-TIMESTAMP: one folder name (no ``/``, ``\\`` or ``..``)."""
     output_dir: str = "runs"
     """Run directories are created as OUTPUT_DIR/NAME-TIMESTAMP."""
     seed: int = 0
