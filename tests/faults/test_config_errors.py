@@ -57,6 +57,7 @@ def _train(tmp_path: Path, *overrides: str, config: Path | None = None) -> int:
         (["model.device=banana"], ["model.device", "banana", "cpu"]),
         (["env.kwargs.foo=1"], ["env.kwargs", "'arithmetic'", "foo", "problem_seed"]),
         (["model.path=/nonexistent/model"], ["model.path", "/nonexistent/model"]),
+        (["model.path=nope"], ["model.path", "'nope'", "not a hub id", "org/name"]),
     ],
     ids=lambda v: v[0] if isinstance(v, list) else None,
 )
@@ -137,6 +138,7 @@ def test_corrupt_weights_name_model_path(tmp_path, capsys) -> None:
     assert _train(tmp_path, f"model.path={model_dir}", "warm_start.steps=0") == 2
     line = _error_line(capsys)
     assert "model.path" in line and str(model_dir) in line and "SafetensorError" in line
+    assert list((tmp_path / "runs").iterdir()) == []  # no half-made run directory left
 
 
 @pytest.mark.parametrize("make", ["missing", "not_a_run"])

@@ -5,7 +5,8 @@
 * ``GET /health``: 200, or 503 while ``POST /set_health?ok=0`` says so.
 * ``GET /v1/models``: ``MODEL`` (default ``m``).
 * ``POST /score``: ``{"sleep": s, "status": n}`` -> waits ``s`` seconds, answers status
-  ``n`` (default 200) with ``{"backend": NAME, "echo": body}``.
+  ``n`` (default 200) with ``{"backend": NAME, "echo": body}``; ``{"garbage": "text"}``
+  (or ``"list"``) -> 200 with a body that is not JSON (or a JSON list).
 * ``POST /v1/chat/completions``: answers ``{"backend": NAME, "model": body["model"]}``.
 No ``/openapi.json``: the router assumes it serves every route.
 """
@@ -21,6 +22,7 @@ import uvicorn
 PORT, NAME = int(sys.argv[1]), sys.argv[2]
 MODEL = sys.argv[3] if len(sys.argv) > 3 else "m"
 state = {"healthy": True}
+GARBAGE = {"text": b"<html>upstream oops</html>", "list": b"[1, 2]"}
 
 
 async def app(scope, receive, send):
@@ -49,11 +51,12 @@ async def app(scope, receive, send):
         status = request.get("status", 200)
         auth = dict(scope["headers"]).get(b"authorization", b"").decode()
         out = {"backend": NAME, "echo": request, "auth": auth}
+        out = GARBAGE.get(request.get("garbage"), out)
     elif path == "/v1/chat/completions":
         out = {"backend": NAME, "model": json.loads(body).get("model")}
     else:
         status = 404
-    data = json.dumps(out).encode()
+    data = out if isinstance(out, bytes) else json.dumps(out).encode()
     headers = [(b"content-type", b"application/json"), (b"x-ludic-policy-version", b"7")]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": data})

@@ -179,6 +179,22 @@ def test_unavailable_answers_go_to_another_backend_then_fail_as_502(backends) ->
         assert sum(s["served"] for s in status(r.url).values()) == 1
 
 
+def test_a_success_whose_body_is_not_a_json_object_is_a_502_not_a_200(backends) -> None:
+    a, b = backends["a"], backends["b"]
+    with router([a.url, b.url]) as r:
+        for garbage, shown in [("text", "b'<html>upstream oops</html>'"), ("list", "b'[1, 2]'")]:
+            reply = score(r.url, {"garbage": garbage})
+            assert reply.status_code == 502
+            error = reply.json()["error"]
+            assert error.startswith("every backend failed /score: ")
+            for backend in (a, b):  # tried on both, each named with what it answered
+                assert (
+                    f"{backend.url}: HTTP 200 with a body that is not a JSON object ({shown})"
+                    in error
+                )
+        assert score(r.url).json()["backend"] in ("a", "b")  # a real answer still passes
+
+
 def test_a_failing_health_check_takes_a_backend_out_until_it_passes(backends) -> None:
     a, b = backends["a"], backends["b"]
     with router([a.url, b.url]) as r:
@@ -223,6 +239,16 @@ def test_no_healthy_backend_is_a_503_not_a_hang() -> None:
         assert reply.status_code == 503 and dead in reply.json()["error"]
 
 
+def test_a_backend_that_is_not_a_url_is_a_usage_error(capsys) -> None:
+    from ludic.cli import main
+
+    assert main(["serve", "router", "--backend", "notaurl"]) == 2
+    err = capsys.readouterr().err
+    assert "error: argument --backend: backend url 'notaurl': expected http(s)://host:port" in err
+    assert main(["serve", "router", "--backend", "http://h:1", "--backend", "http://h:1/"]) == 2
+    assert "a backend is listed twice" in capsys.readouterr().err
+
+
 def test_serving_beyond_loopback_without_a_key_is_refused() -> None:
     env = {k: v for k, v in os.environ.items() if k != "LUDIC_API_KEY"}
     done = subprocess.run(
@@ -244,4 +270,4 @@ def test_serving_beyond_loopback_without_a_key_is_refused() -> None:
         timeout=60,
         env=env,
     )
-    assert done.returncode != 0 and "--allow-insecure" in done.stderr
+    assert done.returncode == 2 and "--allow-insecure" in done.stderr

@@ -49,6 +49,8 @@ def not_a_score(data_source, solution_str, ground_truth, extra_info):
 
 def too_few(solution_str):
     return 1.0
+
+THRESHOLD = 0.5
 """
 
 
@@ -83,6 +85,14 @@ def test_a_module_function_and_bad_specs(functions) -> None:
         functions("too_few")
     with pytest.raises(ValueError, match="reward.function: 'nope' must look like"):
         load_reward_function("nope")
+    with pytest.raises(ValueError) as missing:
+        functions("absent")
+    assert "has no function 'absent'" in str(missing.value)
+    with pytest.raises(ValueError) as not_callable:
+        functions("THRESHOLD")
+    assert "THRESHOLD in " in str(not_callable.value)
+    assert "is not callable (a float: 0.5); name a function" in str(not_callable.value)
+    assert "has no function" not in str(not_callable.value)
 
 
 @pytest.mark.parametrize(

@@ -166,6 +166,19 @@ def test_unexpected_error_exits_1_with_the_type_and_a_debug_hint(config_file, mo
     assert line == "error: ValueError: boom second line (run with --debug for the traceback)"
 
 
+def test_a_huge_error_message_is_cut_to_one_readable_line(config_file, monkeypatch, capsys):
+    def boom(config, *, resume=None):
+        raise RuntimeError("server died: " + "[--some-flag VALUE]\n" * 200)
+
+    monkeypatch.setattr(jobs, "train", boom)
+    assert main(["train", str(config_file)]) == 1
+    line = _single_error_line(capsys.readouterr().err)
+    assert line.startswith("error: RuntimeError: server died: [--some-flag VALUE] [--some")
+    assert line.endswith(
+        "VALUE] [--some ... (3012 more characters) (run with --debug for the traceback)"
+    )
+
+
 def test_train_passes_resume_and_overrides_through(tmp_path, config_file, monkeypatch, capsys):
     seen = {}
 

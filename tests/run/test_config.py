@@ -113,6 +113,8 @@ def test_resolved_config_round_trips(tmp_path: Path) -> None:
             "dual_clip_c is set both as algorithm.dual_clip_c and in algorithm.kwargs",
         ),
         (["trainer.lr=1", "trainer.lr.x=1"], "trainer.lr is a value, not a section"),
+        (["name=../../escape"], "name: must be one folder name (no '/', '\\' or '..'"),
+        (["name=a\\b"], "name: must be one folder name"),
     ],
 )
 def test_bad_configs_fail_in_one_line_naming_the_field(overrides, message) -> None:
@@ -120,6 +122,20 @@ def test_bad_configs_fail_in_one_line_naming_the_field(overrides, message) -> No
         load_config(None, overrides)
     text = str(err.value)
     assert message in text and "\n" not in text
+
+
+@pytest.mark.parametrize(
+    ("file", "text"),
+    [("empty.yaml", ""), ("comments.yaml", "# nothing yet\n\n"), ("empty.toml", "# none\n")],
+)
+def test_an_empty_config_file_is_an_error_naming_the_file(tmp_path: Path, file, text) -> None:
+    (tmp_path / file).write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path / file, ["trainer.steps=3"])
+    assert str(err.value) == (
+        f"config file {str(tmp_path / file)!r} is empty; use `ludic demo` for the default run, "
+        "or write at least one section (e.g. env:, trainer:)"
+    )
 
 
 def test_bad_files_name_the_file(tmp_path: Path) -> None:

@@ -22,6 +22,8 @@ from ludic.distributed.weight_transfer.groups import free_port
 from ludic.inference.request import CompletionRequest  # noqa: E402
 from ludic.inference.vllm.client import VLLMChatClient  # noqa: E402
 from ludic.inference.vllm.process import (  # noqa: E402
+    ServerExitedError,
+    log_error_line,
     start_vllm_server,
     wait_for_vllm_health,
 )
@@ -53,13 +55,33 @@ def test_a_server_that_never_answers_raises_timeout_error_within_timeout():
         client.close()
 
 
-def test_health_wait_reports_the_log_tail_when_the_server_exits(tmp_path):
+def test_health_wait_reports_the_servers_error_line_when_it_exits(tmp_path):
     log = tmp_path / "server.log"
     started = time.monotonic()
-    with pytest.raises(RuntimeError, match="exited with code") as info:
+    with pytest.raises(ServerExitedError) as info:
         start_vllm_server(tmp_path / "no-such-model", log_path=log, health_timeout_s=120)
-    assert "last lines of" in str(info.value)
+    message = str(info.value)
+    assert info.value.returncode == 2 and "\n" not in message
+    assert message.endswith(
+        f"exited with code 2 before becoming healthy: error: --model "
+        f"{str(tmp_path / 'no-such-model')!r}: no such folder; give a Hugging Face model "
+        f"folder (log: {log})"
+    )
     assert time.monotonic() - started < 120
+
+
+def test_the_error_line_is_the_last_error_then_exception_then_any_line(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text(
+        "INFO starting\nTraceback (most recent call last):\n  File x\n"
+        "(EngineCore pid=7) ValueError: head size 16 is not supported\nINFO shutting down\n"
+    )
+    assert log_error_line(log) == "(EngineCore pid=7) ValueError: head size 16 is not supported"
+    log.write_text("usage: x [--a]\n       [--b]\nx: error: unrecognized arguments: --c\n")
+    assert log_error_line(log) == "x: error: unrecognized arguments: --c"
+    log.write_text("INFO one\n" + "Killed " * 100 + "\n\n")
+    assert log_error_line(log, limit=20) == "Killed Killed Kil..."
+    assert log_error_line(tmp_path / "missing.log") == ""
 
 
 def test_health_wait_times_out_with_a_clear_error():

@@ -171,3 +171,34 @@ def test_two_trainer_ranks_publish_to_two_servers(tmp_path: Path) -> None:
         assert {s["trace"]["policy_version"] for s in agent_steps} == {sample["step"] - 1}
         servers |= {s["info"]["server"] for s in agent_steps}
     assert len(servers) == 2, servers
+
+
+def test_a_bogus_extra_arg_fails_in_seconds_with_the_servers_own_error_line(
+    tmp_path: Path, capsys
+) -> None:
+    """vLLM's argparse stops the server seconds in; the run reports that one line (not the
+    3 KB usage text before it) with the log's path, as a config error naming the section."""
+    import time
+
+    from ludic.cli import main
+
+    started = time.monotonic()
+    code = main(
+        [
+            "train",
+            str(DEMO),
+            f"output_dir={tmp_path}",
+            "inference.backend=vllm",
+            "inference.vllm.extra_args=[--bogus-flag]",
+            "warm_start.steps=0",
+        ]
+    )
+    assert code == 2 and time.monotonic() - started < 90
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and len(lines[0]) < 400, lines
+    log = next(tmp_path.glob("*/vllm_server.log"))
+    assert lines[0].startswith("error: inference.vllm: vLLM server for http://127.0.0.1:")
+    assert lines[0].endswith(
+        "exited with code 2 before becoming healthy: __main__.py: error: unrecognized "
+        f"arguments: --bogus-flag (log: {log}); check inference.vllm.extra_args"
+    )

@@ -94,7 +94,7 @@ def start_redis_server(
             f"{executable!r} is not on PATH; install Redis (Debian/Ubuntu: "
             "`apt-get install redis-server`; `make test` does this)"
         )
-    data_dir = Path(data_dir)
+    data_dir = Path(data_dir).resolve()  # redis-server opens its files after chdir --dir
     data_dir.mkdir(parents=True, exist_ok=True)
     port = free_port() if port is None else port
     args = [

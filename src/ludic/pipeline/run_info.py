@@ -150,7 +150,7 @@ def open_learner_run(
 
     if run_dir is None:
         return open_run(config, resume=None, resumable=PIPELINE_RESUMABLE)
-    path = Path(run_dir)
+    path = Path(run_dir).resolve()  # absolute: redis-server, actors and hints use it
     if (path / "config.yaml").is_file():
         return open_run(config, resume=path, resumable=PIPELINE_RESUMABLE)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):

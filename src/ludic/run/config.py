@@ -51,7 +51,8 @@ __all__ = [
 
 class ModelConfig(Section):
     path: str | None = None
-    """A Hugging Face model folder or hub id; null builds the tiny model in the run dir."""
+    """A Hugging Face model folder (with its config.json) or a hub id ``org/name`` (a bare
+    name only when the local cache has it); null builds the tiny model in the run dir."""
     tiny: TinyModelConfig = TinyModelConfig()
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Training compute dtype (autocast); weights stay in float32."""
@@ -467,6 +468,7 @@ class RunConfig(Section):
     """policy: RL (optionally after an SFT warm start) of a policy on an env;
     reward_model: train a reward model on preference pairs (the ``reward_model`` section)."""
     name: str = "run"
+    """The NAME in OUTPUT_DIR/NAME-TIMESTAMP: one folder name (no ``/``, ``\\`` or ``..``)."""
     output_dir: str = "runs"
     """Run directories are created as OUTPUT_DIR/NAME-TIMESTAMP."""
     seed: int = 0
@@ -512,6 +514,16 @@ class RunConfig(Section):
                 "step's publish wakes it"
             )
         return self
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not name.strip() or "/" in name or "\\" in name or ".." in name:
+            raise ValueError(
+                "must be one folder name (no '/', '\\' or '..': the run directory is "
+                "OUTPUT_DIR/NAME-TIMESTAMP); set output_dir to put runs elsewhere"
+            )
+        return name
 
     @model_validator(mode="after")
     def _sections_match_task(self) -> RunConfig:

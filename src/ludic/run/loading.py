@@ -58,8 +58,11 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as e:
         first_line = str(e).strip().splitlines()[0]
         raise ConfigError(f"config file {file.name!r} is not valid: {first_line}") from None
-    if data is None:
-        return {}
+    if data is None or data == {}:
+        raise ConfigError(
+            f"config file {str(file)!r} is empty; use `ludic demo` for the default run, or "
+            "write at least one section (e.g. env:, trainer:)"
+        )
     if not isinstance(data, dict):
         raise ConfigError(f"config file {file.name!r}: expected a mapping at the top level")
     return data

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,12 +30,66 @@ def local_path(path: str) -> Path | None:
 
 
 def check_model_path(field: str, path: str | None) -> None:
-    """A ``path`` that names a local folder must exist (hub ids pass through)."""
+    """``path`` must name a model folder that exists and holds a ``config.json``, or a hub
+    id ``org/name``. A bare name (no ``/``) is taken for a hub id only when the local
+    Hugging Face cache has it, and an ``org/name`` only when it is cached or downloads
+    are allowed (``HF_HUB_OFFLINE`` unset): anything else fails here, not after the hub
+    client's retries."""
     if path is None:
         return
     local = local_path(path)
-    if local is not None and not local.is_dir():
+    if local is None:
+        _check_hub_id(field, path)
+        return
+    if local.is_file():
+        raise RunError(
+            f"{field}: {path!r} is a file, not a folder; give the model folder "
+            "save_pretrained wrote (it holds config.json)"
+        )
+    if not local.is_dir():
         raise RunError(f"{field}: folder {path!r} does not exist")
+    config = local / "config.json"
+    if config.is_dir():
+        raise RunError(
+            f"{field}: {str(config)!r} is a folder, not a file; give the model folder "
+            "save_pretrained wrote"
+        )
+    if not config.is_file():
+        raise RunError(
+            f"{field}: folder {path!r} holds no config.json; give the model folder "
+            "save_pretrained wrote (config.json, weights, tokenizer)"
+        )
+
+
+def _check_hub_id(field: str, repo_id: str) -> None:
+    if _hub_cached(repo_id):
+        return
+    if "/" not in repo_id:
+        raise RunError(
+            f"{field}: folder {repo_id!r} does not exist, and {repo_id!r} is not a hub id of "
+            "the form org/name; give a model folder (./models/NAME) or a full hub id such as "
+            "Qwen/Qwen2.5-0.5B-Instruct"
+        )
+    if _hub_offline():
+        raise RunError(
+            f"{field}: hub model {repo_id!r} is not in the local Hugging Face cache and "
+            f"HF_HUB_OFFLINE is set; download it first (hf download {repo_id}) or give a "
+            "model folder"
+        )
+
+
+def _hub_cached(repo_id: str) -> bool:
+    """Whether the local Hugging Face cache holds ``repo_id``'s ``config.json``."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # noqa: BLE001 (an invalid repo id is not cached)
+        return False
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
 
 
 def reward_model_folder(path: str) -> Path:
@@ -56,11 +111,19 @@ def naming_load_errors(field: str, path: str) -> Iterator[None]:
     try:
         yield
     except Exception as e:  # noqa: BLE001 (OSError, ValueError, SafetensorError, ...)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise RunError(
-            f"{field}: cannot load {path!r} ({type(e).__name__}: {first}); check the folder "
-            "holds a complete save_pretrained checkpoint"
+            f"{field}: cannot load {path!r} ({type(e).__name__}: {_reason(e)}); check the "
+            "folder holds a complete save_pretrained checkpoint (config, weights, tokenizer)"
         ) from None
+
+
+def _reason(error: BaseException, limit: int = 400) -> str:
+    """``error``'s whole message on one line (transformers splits a reason over lines:
+    "... from one of: (1) ..., (2) ..."), cut at a word past ``limit`` characters."""
+    text = " ".join(str(error).split())
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0] + " ..."
 
 
 def load_policy(config: RunConfig, model_dir: Path) -> tuple[torch.nn.Module, Any]:

@@ -44,7 +44,7 @@ from ludic.run.errors import RunError
 from ludic.run.models import load_reward_model, reward_model_from_folder
 from ludic.run.preflight import check_config
 from ludic.run.progress import ProgressLogger, print_summary
-from ludic.run.run_dir import RunDirectory, open_run
+from ludic.run.run_dir import RunDirectory, open_run, removed_if_start_fails
 from ludic.run.run_loggers import run_loggers
 from ludic.run.servers import vllm_server_client
 from ludic.run.signals import interrupts_deferred
@@ -100,12 +100,13 @@ def train_reward_model(
             "publish to; configure reward_model.server (a vLLM reward server) or set "
             "reward_model.publish_every=0"
         )
-    run, config = open_run(config, resume=resume, resumable=RESUMABLE_CHANGES)
-    console.print(f"run directory: [bold]{run.path}[/bold]")
     started = time.perf_counter()
-    torch.manual_seed(config.seed)  # LoRA adapters are initialised from torch's RNG
-    model, tokenizer = load_reward_model(rm, run.model_dir)
-    model = prepare_reward_model(model, rm.training_mode, lora=_lora_settings(rm))
+    run, config = open_run(config, resume=resume, resumable=RESUMABLE_CHANGES)
+    with removed_if_start_fails(run, created=resume is None):
+        torch.manual_seed(config.seed)  # LoRA adapters are initialised from torch's RNG
+        model, tokenizer = load_reward_model(rm, run.model_dir)
+        model = prepare_reward_model(model, rm.training_mode, lora=_lora_settings(rm))
+    console.print(f"run directory: [bold]{run.path}[/bold]")
     train_pairs, eval_pairs = _run_preferences(config, run, resuming=resume is not None)
     with contextlib.ExitStack() as stack:
         stack.enter_context(run_loggers(config, run))

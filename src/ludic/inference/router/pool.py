@@ -57,7 +57,8 @@ class Backend:
     served: int = 0
     """Requests answered (any status the router passes on)."""
     failures: int = 0
-    """Requests that failed here (connection, timeout, 502/503/504) and went elsewhere."""
+    """Requests that failed here (connection, timeout, 502/503/504, a success whose body
+    is not a JSON object) and went elsewhere."""
     paths: frozenset[str] | None = None
     """Routes it serves (``/openapi.json``); ``None``: unknown, assumed all."""
     models: frozenset[str] | None = None
@@ -66,9 +67,7 @@ class Backend:
     index: int = 0
 
     def __post_init__(self) -> None:
-        self.url = self.url.rstrip("/")
-        if not re.fullmatch(r"https?://[^/\s]+(/[^\s]*)?", self.url):
-            raise ValueError(f"backend url {self.url!r}: expected http(s)://host:port")
+        self.url = backend_url(self.url)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -89,6 +88,15 @@ class Backend:
             "models": None if self.models is None else sorted(self.models),
             "last_error": self.last_error,
         }
+
+
+def backend_url(url: str) -> str:
+    """``url`` without a trailing ``/``; ``ValueError`` unless it is http(s)://host:port
+    (a path after it is kept)."""
+    stripped = url.rstrip("/")
+    if not re.fullmatch(r"https?://[^/\s]+(/[^\s]*)?", stripped):
+        raise ValueError(f"backend url {url!r}: expected http(s)://host:port")
+    return stripped
 
 
 def _path_matches(path: str, paths: frozenset[str]) -> bool:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from ludic.distributed.weight_transfer.groups import free_port
 from ludic.inference.router.app import RouterApp
-from ludic.inference.router.pool import Backend, BackendPool
+from ludic.inference.router.pool import Backend, BackendPool, backend_url
 from ludic.inference.vllm.process import VLLMServerProcess, launch_server
 from ludic.inference.vllm.security import (
     API_KEY_ENV,
@@ -35,6 +35,12 @@ BACKEND_API_KEY_ENV = "LUDIC_BACKEND_API_KEY"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The router's arguments; a bad one (e.g. a ``--backend`` that is not a URL) is a
+    usage error: argparse's message, exit code 2."""
+    return _parser().parse_args(argv)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ludic serve router",
         description="One address over N inference servers: least-in-flight load "
@@ -44,8 +50,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--backend",
         action="append",
         required=True,
+        type=_backend_arg,
         metavar="URL",
-        help="a server's base URL (repeat for each server)",
+        help="a server's base URL, http(s)://host:port (repeat for each server)",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
@@ -61,7 +68,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
-    return parser.parse_args(argv)
+    return parser
+
+
+def _backend_arg(url: str) -> str:
+    try:
+        return backend_url(url)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def build_app(args: argparse.Namespace) -> object:
@@ -89,8 +103,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     check_bind(args.host, api_key, args.allow_insecure)
     try:
         app = build_app(args)
-    except ValueError as e:
-        raise SystemExit(f"ludic serve router: {e}") from None
+    except ValueError as e:  # e.g. a backend given twice
+        _parser().error(str(e))
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(message)s")
     start_parent_watchdog()  # no-op unless LUDIC_PARENT_PID names the starting process
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")

@@ -321,6 +321,16 @@ def launch_server(
     return server
 
 
+class ServerExitedError(RuntimeError):
+    """The server process exited before it became healthy; ``returncode`` is its exit
+    code (2: argparse refused its command line), ``reason`` the log's telling line."""
+
+    def __init__(self, message: str, *, returncode: int, reason: str) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+        self.reason = reason
+
+
 def wait_for_vllm_health(
     url: str,
     timeout_s: float = 300.0,
@@ -332,8 +342,10 @@ def wait_for_vllm_health(
 ) -> None:
     """Poll ``GET {url}/health`` until it answers 200.
 
-    Raises ``TimeoutError`` after ``timeout_s`` and ``RuntimeError`` as soon as
-    ``process`` exits; both messages end with the tail of ``log_path``. With
+    Raises ``TimeoutError`` after ``timeout_s`` and :class:`ServerExitedError` (a
+    ``RuntimeError``) as soon as ``process`` exits (a bad argument stops it at argparse, seconds in); both messages
+    are one line ending with the log's telling line (:func:`log_error_line`) and the
+    path of ``log_path``. With
     ``server_type`` (``"policy"`` or ``"reward_model"``), a healthy server reporting
     another ``type`` raises ``RuntimeError`` (e.g. another server on that port).
     """
@@ -342,9 +354,11 @@ def wait_for_vllm_health(
     with httpx.Client(timeout=5.0) as http:
         while True:
             if process is not None and process.poll() is not None:
-                raise RuntimeError(
+                raise ServerExitedError(
                     f"vLLM server for {url} exited with code {process.returncode} before "
-                    f"becoming healthy.{_log_section(log_path)}"
+                    f"becoming healthy{_log_summary(log_path)}",
+                    returncode=process.returncode,
+                    reason=log_error_line(log_path),
                 )
             try:
                 r = http.get(f"{url.rstrip('/')}/health")
@@ -356,8 +370,8 @@ def wait_for_vllm_health(
                 last = f"{type(e).__name__}: {e}"
             if time.monotonic() >= deadline:
                 raise TimeoutError(
-                    f"vLLM server at {url} not healthy after {timeout_s:.0f}s (last: {last})."
-                    f"{_log_section(log_path)}"
+                    f"vLLM server at {url} not healthy after {timeout_s:.0f}s (last: {last})"
+                    f"{_log_summary(log_path)}"
                 )
             time.sleep(poll_s)
 
@@ -473,8 +487,30 @@ def _tail(path: str | os.PathLike[str] | None, num_lines: int) -> str:
     return "\n".join(lines[-num_lines:])
 
 
-def _log_section(log_path: str | os.PathLike[str] | None) -> str:
-    tail = _tail(log_path, 40)
-    if not tail:
+_ERROR_LINES = (
+    re.compile(r"(^|: )error: "),  # argparse (vLLM's, ludic's) and `ludic serve`'s own
+    re.compile(r"^(\([^)]*\)\s*)?[\w.]*(Error|Exception)\b"),  # a traceback's last line
+)
+
+
+def log_error_line(log_path: str | os.PathLike[str] | None, limit: int = 300) -> str:
+    """The line of a server log that says why the server stopped: the last ``error:``
+    line (argparse: ``unrecognized arguments: --bogus-flag``), else the last exception
+    line (``ValueError: ...``, also behind vLLM's ``(EngineCore pid=N)`` prefix), else
+    the last line; cut to ``limit`` characters. ``""`` for an empty or missing log."""
+    lines = [line.strip() for line in _tail(log_path, 400).splitlines() if line.strip()]
+    for pattern in _ERROR_LINES:
+        found = next((line for line in reversed(lines) if pattern.search(line)), None)
+        if found is not None:
+            return found if len(found) <= limit else found[: limit - 3] + "..."
+    if not lines:
         return ""
-    return f"\n--- last lines of {log_path} ---\n{tail}"
+    return lines[-1] if len(lines[-1]) <= limit else lines[-1][: limit - 3] + "..."
+
+
+def _log_summary(log_path: str | os.PathLike[str] | None) -> str:
+    """``": LINE (log: PATH)"`` for an error message (see :func:`log_error_line`)."""
+    if log_path is None:
+        return ""
+    line = log_error_line(log_path)
+    return f": {line} (log: {log_path})" if line else f"; its log {log_path} is empty"
