@@ -253,7 +253,9 @@ def test_pipeline_config_errors_name_the_field(tmp_path: Path) -> None:
         load_config(DEMO, _overrides(tmp_path, "pipeline.num_actors=0"))
     with pytest.raises(ConfigError, match=r"pipeline.redis_url: not a Redis URL"):
         load_config(DEMO, _overrides(tmp_path, "pipeline.redis_url=localhost:6379"))
-    with pytest.raises(ConfigError, match=r"trainer.max_staleness=0 is invalid; expected >= publish_every - 1 = 1"):
+    with pytest.raises(
+        ConfigError, match=r"trainer.max_staleness=0 is invalid; expected >= publish_every - 1 = 1"
+    ):
         load_config(
             DEMO, _overrides(tmp_path, "trainer.max_staleness=0", "trainer.publish_every=2")
         )
