@@ -53,7 +53,12 @@ def import_graph() -> dict[str, set[str]]:
     exports = {name: _lazy_exports(tree) for name, tree in trees.items()}
 
     def targets(module: str, names: list[str]) -> Iterator[str]:
-        if module in modules:
+        """``from module import names``: a submodule named is imported (its package's
+        ``__init__`` runs first in any case, as for every submodule import); any other
+        name comes from ``module`` itself, or from the module that lazily exports it."""
+        if module in modules and not (
+            names and all(f"{module}.{name}" in modules for name in names)
+        ):
             yield module
         for name in names:
             if f"{module}.{name}" in modules:
