@@ -1,11 +1,20 @@
 """Shared fixtures: a tiny byte-level tokenizer and a tiny Qwen2 model built locally, and
-(``served``) the session's real vLLM policy server, started on first use."""
+(``served``) the session's real vLLM policy server, started on first use.
+
+Every test stays on loopback: a local Ray runs local-only (node address 127.0.0.1, set
+before anything imports ray; every process a test starts inherits it), and a test fails
+if a process it started listens beyond loopback (:mod:`tests.loopback`)."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
+
+from ludic.pipeline.ray_local import LOCAL_ONLY_ENV
+
+os.environ.update(LOCAL_ONLY_ENV)  # before ray is imported: Ray reads it then
 
 from ludic.models.tiny import build_tiny_causal_lm, build_tiny_tokenizer
 
@@ -62,6 +71,21 @@ def _compute_thread_idle_after_test():
     while compute_calls_in_flight() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert compute_calls_in_flight() == 0, "the test left work running on the compute thread"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """The loopback guard: sampled while the test body runs, checked when it ends (its
+    fixtures, and the servers they hold, still up)."""
+    from tests.loopback import Sampler
+
+    sampler = Sampler().start()
+    try:
+        return (yield)
+    finally:
+        if found := sampler.stop():
+            lines = "\n".join(f"  {listener}" for listener in found)
+            pytest.fail(f"listening beyond loopback (tests stay on 127.0.0.1):\n{lines}")
 
 
 RUN_FIRST = ("tests/vllm/test_vllm_partial.py",)

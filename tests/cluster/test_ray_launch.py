@@ -7,11 +7,17 @@
   server on the other; weights cross nodes every step; the rollout actor's Ray worker
   SIGKILLed mid-run is restarted by Ray, rejoins, and the run loses no step;
 * a placement the cluster cannot grant fails within ``launch.placement_timeout_s``,
-  naming what it asked for, and leaves nothing running.
+  naming what it asked for, and leaves nothing running;
+* ``ludic launch`` without an address starts its own Ray on 127.0.0.1, and a SIGKILLed
+  launcher leaves none of it running.
+
+Every node of the cluster, and every server placed on it, is on 127.0.0.1 (the loopback
+guard in ``tests/conftest.py`` fails a test whose processes listen anywhere else).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -25,6 +31,7 @@ from pathlib import Path
 import pytest
 from tests.faults.helpers import DEMO
 
+from ludic.pipeline.ray_local import LOCAL_ONLY_ENV, LOOPBACK
 from ludic.run.loading import load_config, validate_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.redis]
@@ -39,11 +46,11 @@ def cluster():
     from tests.pipeline.helpers import require_redis_server
 
     require_redis_server()
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 2, "resources": {HEAD: 10}, "include_dashboard": False},
-    )
-    cluster.add_node(num_cpus=2, resources={NODE_B: 10})
+    # two nodes on loopback (drivers joining at 127.0.0.1 need LOCAL_ONLY_ENV, which the
+    # root conftest sets for every test)
+    head = {"num_cpus": 2, "resources": {HEAD: 10}, "include_dashboard": False}
+    cluster = Cluster(initialize_head=True, head_node_args={**head, "node_ip_address": LOOPBACK})
+    cluster.add_node(num_cpus=2, resources={NODE_B: 10}, node_ip_address=LOOPBACK)
     cluster.wait_for_nodes()
     yield cluster
     if ray.is_initialized():
@@ -78,7 +85,7 @@ JOB = [
 class Launched:
     """``python -m ludic launch`` in a subprocess; its output collected line by line."""
 
-    def __init__(self, cwd: Path, *argv: str) -> None:
+    def __init__(self, cwd: Path, *argv: str, env: dict[str, str] | None = None) -> None:
         self.lines: list[str] = []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ludic", "launch", *argv],
@@ -86,7 +93,7 @@ class Launched:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
             start_new_session=True,
         )
         threading.Thread(target=self._read, daemon=True).start()
@@ -288,6 +295,54 @@ def test_a_server_on_another_node_is_synced_to_parity(cluster, tmp_path: Path) -
         ray.shutdown()
 
 
+def test_a_local_launch_runs_on_loopback_and_a_sigkilled_launcher_leaves_no_ray_process(
+    tmp_path: Path,
+) -> None:
+    """No ``--address``: the launcher starts Ray itself, on 127.0.0.1 without being told
+    (``LOCAL_ONLY_ENV`` left out of its environment), and a SIGKILL to the launcher alone
+    ends all of it: Ray's processes (in the launcher's session), the run's (marked)."""
+    import psutil
+
+    mark = f"loopback-{os.getpid()}-{time.monotonic_ns()}"
+    env = {k: v for k, v in os.environ.items() if k not in LOCAL_ONLY_ENV}
+    env["LUDIC_TEST_MARK"] = mark
+    job = [*JOB, "inference.backend=transformers", "trainer.steps=40", "eval.every=0"]
+    job = [j for j in job if "resources=" not in j and "strategy" not in j]
+    job.append("pipeline.stop_timeout_s=5")
+    launched = Launched(tmp_path, str(DEMO), f"output_dir={tmp_path}", *job, env=env)
+    try:
+        launched.wait_for_line(r"^\[learner\] step 1 ", timeout_s=300)
+        out = launched.output()
+        assert f"redis-server: {LOOPBACK}:" in out, out[-4000:]
+        for name in ("learner", "actor-0"):
+            assert re.search(rf"^{name}: pid \d+ on node {LOOPBACK} ", out, re.MULTILINE), out
+        os.kill(launched.proc.pid, signal.SIGKILL)  # the launcher only, not its group
+        launched.proc.wait(timeout=30)
+        left = _leftover(launched.proc.pid, mark, psutil)
+    finally:
+        launched.stop()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launched.proc.pid, signal.SIGKILL)  # what a failed check left
+    assert not left, left
+
+
+def _leftover(session: int, mark: str, psutil, timeout_s: float = 20.0) -> list[str]:
+    """Processes still running after ``timeout_s`` in ``session`` or with ``mark`` in their
+    environment."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = []
+        for proc in psutil.process_iter(["name", "status"]):
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            with contextlib.suppress(psutil.Error):
+                if os.getsid(proc.pid) == session or proc.environ().get("LUDIC_TEST_MARK") == mark:
+                    left.append(f"{proc.pid} {proc.info['name']}")
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.5)
+
+
 def test_launch_config_errors_name_the_field(tmp_path: Path) -> None:
     from ludic.pipeline.ray_launch import check_placement
     from ludic.run.errors import RunError
@@ -312,6 +367,15 @@ def test_launch_config_errors_name_the_field(tmp_path: Path) -> None:
     ipc = load_config(DEMO, [*base, "model.device=cuda", "inference.vllm.sync_strategy=cuda_ipc"])
     with pytest.raises(RunError, match=r"places the servers apart from the learner"):
         check_placement(ipc)
+
+
+def test_a_loopback_ray_address_is_recognised() -> None:
+    from ludic.pipeline.ray_local import is_loopback_address
+
+    for address in ("127.0.0.1:6379", "localhost:6379", "[::1]:6379", "127.0.1.1:1"):
+        assert is_loopback_address(address)
+    for address in ("10.0.0.2:6379", "head:6379", "[2001:db8::1]:6379"):
+        assert not is_loopback_address(address)
 
 
 def test_the_servers_placement_reaches_the_learner_and_actors_as_resumable_overrides(

@@ -13,7 +13,8 @@ Two floors, each importing only the one below it:
   prefix and ``pipeline.json``), :mod:`~ludic.pipeline.learner` (``ludic learner``),
   :mod:`~ludic.pipeline.actor` (``ludic actor``), :mod:`~ludic.pipeline.launch`
   (``trainer.mode: pipeline``: a local Redis, the learner and the actors as processes) and
-  :mod:`~ludic.pipeline.ray_launch` (``ludic launch``: the same, placed on a Ray cluster).
+  :mod:`~ludic.pipeline.ray_launch` (``ludic launch``: the same, placed on a Ray cluster;
+  without an address, on a local Ray on loopback, :mod:`~ludic.pipeline.ray_local`).
 
 Needs the ``redis`` extra (``pip install 'ludic-rl[redis]'``); ``ludic launch`` the ``ray``
 extra.

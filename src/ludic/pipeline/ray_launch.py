@@ -4,7 +4,9 @@ Reads top to bottom:
 
 1. The run directory (new, or ``--resume RUN_DIR``), on this node, as ``ludic train`` makes it.
 2. Ray: ``--address`` / ``launch.address`` / ``$RAY_ADDRESS``, or a local Ray started for the
-   run (as many logical CPUs as the run asks for: they schedule, the cores are shared).
+   run (as many logical CPUs as the run asks for: they schedule, the cores are shared), on
+   127.0.0.1 and ended with the launcher, even a SIGKILLed one
+   (:mod:`ludic.pipeline.ray_local`).
 3. Redis: ``pipeline.redis_url``, or a redis-server here with an fsync-always AOF in
    RUN_DIR/redis, listening on this node's address behind a fresh password (the processes
    get the URL in ``$LUDIC_REDIS_URL``, never on a command line).
@@ -58,6 +60,7 @@ from ludic.pipeline.launch import (
     open_run_with_logs,
     process_failure,
 )
+from ludic.pipeline.ray_local import LOCAL_ONLY_ENV, is_loopback_address, start_local_ray
 from ludic.pipeline.ray_processes import PlacedProcess, ProcessSpec
 from ludic.pipeline.run_info import (
     REDIS_URL_ENV,
@@ -86,8 +89,11 @@ def launch_on_ray(
         require_pipeline_mode(config, "ludic launch")
         check_config(config)
         check_placement(config, address)
-        ray = _import_ray()
-        return _launch(ray, config, address or config.launch.address, resume)
+        address = address or config.launch.address
+        joined = address or os.environ.get("RAY_ADDRESS")
+        # a local Ray, or one at a loopback address, runs local-only (set before the import)
+        ray = _import_ray(local_only=joined is None or is_loopback_address(joined))
+        return _launch(ray, config, address, resume)
 
 
 def check_placement(config: RunConfig, address: str | None = None) -> None:
@@ -121,7 +127,9 @@ def check_placement(config: RunConfig, address: str | None = None) -> None:
                 )
 
 
-def _import_ray() -> Any:
+def _import_ray(*, local_only: bool) -> Any:
+    if local_only:
+        os.environ.update(LOCAL_ONLY_ENV)
     try:
         import ray
     except ImportError as err:
@@ -229,8 +237,8 @@ def _connect(
     # ray.init installs its own SIGTERM handler (a crash report, then abort): put back
     # the run's (terminate_as_interrupt: SIGTERM stops the run as Ctrl-C does).
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    stack.callback(ray.shutdown)
     if address or os.environ.get("RAY_ADDRESS"):
+        stack.callback(ray.shutdown)
         ray.init(address=address, **options)
     else:
         lc = config.launch
@@ -242,7 +250,15 @@ def _connect(
         roles += [lc.rollout_actor] * config.pipeline.num_actors
         cpus = max(os.cpu_count() or 1, int(sum(r.cpus for r in roles) + 0.999))
         gpus = _local_gpus() if any(r.gpus for r in roles) else 0
-        ray.init(num_cpus=cpus, num_gpus=gpus, include_dashboard=False, **options)
+        start_local_ray(
+            ray,
+            stack,
+            grace_s=config.pipeline.stop_timeout_s,
+            num_cpus=cpus,
+            num_gpus=gpus,
+            include_dashboard=False,
+            **options,
+        )
     for sig, handler in handlers.items():
         if handler is not None:
             signal.signal(sig, handler)

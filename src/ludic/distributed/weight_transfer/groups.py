@@ -2,7 +2,8 @@
 ``torch.distributed.init_process_group``.
 
 The trainer is rank 0 and hosts the rendezvous store (a ``TCPStore`` server) at
-``master_addr:master_port``; inference workers are ranks ``1..world_size-1``. The group is
+``master_addr:master_port``, listening on that address only (a ``TCPStore`` left to bind
+by itself listens on every interface, whatever ``master_addr`` says); inference workers are ranks ``1..world_size-1``. The group is
 built from its parts (``TCPStore`` -> ``PrefixStore`` -> ``ProcessGroupGloo`` /
 ``ProcessGroupNCCL``) and is *not* registered with ``torch.distributed``, so it can sit
 next to a trainer's own FSDP/DDP group (or vLLM's groups inside a worker) without touching
@@ -61,8 +62,6 @@ def init_process_group(
         raise RuntimeError(
             "backend='nccl' needs a CUDA build of torch with NCCL; use backend='gloo' on CPU"
         )
-    if rank == 0:
-        check_port_free(master_addr, master_port)
     timeout = timedelta(seconds=timeout_s)
     store = TCPStore(
         master_addr,
@@ -72,6 +71,7 @@ def init_process_group(
         timeout=timeout,
         # The group constructor below waits for every rank; the store need not.
         wait_for_workers=False,
+        master_listen_fd=_listen(master_addr, master_port) if rank == 0 else None,
     )
     prefix_store = PrefixStore(f"tcp://{master_addr}:{master_port}", store)
     pg = ProcessGroup(prefix_store, rank, world_size)
@@ -138,6 +138,29 @@ class GroupPortBusyError(RuntimeError):
     """The weight-sync rendezvous port is already taken on the trainer's machine."""
 
 
+def _listen(host: str, port: int) -> int:
+    """A socket listening on ``host:port`` only, for the store to take over (its fd);
+    :class:`GroupPortBusyError` when the port is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((host, port))
+        s.listen()
+    except OSError as e:
+        s.close()
+        raise _port_busy(host, port, e) from None
+    return s.detach()
+
+
+def _port_busy(host: str, port: int, e: OSError) -> GroupPortBusyError:
+    return GroupPortBusyError(
+        f"weight-sync group port {port} on {host} is busy ({e.strerror}): another "
+        "process listens there. Choose a free port (inference.vllm.group_port, or "
+        "null for a free one) or stop that process"
+    )
+
+
 def check_port_free(host: str, port: int) -> None:
     """Raise :class:`GroupPortBusyError` naming ``host:port`` when a listener cannot bind
     it now. Rank 0 checks before hosting the store: a busy port otherwise surfaces only
@@ -148,11 +171,7 @@ def check_port_free(host: str, port: int) -> None:
         try:
             s.bind((host, port))
         except OSError as e:
-            raise GroupPortBusyError(
-                f"weight-sync group port {port} on {host} is busy ({e.strerror}): another "
-                "process listens there. Choose a free port (inference.vllm.group_port, or "
-                "null for a free one) or stop that process"
-            ) from None
+            raise _port_busy(host, port, e) from None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
