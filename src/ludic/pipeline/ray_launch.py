@@ -332,6 +332,7 @@ class _Placed:
     incarnation: int | None = None  # the Ray actor's pid, to notice restarts
     restarts: int = 0
     killed: int | None = None  # the incarnation killed for a restart (its polls ignored)
+    seen: tuple[int, int | None] = (-1, None)  # (last line taken, the incarnation it was in)
     unavailable_since: float | None = None
 
     @property
@@ -417,7 +418,7 @@ class _Placement:
 
     def _first_poll(self, placed: _Placed) -> None:
         try:
-            info = self.ray.get(placed.handle.poll.remote(), timeout=self.timeout_s)
+            info = self.ray.get(placed.handle.poll.remote(*placed.seen), timeout=self.timeout_s)
         except self.ray.exceptions.GetTimeoutError:
             raise RunError(
                 f"launch: {placed.name} did not start within {self.timeout_s:g}s "
@@ -472,7 +473,7 @@ class _Placement:
     def _pump_one(self, placed: _Placed) -> None:
         exceptions = self.ray.exceptions
         try:
-            info = self.ray.get(placed.handle.poll.remote(), timeout=30.0)
+            info = self.ray.get(placed.handle.poll.remote(*placed.seen), timeout=30.0)
         except (exceptions.ActorUnavailableError, exceptions.GetTimeoutError):
             self._unavailable(placed)  # being restarted, or busy
             return
@@ -520,6 +521,7 @@ class _Placement:
             )
         placed.incarnation = info["actor_pid"]
         placed.info = info
+        placed.seen = (info["last_line"], info["actor_pid"])
         lines = info["lines"]
         if lines:
             with placed.log_path.open("a", encoding="utf-8") as log:
@@ -545,7 +547,9 @@ class _Placement:
             with contextlib.suppress(Exception):
                 if placed.name in refs:
                     self.ray.get(refs[placed.name], timeout=self.stop_timeout_s + 15.0)
-                self._take(placed, self.ray.get(placed.handle.poll.remote(), timeout=5.0))
+                self._take(
+                    placed, self.ray.get(placed.handle.poll.remote(*placed.seen), timeout=5.0)
+                )
         for placed in self.placed:
             with contextlib.suppress(Exception):
                 self.ray.kill(placed.handle, no_restart=True)

@@ -85,7 +85,10 @@ class PlacedProcess:
         self.restarted = bool(context.was_current_actor_reconstructed)
         self.url: str | None = None
         self.scratch: Path | None = None
-        self._lines: collections.deque[str] = collections.deque(maxlen=MAX_KEPT_LINES)
+        # (number, line): a line stays until a poll acknowledges it, so a poll whose
+        # answer never reached the launcher (a timeout, a restart in between) loses nothing
+        self._lines: collections.deque[tuple[int, str]] = collections.deque(maxlen=MAX_KEPT_LINES)
+        self._next_line = 0
         self._dropped = 0
         self._lock = threading.Lock()
         self._port = free_port(self.node_ip) if spec.role.endswith("server") else 0
@@ -173,17 +176,28 @@ class PlacedProcess:
             with self._lock:
                 if len(self._lines) == MAX_KEPT_LINES:
                     self._dropped += 1
-                self._lines.append(line)
+                self._lines.append((self._next_line, line))
+                self._next_line += 1
 
-    def poll(self) -> dict[str, Any]:
-        """The output since the last poll and the process's state."""
+    def poll(self, seen: int = -1, incarnation: int | None = None) -> dict[str, Any]:
+        """The output after line ``seen`` and the process's state. ``seen`` (with the
+        ``incarnation`` it was counted in: the ``actor_pid`` of the answer that brought it)
+        acknowledges the lines up to it, which are then forgotten; lines of an answer that
+        never reached the launcher are sent again. ``last_line``: the number to pass as
+        ``seen`` next time."""
+        if incarnation != os.getpid():  # counted in an earlier incarnation: all lines
+            seen = -1
         with self._lock:
-            lines, self._lines = list(self._lines), collections.deque(maxlen=MAX_KEPT_LINES)
+            while self._lines and self._lines[0][0] <= seen:
+                self._lines.popleft()
+            lines = [line for _, line in self._lines]
+            last = self._lines[-1][0] if self._lines else max(seen, self._next_line - 1)
             dropped, self._dropped = self._dropped, 0
         if dropped:
             lines.insert(0, f"[... {dropped} lines dropped: the launcher polled too slowly]")
         return {
             "lines": lines,
+            "last_line": last,
             "returncode": self.process.poll(),
             "pid": self.process.pid,
             "actor_pid": os.getpid(),
