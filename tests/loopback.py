@@ -47,7 +47,15 @@ class Listener:
         return f"pid {self.pid} ({self.name}) listens on {self.address}:{self.port}: {self.cmdline}"
 
 
-EXEMPT: dict[str, str] = {}
+EXEMPT: dict[str, str] = {
+    "pt_elastic": (
+        "torchrun's elastic agent (trainer.world_size > 1, tests/distributed): the c10d "
+        "TCPStore it hosts for the rendezvous listens on every interface whatever host it is "
+        "given (--standalone asks for localhost), and torchrun has no option to hand it a "
+        "socket bound to loopback as ludic's own weight-sync store does "
+        "(ludic.distributed.weight_transfer.groups)"
+    ),
+}
 """Process names (``/proc/PID/comm``) whose non-loopback listeners are let through, each
 with the reason it cannot be made to bind to loopback."""
 
