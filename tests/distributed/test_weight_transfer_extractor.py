@@ -183,7 +183,9 @@ def fsdp_rank_main(rank: int, port: int, results) -> None:
 
     # The store on a socket bound to loopback: a TCPStore left to bind by itself listens on
     # every interface, whatever host it is given (the loopback guard, tests/loopback.py).
-    listen_fd = _listen_on_loopback(port) if rank == 0 else None
+    from ludic.distributed.weight_transfer.groups import listening_socket
+
+    listen_fd = listening_socket("127.0.0.1", port) if rank == 0 else None
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, master_listen_fd=listen_fd)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     try:
@@ -234,13 +236,3 @@ def test_fsdp2_weights_are_gathered_full_while_other_ranks_join_the_gathers() ->
     (_, _, chunks0, ok0), (_, _, chunks1, _) = replies
     assert ok0 and chunks0 > 1  # several chunks: gathers interleave with sending
     assert chunks1 == 0  # rank 1 published nothing
-
-
-def _listen_on_loopback(port: int) -> int:
-    import socket
-
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("127.0.0.1", port))
-    s.listen()
-    return s.detach()

@@ -330,8 +330,7 @@ class TrainerSection(TrainerSettings):  # type: ignore[misc,valid-type]
     def trainer_config(self, **rest: Any) -> TrainerConfig:
         """The :class:`TrainerConfig` of these settings, ``total_steps=steps`` and ``rest``
         (``pad_token_id``, ``seed``, ``device``, ...)."""
-        settings = {name: getattr(self, name) for name in TRAINER_SETTINGS}
-        return TrainerConfig(**settings, total_steps=self.steps, **rest)
+        return self.settings_object(total_steps=self.steps, **rest)
 
 
 class PipelineConfig(Section):

@@ -97,6 +97,12 @@ def settings_section(name: str, source: type, fields: Sequence[str], *, doc: str
     }
     section = create_model(name, __base__=Section, __module__=__name__, **spec)
     section.__doc__ = doc
+
+    def settings_object(self: Section, **rest: Any) -> Any:
+        """A ``source`` built from these fields' values and ``rest`` (its other fields)."""
+        return source(**{field: getattr(self, field) for field in fields}, **rest)
+
+    section.settings_object = settings_object  # type: ignore[attr-defined]
     return section
 
 

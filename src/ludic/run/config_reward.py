@@ -157,10 +157,7 @@ class RewardModelSection(RewardTrainerSettings):  # type: ignore[misc,valid-type
     def trainer_config(self, **rest: Any) -> PreferenceTrainerConfig:
         """The :class:`PreferenceTrainerConfig` of these settings, ``total_steps=steps``
         and ``rest`` (``seed``)."""
-        settings = {name: getattr(self, name) for name in REWARD_TRAINER_SETTINGS}
-        return PreferenceTrainerConfig(
-            **settings, total_steps=self.steps, device=self.device, **rest
-        )
+        return self.settings_object(total_steps=self.steps, device=self.device, **rest)
 
 
 class RewardSection(Section):

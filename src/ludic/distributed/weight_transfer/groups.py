@@ -71,7 +71,7 @@ def init_process_group(
         timeout=timeout,
         # The group constructor below waits for every rank; the store need not.
         wait_for_workers=False,
-        master_listen_fd=_listen(master_addr, master_port) if rank == 0 else None,
+        master_listen_fd=listening_socket(master_addr, master_port) if rank == 0 else None,
     )
     prefix_store = PrefixStore(f"tcp://{master_addr}:{master_port}", store)
     pg = ProcessGroup(prefix_store, rank, world_size)
@@ -138,7 +138,7 @@ class GroupPortBusyError(RuntimeError):
     """The weight-sync rendezvous port is already taken on the trainer's machine."""
 
 
-def _listen(host: str, port: int) -> int:
+def listening_socket(host: str, port: int) -> int:
     """A socket listening on ``host:port`` only, for the store to take over (its fd);
     :class:`GroupPortBusyError` when the port is taken."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
