@@ -128,5 +128,5 @@ def test_no_import_cycles_anywhere_in_ludic() -> None:
 def test_the_cycle_check_sees_imports_inside_functions() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert import_cycles(graph) == [["a", "b", "c"]]
-    # preflight imports the builders inside a function: the graph must hold that edge
+    # preflight imports the builders (it once did so inside a function): the edge is seen
     assert "ludic.run.builders" in import_graph()["ludic.run.preflight"]
