@@ -1,4 +1,4 @@
-"""Weight sync of a Qwen2.5-0.5B-shaped policy (bf16, ~0.99 GB) on a GPU machine.
+"""Weight sync of a Qwen2.5-0.5B-shaped policy (bf16, 1.26 GB as synced) on a GPU machine.
 
     python benchmarks/gpu_sync.py [--repeats 5]              # part of benchmarks/gpu_smoke.sh
     python benchmarks/gpu_sync.py --save-model DIR           # write the model folder, exit

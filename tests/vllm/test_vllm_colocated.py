@@ -105,6 +105,7 @@ def test_colocated_config_errors_name_the_fields(tmp_path: Path) -> None:
 def colocated(tmp_path_factory: pytest.TempPathFactory):
     """A policy server on this GPU with sleep mode and a small memory share, and the
     mirror (the trainer's weights; the IPC sender copies them to this GPU)."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'ludic-rl[vllm]')")
     from transformers import AutoModelForCausalLM
 
     from ludic.inference.vllm.process import start_vllm_server
