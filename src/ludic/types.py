@@ -73,6 +73,12 @@ class TokenTrace:
     completion continued after a weight update (partial rollouts) shows the switch, e.g.
     ``(3, 3, 3, 4, 4)``. ``policy_version`` is the oldest of them (the first token's);
     given alone, it stands for every token.
+
+    ``version_end``: the newest version that may have sampled a token, when a weight
+    update landed while the backend was generating without pausing it (vLLM's
+    ``x-ludic-policy-version-end``): the tokens' versions then lie somewhere between the
+    known ones and ``version_end``, token by token unknown. ``None``: the known versions
+    are exact. :meth:`newest_version` is what a staleness span uses.
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -81,6 +87,7 @@ class TokenTrace:
     finish_reason: str | None = None
     policy_version: int | None = None
     completion_versions: tuple[int, ...] | None = None
+    version_end: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_token_ids", tuple(self.prompt_token_ids))
@@ -107,6 +114,15 @@ class TokenTrace:
                         f"TokenTrace: policy_version={self.policy_version} but the first "
                         f"token's version is {versions[0]}; policy_version is the oldest"
                     )
+        if self.version_end is not None:
+            object.__setattr__(self, "version_end", int(self.version_end))
+            known = self.token_versions()
+            if not known or self.version_end < max(known):
+                raise ValueError(
+                    f"TokenTrace: version_end={self.version_end} needs known token versions "
+                    f"no newer than it (got {known and max(known)}); version_end is the "
+                    "newest version that may have sampled a token"
+                )
         if self.completion_logprobs is not None:
             object.__setattr__(self, "completion_logprobs", tuple(self.completion_logprobs))
             if len(self.completion_logprobs) != len(self.completion_token_ids):
@@ -133,6 +149,14 @@ class TokenTrace:
             return None
         return (self.policy_version,) * len(self.completion_token_ids)
 
+    def newest_version(self) -> int | None:
+        """The newest version that may have sampled a token: ``version_end`` when set,
+        else the last token's (``None`` when unknown)."""
+        if self.version_end is not None:
+            return self.version_end
+        versions = self.token_versions()
+        return versions[-1] if versions else self.policy_version
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "prompt_token_ids": list(self.prompt_token_ids),
@@ -145,6 +169,7 @@ class TokenTrace:
             "completion_versions": (
                 None if self.completion_versions is None else list(self.completion_versions)
             ),
+            "version_end": self.version_end,
         }
 
     @classmethod
@@ -160,6 +185,7 @@ class TokenTrace:
             completion_versions=(
                 None if d.get("completion_versions") is None else tuple(d["completion_versions"])
             ),
+            version_end=d.get("version_end"),
         )
 
 

@@ -86,6 +86,36 @@ def test_policy_version_is_the_oldest_known_version_of_the_turn(fakes):
     assert second.policy_version is None
 
 
+def test_a_call_that_straddled_an_update_gives_the_item_its_end_version(fakes):
+    # served while version 4 landed without a pause: its tokens are 3 or 4, which unknown
+    straddled = fakes.agent_step(0, "t0", [1, 2], [3, 4], version=3, version_end=4)
+    r = Rollout(steps=[straddled, fakes.env_step(1, "t0", 1.0)])
+    [item] = rollouts_to_saw_items([r], [[1.0]])
+    assert (item.policy_version, item.newest_version, item.version_end) == (3, 4, 4)
+    assert item.version_span == 1
+    # exact versions need no end: two calls at 3 and 5 in one turn span 2 updates
+    s0 = fakes.agent_step(0, "t0", [1, 2], [3], version=3)
+    s1 = fakes.agent_step(1, "t0", [1, 2, 3, 8], [5], version=5)
+    r = Rollout(steps=[s0, s1, fakes.env_step(2, "t0", 0.0)])
+    [item] = rollouts_to_saw_items([r], [[1.0]])
+    assert item.action_versions == (3, 5) and item.version_end is None
+    assert item.version_span == 2
+
+
+def test_a_retokenized_turn_keeps_the_newest_version_of_its_calls(fakes, tiny_tokenizer):
+    m0 = [{"role": "user", "content": "q"}]
+    m1 = m0 + [{"role": "assistant", "content": "a"}, {"role": "tool", "content": "t"}]
+    s0 = fakes.agent_step(0, "t0", [1, 2], [3], version=3, messages=m0, completion="a")
+    s1 = fakes.agent_step(
+        1, "t0", [1, 2, 3, 8], [5], version=4, version_end=6, messages=m1, completion="b"
+    )
+    r = Rollout(steps=[s0, s1, fakes.env_step(2, "t0", 0.0)])
+    template = HFChatTemplate(tiny_tokenizer)
+    [item] = rollouts_to_saw_items([r], [[1.0]], retokenize=True, chat_template=template)
+    assert item.action_versions is None  # retokenized: no per-token versions
+    assert (item.policy_version, item.version_end, item.version_span) == (3, 6, 3)
+
+
 def test_weights_are_taken_per_turn_and_turns_without_agent_steps_are_skipped(fakes):
     steps = [
         fakes.agent_step(0, "t0", [1], [2]),

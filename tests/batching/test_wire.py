@@ -34,6 +34,8 @@ def _batch() -> SAWBatch:
             meta={"rollout_id": "r0", "reward": 1.0, "group_id": "g", "turn": 0},
         ),
         SAWItem([1, 2, 3], [0, 1, 0], weight=-1.5, policy_version=5, meta={"reward": 0.0}),
+        # sampled while an update to version 7 landed without a pause
+        SAWItem([4, 5, 6], [0, 1, 1], weight=0.5, policy_version=6, version_end=7),
         SAWItem([7, 8], [0, 1], weight=0.0),
     ]
     return SAWBatch(items=items, meta={"num_rollouts": 3, "reward_mean": 0.5, "tag": "x"})
@@ -75,12 +77,15 @@ def test_round_trip_keeps_items_meta_and_producer() -> None:
         assert got.weight == want.weight
         assert got.policy_version == want.policy_version
         assert got.action_versions == want.action_versions
+        assert got.version_end == want.version_end
+        assert got.version_span == want.version_span
         assert got.meta == want.meta
         if want.old_logprobs is None:
             assert got.old_logprobs is None
         else:  # float32 on the wire
             assert got.old_logprobs == pytest.approx(want.old_logprobs, abs=1e-7)
     assert wire.batch.items[0].policy_version == 3  # derived from action_versions
+    assert [item.version_span for item in wire.batch.items] == [1, 0, 1, 0]
 
 
 def test_token_ids_use_int32_when_they_fit_and_int64_otherwise() -> None:
@@ -115,8 +120,9 @@ def test_wrong_magic_and_pickles_are_rejected_without_unpickling() -> None:
 
 def test_unsupported_format_version_is_rejected() -> None:
     header, body = _split(encode_batch(_batch(), PRODUCER))
-    with pytest.raises(WireFormatError, match="format version 2 is not supported"):
-        decode_batch(_join(header, body, version=2))
+    for version in (FORMAT_VERSION - 1, FORMAT_VERSION + 1):  # 1: before version_end
+        with pytest.raises(WireFormatError, match=f"format version {version} is not supported"):
+            decode_batch(_join(header, body, version=version))
 
 
 def test_a_header_that_is_not_json_is_rejected() -> None:
@@ -162,7 +168,7 @@ def test_lengths_that_lie_are_rejected() -> None:
         decode_batch(_with_header(payload, shift("input_ids", 1)))
     # Counts that add up to the right size but disagree with each other.
     lying = _with_header(payload, lambda h: (shift("input_ids", 2)(h), shift("weight", -1)(h)))
-    with pytest.raises(WireFormatError, match="array weight has 2 entries, expected 3"):
+    with pytest.raises(WireFormatError, match="array weight has 3 entries, expected 4"):
         decode_batch(lying)
     with pytest.raises(WireFormatError, match="num_items must be an int >= 1"):
         decode_batch(_with_header(payload, lambda h: h.update(num_items=True)))

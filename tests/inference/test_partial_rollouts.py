@@ -100,8 +100,15 @@ def test_a_restart_keeps_only_the_last_attempt_and_counts_what_it_discarded():
 def test_a_single_piece_carries_one_version_and_its_end_version():
     response = stitch(request(), [segment([5, 6], 3, end=4)])
     assert response.trace.completion_versions is None
-    assert response.trace.token_versions() == (3, 3)  # conservatively the older version
+    assert response.trace.token_versions() == (3, 3)  # the oldest: staleness is judged by it
+    assert response.trace.version_end == response.trace.newest_version() == 4  # may be 4
     assert response.meta == {"id": "cmpl-3", "policy_version": 3, "policy_version_end": 4}
+    # a continued completion: the straddling piece's end is kept, an exact one adds none
+    kept = [segment([5, 6], 3, aborted=True, end=4), segment([7], 5)]
+    trace = stitch(request(), kept).trace
+    assert trace.completion_versions == (3, 3, 5) and trace.version_end is None
+    kept = [segment([5, 6], 3, aborted=True), segment([7], 4, end=6)]
+    assert stitch(request(), kept).trace.version_end == 6
 
 
 def test_bad_modes_and_bounds_are_refused_naming_the_field():

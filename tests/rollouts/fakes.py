@@ -112,6 +112,7 @@ def agent_step(
     *,
     logprobs: Sequence[float] | None | str = "auto",
     version: int | None = None,
+    version_end: int | None = None,
     finish_reason: str | None = "stop",
     reward: float = 0.0,
     parse_error: bool = False,
@@ -129,6 +130,7 @@ def agent_step(
             completion_logprobs=None if logprobs is None else tuple(logprobs),
             finish_reason=finish_reason,
             policy_version=version,
+            version_end=version_end,
         )
         if trace
         else None

@@ -189,19 +189,12 @@ def test_a_saved_config_loads_back_as_the_same_config(tmp_path: Path) -> None:
         make_algorithm(loaded)  # grpo refuses e.g. behaviour_weight_cap when it is "set"
 
 
-def test_partial_rollouts_need_a_backend_that_can_abort(tmp_path: Path) -> None:
-    config = load_config(
-        None, ["inference.backend=vllm", "inference.vllm.partial_rollouts=continue"]
-    )
+def test_partial_rollouts_continue_by_default(tmp_path: Path) -> None:
+    # every token carries the version that sampled it unless the user turns it off
+    config = load_config(None, ["inference.backend=vllm"])
     assert config.inference.vllm.partial_rollouts == "continue"
-    assert load_config(None).inference.vllm.partial_rollouts == "off"
     (tmp_path / "off.yaml").write_text("inference: {vllm: {partial_rollouts: off}}\n")
     assert load_config(tmp_path / "off.yaml").inference.vllm.partial_rollouts == "off"
-    with pytest.raises(ConfigError) as err:
-        load_config(None, ["inference.vllm.partial_rollouts=restart"])
-    text = str(err.value)
-    assert "inference.vllm.partial_rollouts=restart needs inference.backend=vllm" in text
-    assert "transformers backend cannot abort" in text and "\n" not in text
     with pytest.raises(ConfigError, match="partial_rollouts: Input should be 'off'"):
         load_config(None, ["inference.backend=vllm", "inference.vllm.partial_rollouts=resume"])
 

@@ -17,7 +17,7 @@ from ludic.stats import Reducer
 from ludic.training.checkpoint import CheckpointConfig
 from ludic.training.collate import split_microbatches
 from ludic.training.config import TrainerConfig
-from ludic.training.filters import drop_truncated
+from ludic.training.filters import drop_truncated, drop_version_span
 from ludic.training.loggers import JsonlLogger
 from ludic.training.losses.base import LossInputs, LossOutput
 from ludic.training.trainer import EmptyBatchError, NonFiniteError, StepTotals, Trainer
@@ -193,6 +193,29 @@ def test_sample_filter_drops_are_counted(tiny_model) -> None:
     )
     m = asyncio.run(trainer.train_step())
     assert m["dropped/filter"] == 1 and m["num_items"] == 3
+
+
+def test_the_version_span_validator_drops_items_sampled_across_updates(tiny_model) -> None:
+    """trainer.max_version_span's filter: an item whose tokens (may) come from two policy
+    versions is dropped and counted, whether the versions are known per token (a continued
+    partial rollout) or only as a range (an update landed without a pause)."""
+    one, two, three = (i.input_ids for i in _items(3))
+    mask = lambda ids: (0,) * (len(ids) - 2) + (1, 1)  # noqa: E731
+    items = [
+        SAWItem(one, mask(one), 1.0, action_versions=(2, 2)),  # one version: kept
+        SAWItem(two, mask(two), 1.0, action_versions=(1, 2)),  # continued across an update
+        SAWItem(three, mask(three), 1.0, policy_version=1, version_end=2),  # no pause
+    ]
+    assert [i.version_span for i in items] == [0, 1, 1]
+    trainer = Trainer(
+        tiny_model,
+        _algorithm(),
+        ListSource(SAWBatch(items)),
+        _config(),
+        sample_filter=drop_version_span(0),
+    )
+    m = asyncio.run(trainer.train_step())
+    assert m["dropped/filter"] == 2 and m["num_items"] == 1
 
 
 def test_a_batch_emptied_by_filters_raises_naming_the_counts(tiny_model) -> None:

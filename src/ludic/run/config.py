@@ -73,17 +73,6 @@ class InferenceConfig(Section):
     max_batch_size: int = Field(64, ge=1)
     vllm: PolicyServersConfig = PolicyServersConfig()
 
-    @model_validator(mode="after")
-    def _partial_rollouts_need_vllm(self) -> InferenceConfig:
-        if self.backend != "vllm" and self.vllm.partial_rollouts != "off":
-            raise ValueError(
-                f"inference.vllm.partial_rollouts={self.vllm.partial_rollouts} needs "
-                f"inference.backend=vllm: the {self.backend} backend cannot abort a generation "
-                "when weights are published; set inference.backend: vllm or "
-                "inference.vllm.partial_rollouts: off"
-            )
-        return self
-
 
 class SamplingConfig(Section):
     temperature: float = Field(1.0, ge=0.0)

@@ -173,23 +173,27 @@ class VLLMConfig(Section):
     """The server's API key (every route but /health needs it). null: $LUDIC_API_KEY if
     set, else a fresh random key for a server ludic starts (none for a running one).
     Never saved to the run directory nor shown in logs."""
-    partial_rollouts: Literal["off", "continue", "restart"] = "off"
-    """What happens to a completion aborted by a weight update: off (kept as it is,
-    finish reason "abort"), continue (continued from the tokens generated so far; per-token
-    policy versions show the switch) or restart (sent again). Any mode but off makes each
-    publish pause the server (abort in flight, load, resume); see
-    ``ludic.inference.vllm.partial``."""
-
-    @field_validator("partial_rollouts", mode="before")
-    @classmethod
-    def _yaml_off(cls, value: Any) -> Any:
-        return "off" if value is False else value  # YAML 1.1 reads a bare `off` as false
 
 
 class PolicyServersConfig(VLLMConfig):
     """The policy's vLLM servers: one, or several behind a ``VLLMClientPool``
     (``ludic.inference.vllm.pool``: least in flight, an episode sticks to one server, a
     dead server is taken out and its requests sent elsewhere)."""
+
+    partial_rollouts: Literal["off", "continue", "restart"] = "continue"
+    """What a publish does to the completions in flight. continue (the default): it pauses
+    the server (in-flight requests end, the weights load, it resumes) and each one is
+    continued from the tokens generated so far, so every token carries the version that
+    sampled it (e.g. 3, 3, 3, 4, 4); restart: they are sent again, every token from the new
+    version; off: no pause, so a completion may straddle the update token by token
+    unknown (its trace's version_end says how new its tokens may be, and staleness and
+    trainer.max_version_span count it). See ``ludic.inference.vllm.partial``. The
+    in-process backend needs none of this: a publish waits for the generation in progress."""
+
+    @field_validator("partial_rollouts", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML 1.1 reads a bare `off` as false
 
     num_servers: int = Field(1, ge=1)
     """Servers ludic starts on the policy, each on a free port; more than one needs

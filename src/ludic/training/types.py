@@ -54,6 +54,10 @@ class SAWItem:
       order; ``len == num_action_tokens``), or ``None`` when the backend gave none.
     * ``policy_version``: the oldest version among the actions (what staleness and
       ``max_staleness`` use); derived from ``action_versions`` when those are given.
+    * ``version_end``: the newest version that may have sampled an action token, when a
+      weight update landed mid-generation without a pause (``TokenTrace.version_end``:
+      which tokens it reached is unknown); ``None`` when the versions above are exact.
+      :attr:`version_span` counts it.
     """
 
     input_ids: tuple[int, ...]
@@ -63,6 +67,7 @@ class SAWItem:
     policy_version: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     action_versions: tuple[int, ...] | None = None
+    version_end: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "input_ids", tuple(self.input_ids))
@@ -106,6 +111,17 @@ class SAWItem:
                     f"SAWItem: policy_version={self.policy_version} but the oldest action "
                     f"version is {oldest}; policy_version is the oldest"
                 )
+        if self.version_end is not None:
+            object.__setattr__(self, "version_end", int(self.version_end))
+            known = self.action_versions or (
+                () if self.policy_version is None else (self.policy_version,)
+            )
+            if not known or self.version_end < max(known):
+                raise ValueError(
+                    f"SAWItem: version_end={self.version_end} needs known action versions "
+                    "no newer than it; version_end is the newest version that may have "
+                    "sampled an action token"
+                )
 
     @property
     def num_tokens(self) -> int:
@@ -124,16 +140,24 @@ class SAWItem:
 
     @property
     def last_version(self) -> int | None:
-        """Policy version of the last generated token (``None`` when unknown)."""
+        """Policy version of the last generated token (``None`` when unknown; the known
+        one when ``version_end`` says it may be newer)."""
         if self.action_versions is not None:
             return self.action_versions[-1]
         return self.policy_version
 
     @property
+    def newest_version(self) -> int | None:
+        """The newest version that may have sampled an action token: ``version_end`` when
+        set, else the last token's (``None`` when unknown)."""
+        return self.version_end if self.version_end is not None else self.last_version
+
+    @property
     def version_span(self) -> int:
-        """How many weight updates the item's tokens straddle (0: one version)."""
-        versions = self.action_versions
-        return 0 if not versions else max(versions) - min(versions)
+        """How many weight updates the item's tokens may straddle (0: one version), from
+        the oldest token's version to :attr:`newest_version`."""
+        newest = self.newest_version
+        return 0 if newest is None or self.policy_version is None else newest - self.policy_version
 
 
 @dataclass

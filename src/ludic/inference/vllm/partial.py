@@ -29,9 +29,10 @@ would not be the same sample anyway, but these differ from "the same request, co
 
 Versions: each piece's tokens are labelled with the piece's admission version
 (``x-ludic-policy-version``). A piece whose ``x-ludic-policy-version-end`` is greater was
-served while a sync landed without a pause: its tokens may straddle the two versions and
-are labelled conservatively with the older one; the end versions are in
-``ChatResponse.meta["segments"]``.
+served while a sync landed without a pause (``partial_rollouts="off"``): its tokens may
+straddle the two versions, which tokens is unknown. They keep the admission version (the
+oldest, what staleness is judged by) and the trace's ``version_end`` says how new they may
+be, so a span check sees the straddle (``TokenTrace.version_end``, ``SAWItem.version_end``).
 """
 
 from __future__ import annotations
@@ -143,6 +144,14 @@ def stitch(
         version = per_token[0] if per_token else last.version
         if len(kept) == 1:
             per_token = None  # one version for every token: policy_version says it
+    ends = [
+        int(s.version_end)
+        for s in kept
+        if s.version is not None and s.version_end is not None and s.version_end > s.version
+    ]
+    newest_known = per_token[-1] if per_token else version
+    straddled = ends and newest_known is not None and max(ends) > newest_known
+    version_end = max(ends) if straddled else None  # a sync landed without a pause
     meta: dict[str, Any] = {
         "id": last.id,
         "policy_version": version,
@@ -164,6 +173,7 @@ def stitch(
             finish_reason=last.finish_reason,
             policy_version=version,
             completion_versions=per_token,
+            version_end=version_end,
         )
     text = "".join(s.text for s in kept)
     return ChatResponse(text=text, finish_reason=last.finish_reason, trace=trace, meta=meta)

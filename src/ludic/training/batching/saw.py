@@ -104,15 +104,18 @@ def rollouts_to_saw_items(
                 seq = _token_turn(rollout, j, turn)
             if not any(seq.action_mask):
                 continue
+            oldest = _policy_version(turn) if seq.versions is None else min(seq.versions)
+            known_newest = oldest if seq.versions is None else max(seq.versions)
             items.append(
                 SAWItem(
                     input_ids=seq.input_ids,
                     action_mask=seq.action_mask,
                     weight=float(weights[i][j]),
                     old_logprobs=seq.logprobs,
-                    policy_version=_policy_version(turn) if seq.versions is None else None,
+                    policy_version=oldest if seq.versions is None else None,
                     meta=_item_meta(rollout, j, turn, seq),
                     action_versions=seq.versions,
+                    version_end=_version_end(turn, known_newest),
                 )
             )
     return items
@@ -254,6 +257,20 @@ def _policy_version(turn: Turn) -> int | None:
         if s.trace is not None and s.trace.policy_version is not None
     ]
     return min(versions) if versions else None
+
+
+def _version_end(turn: Turn, known_newest: int | None) -> int | None:
+    """The newest version any of the turn's calls may have sampled with, when it is newer
+    than the item's known token versions (a call that straddled an update without a
+    pause, or a retokenized turn whose calls had different versions); else ``None``."""
+    newest = [
+        v
+        for s in turn.agent_steps
+        if s.trace is not None and (v := s.trace.newest_version()) is not None
+    ]
+    if not newest or known_newest is None or max(newest) <= known_newest:
+        return None
+    return max(newest)
 
 
 def _finish_reason(step: AgentStep) -> str | None:

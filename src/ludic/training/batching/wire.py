@@ -7,7 +7,7 @@ Layout (all integers little-endian)::
 
     offset  size  content
     0       8     magic b"LUDICSAW"
-    8       4     uint32: format version (FORMAT_VERSION = 1)
+    8       4     uint32: format version (FORMAT_VERSION = 2)
     12      4     uint32: header length H in bytes
     16      H     UTF-8 JSON object, the header
     16 + H  ...   the arrays listed in header["arrays"], back to back, in that order;
@@ -15,7 +15,7 @@ Layout (all integers little-endian)::
 
 Header::
 
-    {"format": "ludic.saw_batch", "version": 1, "num_items": n,
+    {"format": "ludic.saw_batch", "version": 2, "num_items": n,
      "producer": {"batch_id": str, "actor_id": str, "batch_index": int,
                   "policy_version": int | null},
      "meta": {...},                 # SAWBatch.meta (a JSON object)
@@ -35,6 +35,10 @@ Arrays, in this order (n items; T tokens in all; L tokens of the items that carr
     policy_version      <i8        [n]  read where has_policy_version == 1
     has_action_versions |u1        [n]  0/1
     action_versions     <i8        [A]
+    has_version_end     |u1        [n]  0/1
+    version_end         <i8        [n]  read where has_version_end == 1
+
+Version 2 added the last two (``SAWItem.version_end``); a version-1 payload is refused.
 
 :func:`decode_batch` checks the magic, the version, that the header is a JSON object with
 exactly these fields, every dtype and count (against the bytes actually received, before
@@ -71,7 +75,7 @@ __all__ = [
 
 MAGIC = b"LUDICSAW"
 FORMAT_NAME = "ludic.saw_batch"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _PREFIX = struct.Struct("<8sII")  # magic, format version, header length
 
 # (name, allowed dtypes, one entry per: "item" | "token" | "logprob_token" | "version_token")
@@ -86,6 +90,8 @@ _ARRAYS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("policy_version", ("<i8",)),
     ("has_action_versions", ("|u1",)),
     ("action_versions", ("<i8",)),
+    ("has_version_end", ("|u1",)),
+    ("version_end", ("<i8",)),
 )
 _HEADER_KEYS = {"format", "version", "num_items", "producer", "meta", "item_meta", "arrays"}
 
@@ -151,6 +157,7 @@ def encode_batch(batch: SAWBatch, producer: Producer) -> bytes:
     has_lp = [item.old_logprobs is not None for item in items]
     has_pv = [item.policy_version is not None for item in items]
     has_av = [item.action_versions is not None for item in items]
+    has_end = [item.version_end is not None for item in items]
     arrays: dict[str, np.ndarray] = {
         "num_tokens": np.array([item.num_tokens for item in items], dtype="<u4"),
         "input_ids": np.array(ids, dtype=id_dtype),
@@ -169,6 +176,11 @@ def encode_batch(batch: SAWBatch, producer: Producer) -> bytes:
         "has_action_versions": np.array(has_av, dtype="|u1"),
         "action_versions": np.array(
             [v for item in items if item.action_versions is not None for v in item.action_versions],
+            dtype="<i8",
+        ),
+        "has_version_end": np.array(has_end, dtype="|u1"),
+        "version_end": np.array(
+            [item.version_end if item.version_end is not None else 0 for item in items],
             dtype="<i8",
         ),
     }
@@ -340,7 +352,10 @@ def _build_items(
         _expect_count(a, name, n)
     _expect_count(a, "policy_version", n)
     _expect_count(a, "has_action_versions", n)
-    for name in ("action_mask", "has_old_logprobs", "has_policy_version", "has_action_versions"):
+    _expect_count(a, "has_version_end", n)
+    _expect_count(a, "version_end", n)
+    flags = ("has_old_logprobs", "has_policy_version", "has_action_versions", "has_version_end")
+    for name in ("action_mask", *flags):
         if (a[name] > 1).any():
             raise WireFormatError(f"array {name} must hold only 0/1")
     lengths = a["num_tokens"].astype(np.int64)
@@ -373,6 +388,7 @@ def _build_items(
             action_versions = a["action_versions"][av_at : av_at + actions[i]].tolist()
             av_at += int(actions[i])
         version = int(a["policy_version"][i]) if a["has_policy_version"][i] else None
+        end = int(a["version_end"][i]) if a["has_version_end"][i] else None
         try:
             items.append(
                 SAWItem(
@@ -383,6 +399,7 @@ def _build_items(
                     policy_version=version,
                     meta=item_meta[i],
                     action_versions=action_versions,
+                    version_end=end,
                 )
             )
         except ValueError as err:
