@@ -15,7 +15,7 @@ from ludic.pipeline.batch_source import (
     PipelineBatchSource,
     run_pipeline_actor,
 )
-from ludic.training.algorithm import make_reinforce
+from ludic.training.algorithm import make_grpo, make_reinforce
 from ludic.training.batching.wire import Producer, encode_batch
 from ludic.training.config import TrainerConfig
 from ludic.training.trainer import Trainer
@@ -195,6 +195,39 @@ def test_a_bad_payload_is_rejected_moved_to_dead_and_not_trained_on(
     assert "rejected batch batch-0 (moved to dead): bad magic" in caplog.text
     assert set(q.records("trained")) == {"batch-2"}
     assert q.counters()["dead_batches"] == 2 and q.finished_batches() == 3
+
+
+def test_poison_pills_go_to_dead_and_a_restarted_learner_goes_on(
+    redis_server, tiny_model, caplog
+) -> None:
+    """An id that is not UTF-8 and a well-formed batch without the old_logprobs the loss
+    needs: each is moved to P:dead with a message naming it, the learner trains the good
+    batch, and a learner restarted on the same processing list does not meet them again."""
+    q = new_queue(redis_server, max_queued=8)
+    k = q.keys
+    q.client.set(k.payload("").encode() + b"\xff\xfe", b"whatever")
+    q.client.lpush(k.queue, b"\xff\xfe")
+    no_logprobs = encode_batch(SAWBatch(_items(0, 0)), Producer("batch-1", "a", 1))
+    with_logprobs = [
+        SAWItem([1, 2, 3, 4], [0, 0, 1, 1], 1.0, old_logprobs=[0, 0, -1.0, -2.0], meta={"i": i})
+        for i in range(2)
+    ]
+    q.push("batch-1", no_logprobs)
+    q.push("batch-2", encode_batch(SAWBatch(with_logprobs), Producer("batch-2", "a", 2)))
+    source = PipelineBatchSource(q, max_staleness=None, batch_timeout_s=5)
+    trainer = Trainer(tiny_model, make_grpo(group_size=2), source, TrainerConfig(lr=1e-3))
+    with caplog.at_level(logging.ERROR):
+        metrics = asyncio.run(_train_one(trainer, source))
+    assert metrics["batch/pipeline_batch_index"] == 2 and trainer.step == 1
+    dead = q.records("dead")
+    assert dead.keys() == {"0xfffe", "batch-1"}
+    assert "batch id b'\\xff\\xfe' is not valid UTF-8" in dead["0xfffe"]["error"]
+    assert q.client.get(k.dead_payload("0xfffe")) == b"whatever"
+    assert "requires old_logprobs, but 2 of 2 items have none" in dead["batch-1"]["error"]
+    assert "batch rejected: TokenClippedSurrogateLoss requires old_logprobs" in caplog.text
+    assert set(q.records("trained")) == {"batch-2"}
+    assert q.client.llen(q.processing_key) == 0  # nothing left to crash a restart
+    assert q.counters()["dead_batches"] == 2
 
 
 def test_next_batch_times_out_and_ends_with_data_exhausted_once_closed(

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import redis
 import torch
 from tests.faults.helpers import DEMO, TINY
 from tests.pipeline.helpers import require_redis_server
@@ -125,6 +126,10 @@ def test_learner_and_actor_commands_run_as_separate_processes(tmp_path: Path) ->
     assert "actor solo: pushed" in (tmp_path / "actor.out").read_text()
     info = json.loads((run_dir / "pipeline.json").read_text())
     assert info["prefix"] == run_dir.name  # the default prefix: the run's name
+    # the learner's Redis had a password: kept out of pipeline.json, readable by its user
+    assert info["redis_url"].startswith("redis://:***@127.0.0.1:")
+    secret = run_dir / "redis_password"
+    assert secret.stat().st_mode & 0o777 == 0o600 and len(secret.read_text()) >= 24
     server = start_redis_server(run_dir / "redis")  # what the learner's Redis kept (AOF)
     try:
         q = _queue(server.url, prefix=run_dir.name)
@@ -141,7 +146,15 @@ def _start_long_run(out: Path) -> tuple[subprocess.Popen, Path, list[psutil.Proc
     parent = _ludic(
         "train",
         str(DEMO),
-        *_overrides(out, "trainer.steps=10000", "warm_start.steps=0", "pipeline.num_actors=2"),
+        *_overrides(
+            out,
+            "trainer.steps=10000",
+            "warm_start.steps=0",
+            "pipeline.num_actors=2",
+            # a learner whose Redis died with the parent gives up in 10 s, not 60 (the
+            # kill -9 test waits 60 s for every child, on a loaded machine too)
+            "pipeline.reconnect_timeout_s=10",
+        ),
         out=out,
         name="train",
     )
@@ -152,6 +165,12 @@ def _start_long_run(out: Path) -> tuple[subprocess.Popen, Path, list[psutil.Proc
             family = psutil.Process(parent.pid).children(recursive=True)
             names = " ".join(" ".join(p.cmdline()[:4]) for p in family)
             assert "redis-server" in names and " learner" in names, names
+            # the local Redis has a password, and its URL is on no command line
+            assert not any("redis://" in " ".join(p.cmdline()) for p in family)
+            server = next(p for p in family if "redis-server" in p.cmdline()[0])
+            port = next(c.laddr.port for c in server.net_connections() if c.status == "LISTEN")
+            with pytest.raises(redis.AuthenticationError):
+                redis.Redis(host="127.0.0.1", port=port, socket_timeout=5).ping()
             assert names.count(" actor") == 2, names
             return parent, found[0].parent, family
         if parent.poll() is not None:

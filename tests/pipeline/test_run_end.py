@@ -21,11 +21,14 @@ def test_finish_run_refuses_pushes_and_records_what_was_queued_as_unused(redis_s
     q = new_queue(redis_server, max_queued=4)
     q.push("b0", b"x")
     q.push("b1", b"y")
-    assert q.finish_run(reason="test over") == 2
+    q.client.lpush(q.keys.queue, b"\xff")  # an id that is not UTF-8 ends there too
+    q.client.set(q.keys.payload("").encode() + b"\xff", b"z")
+    assert q.finish_run(reason="test over") == 3
     assert q.is_done() and q.queued() == 0
-    assert set(q.records("unused")) == {"b0", "b1"}
+    assert set(q.records("unused")) == {"b0", "b1", "0xff"}
+    assert q.client.exists(q.keys.payload("").encode() + b"\xff") == 0
     assert q.records("unused")["b0"]["reason"] == "test over"
-    assert q.counters()["unused_batches"] == 2
+    assert q.counters()["unused_batches"] == 3
     assert q.client.exists(q.keys.payload("b0")) == 0
     with pytest.raises(RunFinishedError, match="ended the run; batch b2 is not wanted"):
         q.push("b2", b"z")

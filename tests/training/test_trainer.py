@@ -286,6 +286,32 @@ def test_loss_needing_old_logprobs_names_return_spec_for_rl(tiny_model) -> None:
         asyncio.run(trainer.train_step())
 
 
+def test_a_batch_the_loss_cannot_use_is_rejected_by_an_acknowledging_source(tiny_model) -> None:
+    """A batch from another process (a Redis learner's) that lacks what the loss needs is
+    set aside through the source, never crashing the step; the next batch is trained."""
+    with_logprobs = [
+        SAWItem(i.input_ids, i.action_mask, 1.0, old_logprobs=(0.0,) * i.num_tokens)
+        for i in _items(2, seed=5)
+    ]
+    poison, good = SAWBatch(_items(2), {"n": "poison"}), SAWBatch(with_logprobs, {"n": "good"})
+    source = AcknowledgingSource(poison, good)
+    source.max_staleness = None
+    loss = WeightedNLL(requires_old_logprobs=True)
+    trainer = Trainer(tiny_model, _algorithm(loss), source, _config())
+    (metrics,) = trainer.train_sync(1)
+    assert metrics["num_items"] == 2 and trainer.step == 1
+    [(batch, error)] = source.rejected
+    assert batch.meta == {"n": "poison"} and "requires old_logprobs" in error
+    assert [b.meta for b in source.acknowledged] == [{"n": "good"}]
+    # a producer that only makes such batches fails the step, naming the problem
+    flood = AcknowledgingSource(poison)
+    flood.max_staleness = None
+    trainer = Trainer(tiny_model, _algorithm(loss), flood, _config())
+    with pytest.raises(EmptyBatchError, match="16 batches in a row rejected .*old_logprobs"):
+        trainer.train_sync(1)
+    assert len(flood.rejected) == 16 and trainer.step == 0
+
+
 def test_old_logprobs_reach_the_loss_shifted_to_next_token_positions(tiny_model) -> None:
     seen: list[torch.Tensor] = []
 
@@ -434,6 +460,12 @@ class HalfConcurrentSource(ListSource):
 class UncallableAckSource(ListSource):
     mark_trained = "yes"
 
+    def reject(self, batch: SAWBatch, error: str) -> None: ...
+
+
+class MarkOnlySource(ListSource):
+    def mark_trained(self, batch: SAWBatch) -> None: ...
+
 
 @pytest.mark.parametrize(
     ("source", "message"),
@@ -441,6 +473,7 @@ class UncallableAckSource(ListSource):
         (object(), "has no async next_batch"),
         (HalfConcurrentSource(), r"has on_policy_version but lacks \['max_staleness', 'aclose'\]"),
         (UncallableAckSource(), r"has mark_trained but has non-callable \['mark_trained'\]"),
+        (MarkOnlySource(), r"has mark_trained but lacks \['reject'\]"),
     ],
 )
 def test_a_batch_source_with_a_half_declared_capability_is_rejected(
@@ -456,9 +489,13 @@ class AcknowledgingSource(ListSource):
     def __init__(self, *batches: SAWBatch) -> None:
         super().__init__(*batches)
         self.acknowledged: list[SAWBatch] = []
+        self.rejected: list[tuple[SAWBatch, str]] = []
 
     def mark_trained(self, batch: SAWBatch) -> None:
         self.acknowledged.append(batch)
+
+    def reject(self, batch: SAWBatch, error: str) -> None:
+        self.rejected.append((batch, error))
 
 
 def test_capabilities_are_used_through_their_protocols(tiny_model) -> None:

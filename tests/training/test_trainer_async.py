@@ -91,6 +91,9 @@ class StaleThenFresh:
     def mark_trained(self, batch: SAWBatch) -> None:
         self.trained.append(batch)
 
+    def reject(self, batch: SAWBatch, error: str) -> None:
+        raise AssertionError(f"rejected {batch.meta}: {error}")
+
     async def aclose(self) -> None:
         self.closed = True
 

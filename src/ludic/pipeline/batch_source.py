@@ -241,17 +241,29 @@ class PipelineBatchSource:
         }
         return SAWBatch(items=fresh, meta=meta), record
 
-    def mark_trained(self, batch: SAWBatch) -> None:
-        """Acknowledge ``batch`` (one this source returned) after its optimizer step:
-        record it in ``P:trained`` and advance the policy version by one, atomically."""
+    def _handed_out(self, batch: SAWBatch, what: str) -> _InFlight:
         batch_id = batch.meta.get(META_BATCH_ID)
         info = self._in_flight.get(batch_id) if isinstance(batch_id, str) else None
         if info is None:
             raise ValueError(
-                f"mark_trained: batch {batch_id!r} was not handed out by this "
+                f"{what}: batch {batch_id!r} was not handed out by this "
                 "PipelineBatchSource or was already marked; pass the batch next_batch "
                 f"returned (its meta keeps {META_BATCH_ID!r})"
             )
+        return info
+
+    def reject(self, batch: SAWBatch, error: str) -> None:
+        """``batch`` (one this source returned) cannot be trained on: move it to
+        ``P:dead`` with ``error`` (its payload kept for inspection), so that neither this
+        learner nor a restarted one takes it again; the version does not move."""
+        info = self._handed_out(batch, "reject")
+        self.queue.reject(info.producer.batch_id, error)
+        del self._in_flight[info.producer.batch_id]
+
+    def mark_trained(self, batch: SAWBatch) -> None:
+        """Acknowledge ``batch`` (one this source returned) after its optimizer step:
+        record it in ``P:trained`` and advance the policy version by one, atomically."""
+        info = self._handed_out(batch, "mark_trained")
         version = self.version + 1
         record = {
             "actor_id": info.producer.actor_id,

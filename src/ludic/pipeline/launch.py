@@ -38,7 +38,13 @@ from typing import IO
 from rich.console import Console
 
 from ludic.inference.vllm.process import die_with_parent_preexec
-from ludic.pipeline.run_info import PIPELINE_RESUMABLE, make_queue, pipeline_prefix
+from ludic.pipeline.redis_urls import redacted
+from ludic.pipeline.run_info import (
+    PIPELINE_RESUMABLE,
+    REDIS_URL_ENV,
+    make_queue,
+    pipeline_prefix,
+)
 from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
 from ludic.run.run_dir import RunDirectory, open_run
@@ -62,11 +68,14 @@ def launch_pipeline(config: RunConfig, *, resume: str | Path | None = None) -> P
         if url is None:
             from ludic.pipeline.redis_server import start_redis_server
 
-            server = start_redis_server(run.path / "redis", die_with_parent=True)
+            server = start_redis_server(  # password-protected: see the learner's own Redis
+                run.path / "redis", password=secrets.token_urlsafe(24), die_with_parent=True
+            )
             stack.callback(server.stop)
             url = server.url
             console.print(
-                f"redis-server: {url}, pid {server.process.pid}, AOF in {server.data_dir}, "
+                f"redis-server: {redacted(url)}, pid {server.process.pid}, AOF in "
+                f"{server.data_dir}, "
                 f"log {server.log_path}",
                 highlight=False,
                 soft_wrap=True,
@@ -76,9 +85,9 @@ def launch_pipeline(config: RunConfig, *, resume: str | Path | None = None) -> P
         queue.start_run()  # no actor may see the end of an earlier run of this directory
         children = stack.enter_context(_Children(p.stop_timeout_s))
         common = [str(run.config_path), "--run-dir", str(run.path)]
-        if p.redis_url is None:
-            common.append(f"pipeline.redis_url={url}")
         env = child_env(config)
+        if p.redis_url is None:  # in the environment: a command line is world-readable
+            env[REDIS_URL_ENV] = url
         learner = children.start("learner", ["learner", *common], logs, env)
         actors = [
             children.start(f"actor-{i}", ["actor", *common, "--actor-id", f"actor-{i}"], logs, env)

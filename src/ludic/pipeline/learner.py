@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import socket
 import time
 from collections.abc import Mapping, Sequence
@@ -94,10 +95,12 @@ def _learn(config: RunConfig, run_dir: str | Path | None) -> Path:
     with contextlib.ExitStack() as stack:
         stack.enter_context(run_loggers(config, run))
         url = own_redis = configured_redis_url(config)
-        if url is None:
+        password = None
+        if url is None:  # with a password: any local process could otherwise edit the queue
             from ludic.pipeline.redis_server import start_redis_server
 
-            server = start_redis_server(run.path / "redis", die_with_parent=True)
+            password = secrets.token_urlsafe(24)
+            server = start_redis_server(run.path / "redis", password=password, die_with_parent=True)
             stack.callback(server.stop)
             url = server.url
             console.print(
@@ -109,7 +112,7 @@ def _learn(config: RunConfig, run_dir: str | Path | None) -> Path:
         queue = make_queue(config, url, prefix)
         stack.callback(queue.close)
         queue.start_run()  # clears an earlier end of this run (trainer.steps raised on resume)
-        write_pipeline_info(run, url, prefix)
+        write_pipeline_info(run, url, prefix, own_password=password)
         console.print(
             f"pipeline: Redis {redacted(url)}, prefix {prefix!r}; start actors with: "
             f"ludic actor {run.config_path} --run-dir {run.path}",

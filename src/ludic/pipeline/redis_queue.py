@@ -31,6 +31,7 @@ Guarantees:
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -52,6 +53,8 @@ from ludic.pipeline.redis_keys import (
 )
 from ludic.pipeline.redis_urls import redacted
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "PipelineConnectionError",
     "PipelineStateError",
@@ -65,6 +68,14 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+def readable_id(raw: bytes) -> str:
+    """A batch id as text: itself, or ``0x<hex>`` when it is not valid UTF-8."""
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return "0x" + raw.hex()
 
 
 class RedisBatchQueue:
@@ -116,7 +127,7 @@ class RedisBatchQueue:
             socket_timeout=block_s + 5.0,
             retry=Retry(NoBackoff(), 0),
         )
-        self._held: set[str] = set()  # ids this handle took and has not finished
+        self._held: set[bytes] = set()  # ids this handle took and has not finished
         self._wake = threading.Event()  # set (and replaced) by interrupt()
 
     @property
@@ -272,12 +283,12 @@ class RedisBatchQueue:
 
         def attempt(pipe: Any) -> int:
             pipe.watch(k.queue)
-            ids = [raw.decode() for raw in pipe.lrange(k.queue, 0, -1)]
+            ids = pipe.lrange(k.queue, 0, -1)
             pipe.multi()
             pipe.delete(k.queue)
-            for batch_id in ids:
-                pipe.delete(k.payload(batch_id))
-                pipe.hset(k.unused, batch_id, value)
+            for raw in ids:
+                pipe.delete(k.payload("").encode() + raw)
+                pipe.hset(k.unused, readable_id(raw), value)
             if ids:
                 pipe.hincrby(k.stats, "unused_batches", len(ids))
             pipe.execute()
@@ -347,8 +358,13 @@ class RedisBatchQueue:
             if wake.is_set():
                 raise self._interrupted("take a batch")
             block = max(min(self.block_s, deadline - time.monotonic()), 0.01)
-            batch_id = self._retry("take a batch", lambda b=block: self._adopt_or_move(b))
-            if batch_id is not None:
+            raw = self._retry("take a batch", lambda b=block: self._adopt_or_move(b))
+            if raw is not None:
+                try:
+                    batch_id = raw.decode()
+                except UnicodeDecodeError:  # a hostile or torn push: never crash on it
+                    self._reject_undecodable(raw)
+                    continue
                 key = self.keys.payload(batch_id)
                 payload = self._retry(f"read {key}", lambda key=key: self.client.get(key))
                 if payload is not None:
@@ -358,18 +374,44 @@ class RedisBatchQueue:
             if time.monotonic() >= deadline or self.is_closed():
                 return None
 
-    def _adopt_or_move(self, block_s: float) -> str | None:
+    def _adopt_or_move(self, block_s: float) -> bytes | None:
         # An id in our processing list that we never saw: a BLMOVE whose reply was lost.
         for raw in reversed(self.client.lrange(self.processing_key, 0, -1)):
-            batch_id = raw.decode()
-            if batch_id not in self._held:
-                self._held.add(batch_id)
-                return batch_id
+            if raw not in self._held:
+                self._held.add(raw)
+                return raw
         raw = self.client.blmove(self.keys.queue, self.processing_key, block_s, "RIGHT", "LEFT")
         if raw is None:
             return None
-        self._held.add(raw.decode())
-        return raw.decode()
+        self._held.add(raw)
+        return raw
+
+    def _reject_undecodable(self, raw: bytes) -> None:
+        """An id that is not valid UTF-8 (no actor of ludic's makes one): move it from the
+        processing list to ``P:dead`` as ``0x<hex>``, with its payload if there is one."""
+        k, processing = self.keys, self.processing_key
+        name = readable_id(raw)
+        error = f"batch id {raw[:64]!r} is not valid UTF-8 (recorded as {name[:80]})"
+        log.error("rejected batch %s (moved to dead): %s", name[:80], error)
+        payload_key = k.payload("").encode() + raw
+        value = json.dumps({"error": error, "learner_id": self.learner_id, "at": time.time()})
+
+        def attempt(pipe: Any) -> None:
+            pipe.watch(processing)
+            if pipe.lpos(processing, raw) is None:
+                return  # already moved: a retry after a lost reply
+            payload = pipe.get(payload_key)
+            pipe.multi()
+            pipe.lrem(processing, 1, raw)
+            if payload is not None:
+                pipe.set(k.dead_payload(name), payload)
+            pipe.delete(payload_key)
+            pipe.hset(k.dead, name, value)
+            pipe.hincrby(k.stats, "dead_batches", 1)
+            pipe.execute()
+
+        self._transaction("reject an undecodable batch id", attempt)
+        self._held.discard(raw)
 
     def ack(self, batch_id: str, record: Mapping[str, Any], *, version: int) -> None:
         """The step that trained ``batch_id`` is done: record it in ``P:trained``, count
@@ -432,7 +474,7 @@ class RedisBatchQueue:
             pipe.execute()
 
         self._transaction(f"finish batch {batch_id}", attempt)
-        self._held.discard(batch_id)
+        self._held.discard(batch_id.encode())
 
     # -------------------------------------------------------------------- shared state
     def version(self) -> int | None:

@@ -19,6 +19,7 @@ import os
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from ludic.jsonl import write_atomic
 from ludic.pipeline.redis_urls import redacted
@@ -28,6 +29,8 @@ from ludic.run.rl_job import RESUMABLE_CHANGES
 from ludic.run.run_dir import RunDirectory, _flat_diff
 
 PIPELINE_INFO = "pipeline.json"
+REDIS_PASSWORD_FILE = "redis_password"
+"""The password of the Redis a learner started, beside ``pipeline.json`` (mode 0600)."""
 REDIS_URL_ENV = "LUDIC_REDIS_URL"
 """Where ``pipeline.redis_url`` is null, the Redis URL (password included) that ``ludic
 launch`` hands the learner and the actors it places, kept off their command lines."""
@@ -108,11 +111,36 @@ def make_queue(config: RunConfig, url: str, prefix: str) -> Any:
     )
 
 
-def write_pipeline_info(run: RunDirectory, redis_url: str, prefix: str) -> None:
+def write_pipeline_info(
+    run: RunDirectory, redis_url: str, prefix: str, *, own_password: str | None = None
+) -> None:
     """``RUN_DIR/pipeline.json``: where the run's queue is (written atomically; a password
-    is left out: actors of such a Redis get the URL in ``$LUDIC_REDIS_URL``)."""
+    is left out). ``own_password``: that of the Redis the learner started, written to
+    ``RUN_DIR/``:data:`REDIS_PASSWORD_FILE` (mode 0600) for actors started with
+    ``--run-dir``; actors of a Redis given by URL get it in ``$LUDIC_REDIS_URL``."""
+    if own_password is not None:
+        write_atomic(run.path / REDIS_PASSWORD_FILE, own_password)  # mkstemp: mode 0600
     info = {"redis_url": redacted(redis_url), "prefix": prefix}
     write_atomic(run.path / PIPELINE_INFO, json.dumps(info, indent=2) + "\n")
+
+
+def with_run_password(url: str, run_path: Path) -> str:
+    """``url`` from ``pipeline.json``; when its password was left out (``***``), the one
+    in ``RUN_DIR/``:data:`REDIS_PASSWORD_FILE` put back."""
+    parts = urlsplit(url)
+    if parts.password != "***":
+        return url
+    path = Path(run_path) / REDIS_PASSWORD_FILE
+    try:
+        password = path.read_text()
+    except OSError as e:
+        raise RunError(
+            f"{path}: cannot read the run's Redis password ({type(e).__name__}); run the "
+            "actor as the learner's user, or give the URL in $LUDIC_REDIS_URL"
+        ) from None
+    port = f":{parts.port}" if parts.port else ""
+    netloc = f"{parts.username or ''}:{quote(password, safe='')}@{parts.hostname or ''}{port}"
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def wait_for_redis_url(run_path: Path, timeout_s: float) -> str:
@@ -136,7 +164,7 @@ def wait_for_redis_url(run_path: Path, timeout_s: float) -> str:
             '{"redis_url": ..., "prefix": ...} written by `ludic learner`; delete it and '
             "restart the learner, or set pipeline.redis_url"
         ) from None
-    return str(url)
+    return with_run_password(str(url), run_path)
 
 
 def open_learner_run(

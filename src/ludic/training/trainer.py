@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import math
 import random
 import statistics
@@ -90,6 +91,8 @@ from ludic.training.types import (
 )
 from ludic.training.varlen_attention import use_varlen_sdpa
 
+log = logging.getLogger(__name__)
+
 
 @dataclasses.dataclass(frozen=True)
 class StepTotals:
@@ -113,6 +116,9 @@ class StepResult:
     """Positions the model ran (padding included), over every update."""
 
 
+MAX_REJECTED_BATCHES = 16
+"""Batches in a row an acknowledging source may have rejected (items the loss cannot use)
+before the step fails: one is a poison pill, this many is a misconfigured producer."""
 MAX_EMPTY_ASYNC_BATCHES = 8
 """How many batches in a row an asynchronous step may find empty (all stale or filtered)
 before it raises ``EmptyBatchError``."""
@@ -331,16 +337,34 @@ class Trainer(HasTrainingCore):
         raw_batches: list[SAWBatch] = []
         dropped = {"dropped/filter": 0, "dropped/stale": 0}
         attempts = MAX_EMPTY_ASYNC_BATCHES if self._concurrent else 1
-        for _ in range(attempts):
+        rejecting = isinstance(self.batch_source, AcknowledgingBatchSource)
+        rejected = 0
+        while len(raw_batches) < attempts and rejected < MAX_REJECTED_BATCHES:
             raw = await self.batch_source.next_batch()
-            raw_batches.append(raw)
             fresh = self._select_items(raw, dropped)
-            if fresh:
-                batch = SAWBatch(items=fresh, meta=raw.meta)
-                if self.algorithm.preprocess is not None:  # a baseline over the kept items
-                    batch = self.algorithm.preprocess(batch)
-                self._check_loss_inputs(batch.items)
+            if not fresh:
+                raw_batches.append(raw)
+                continue
+            batch = SAWBatch(items=fresh, meta=raw.meta)
+            if self.algorithm.preprocess is not None:  # a baseline over the kept items
+                batch = self.algorithm.preprocess(batch)
+            problem = self._loss_input_problem(batch.items)
+            if problem is None:
+                raw_batches.append(raw)
                 return batch, raw_batches, {**dropped, **self._staleness(batch.items)}
+            if not rejecting:
+                raise ValueError(problem)
+            # a batch from another process (a Redis learner's): set it aside, never crash
+            # on it again after a restart, and train on the next one
+            log.error("step %d: batch rejected: %s", self.step + 1, problem)
+            await asyncio.to_thread(self.batch_source.reject, raw, problem)
+            rejected += 1
+        if rejected >= MAX_REJECTED_BATCHES:
+            raise EmptyBatchError(
+                f"step {self.step + 1}: {rejected} batches in a row rejected (the last: "
+                f"{problem}); they are set aside, but the producers keep making such batches: "
+                "check their sampling settings against the loss"
+            )
         received = sum(len(b.items) for b in raw_batches)
         what = (
             f"batch of {received} items is"
@@ -391,17 +415,19 @@ class Trainer(HasTrainingCore):
             "staleness/version_span_max": float(max(i.version_span for i in items)),
         }
 
-    def _check_loss_inputs(self, items: Sequence[SAWItem]) -> None:
+    def _loss_input_problem(self, items: Sequence[SAWItem]) -> str | None:
+        """Why the loss cannot train on ``items`` (``None``: it can)."""
         if not self.loss.requires_old_logprobs:
-            return
+            return None
         missing = [item for item in items if item.old_logprobs is None]
-        if missing:
-            rollout_ids = [item.meta.get("rollout_id") for item in missing[:3]]
-            raise ValueError(
-                f"{type(self.loss).__name__} requires old_logprobs, but {len(missing)} of "
-                f"{len(items)} items have none (rollouts {rollout_ids}); request behaviour "
-                "logprobs with InferenceSpec(returns=ReturnSpec.for_rl())"
-            )
+        if not missing:
+            return None
+        rollout_ids = [item.meta.get("rollout_id") for item in missing[:3]]
+        return (
+            f"{type(self.loss).__name__} requires old_logprobs, but {len(missing)} of "
+            f"{len(items)} items have none (rollouts {rollout_ids}); request behaviour "
+            "logprobs with InferenceSpec(returns=ReturnSpec.for_rl())"
+        )
 
     def _optimize(self, batch: SAWBatch) -> StepResult:
         """Every update of one trainer step: ``ppo_epochs`` passes of ``num_minibatches``

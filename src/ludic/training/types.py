@@ -220,11 +220,17 @@ class AcknowledgingBatchSource(BatchSource, Protocol):
 
     def mark_trained(self, batch: SAWBatch) -> None: ...
 
+    def reject(self, batch: SAWBatch, error: str) -> None:
+        """``batch`` (one this source handed out) cannot be trained on, e.g. its items lack
+        what the loss needs: set it aside with ``error`` (``PipelineBatchSource``: the
+        dead list) so that no restart takes it again; the Trainer then asks for the next."""
+        ...
+
 
 # capability -> (the member that says a source means to have it, every member it needs)
 _CAPABILITIES: tuple[tuple[type, str, tuple[str, ...]], ...] = (
     (ConcurrentBatchSource, "on_policy_version", ("max_staleness", "on_policy_version", "aclose")),
-    (AcknowledgingBatchSource, "mark_trained", ("mark_trained",)),
+    (AcknowledgingBatchSource, "mark_trained", ("mark_trained", "reject")),
 )
 
 
