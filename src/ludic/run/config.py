@@ -330,7 +330,8 @@ class PipelineConfig(Section):
     redis_url: str | None = None
     """An existing Redis, e.g. redis://host:6379/0. null: ``ludic train`` (or a ``ludic
     learner`` started alone) starts a local redis-server with an fsync-always AOF in
-    RUN_DIR/redis and stops it at the end; actors find it through RUN_DIR/pipeline.json."""
+    RUN_DIR/redis and a fresh password, and stops it at the end; actors find it through
+    RUN_DIR/pipeline.json and RUN_DIR/redis_password (mode 0600)."""
     prefix: str | None = None
     """Key prefix of this run in Redis, so several runs can share one. null: the run
     directory's name (NAME-TIMESTAMP), the same for the learner and every actor given
