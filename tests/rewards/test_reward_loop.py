@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 import pytest
 
@@ -20,6 +21,7 @@ from ludic.parsers import ParseResult
 from ludic.rewards import (
     REWARD_KEY,
     RewardLoop,
+    RewardLoopError,
     make_reward_manager,
     reward_loop_metrics,
 )
@@ -136,3 +138,53 @@ def test_bad_settings_are_refused() -> None:
         RewardLoop(manager, mode="async")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="num_workers=0"):
         RewardLoop(manager, num_workers=0)
+    with pytest.raises(ValueError, match="max_failure_fraction=1.5"):
+        RewardLoop(manager, max_failure_fraction=1.5)
+
+
+def _score_batches(tiny_tokenizer, scorer, batches: int = 1, **loop_kwargs) -> RewardLoop:
+    """``batches`` batches of the 6 questions (the scripted model answers "0"), each scored
+    by ``scorer`` through a colocate loop; returns the loop."""
+    loop = RewardLoop(
+        make_reward_manager("naive", compute_score=scorer), mode="colocate", **loop_kwargs
+    )
+    client = ScriptedChatClient(tiny_tokenizer, lambda req, prompt: "0")
+
+    async def main() -> None:
+        engine = _engine(client, tiny_tokenizer, loop)
+        for _ in range(batches):
+            await loop(await engine.generate_rollouts(_requests(6)))
+
+    asyncio.run(main())
+    return loop
+
+
+def test_a_batch_mostly_failing_to_score_stops_with_the_first_error_and_its_sample(
+    tiny_tokenizer,
+) -> None:
+    def nan_for_most(data_source, solution_str, ground_truth, extra_info):
+        return float("nan") if int(ground_truth) >= 4 else 1.0  # questions 2+2 .. 5+5
+
+    with pytest.raises(RewardLoopError) as err:
+        _score_batches(tiny_tokenizer, nan_for_most)
+    text = str(err.value)
+    assert "4 of 6 samples of a batch failed to score" in text
+    assert "more than max_failure_fraction=0.5 allows" in text
+    assert "nan" in text.lower() and "ground_truth='4'" in text and "solution_str='0'" in text
+
+
+def test_a_few_failures_are_printed_once_per_kind_and_counted(tiny_tokenizer, caplog) -> None:
+    def fails_on_zero(data_source, solution_str, ground_truth, extra_info):
+        if ground_truth == "0":
+            raise RuntimeError("judge unavailable")
+        return 0.0
+
+    with caplog.at_level(logging.WARNING, logger="ludic.rewards.loop"):
+        loop = _score_batches(tiny_tokenizer, fails_on_zero, batches=3)
+    assert loop.failures == 3  # one sample of each of the three batches
+    warnings = [r.getMessage() for r in caplog.records if "failed to score" in r.getMessage()]
+    assert len(warnings) == 1 and "1 of 6 samples" in warnings[0], warnings
+    assert "judge unavailable" in warnings[0]
+    # with max_failure_fraction=0, any failure stops the run
+    with pytest.raises(RewardLoopError, match="1 of 6 samples"):
+        _score_batches(tiny_tokenizer, fails_on_zero, max_failure_fraction=0.0)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ludic import jobs
+from ludic.rewards import RewardLoopError
 from ludic.run.builders import RunError
 from ludic.run.loading import load_config
 from ludic.run.preflight import check_config
@@ -37,6 +38,11 @@ def length_reward(data_source, solution_str, ground_truth, extra_info, log=None)
 
 async def failing(data_source, solution_str, ground_truth, extra_info):
     raise RuntimeError("judge down")
+
+def wrong_answers_fail(data_source, solution_str, ground_truth, extra_info):
+    if solution_str.strip() != ground_truth:
+        raise ValueError("not the answer")
+    return 1.0
 """
 
 
@@ -63,7 +69,8 @@ def test_a_reward_function_from_a_file_scores_every_sample(tmp_path: Path, mode:
             f"reward_loop.mode={mode}",
         )
     )
-    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    probe, *calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert probe[1] == probe[2] and probe[3].endswith("=")  # preflight: the target scored
     assert len(calls) == 3 * 2 * 2  # steps x prompts x group: every sample, once
     assert {c[0] for c in calls} == {"arithmetic"}  # data_source: the env kind
     assert all(c[3].endswith("=") and c[2] for c in calls)  # question and ground truth
@@ -73,15 +80,36 @@ def test_a_reward_function_from_a_file_scores_every_sample(tmp_path: Path, mode:
         assert record["batch/reward_loop/chars"] >= 0
 
 
-def test_failing_samples_are_counted_and_dropped_never_scored_zero(tmp_path: Path) -> None:
+def test_a_reward_path_that_fails_stops_the_run_loudly(tmp_path: Path) -> None:
+    """Never a silent run on nothing: a function that always fails is caught by the probe
+    before the run directory exists; one that fails on most samples of a batch (not on
+    the probe's right answer) stops the run with the first error and its sample."""
     fn = tmp_path / "my_reward.py"
     fn.write_text(REWARD_FILE)
-    run_dir = jobs.train(_config(tmp_path, f"reward_loop.function={fn}:failing"))
-    for record in _rl(run_dir):
-        assert record["batch/reward_loop/errors"] == 4
-        assert record["batch/reward_loop/dropped"] == 4
-        assert "batch/reward_loop/score_mean" not in record
-        assert record["loss"] == 0.0  # every group out: nothing to train on
+    with pytest.raises(RunError, match=r"reward_loop: a probe sample .* RuntimeError: judge down"):
+        check_config(_config(tmp_path, f"reward_loop.function={fn}:failing"))
+    with pytest.raises(RewardLoopError) as err:
+        jobs.train(_config(tmp_path, f"reward_loop.function={fn}:wrong_answers_fail"))
+    assert "samples of a batch failed to score, more than max_failure_fraction=0.5" in str(
+        err.value
+    )
+    assert "not the answer" in str(err.value) and "ground_truth=" in str(err.value)
+
+
+def test_a_data_source_no_rule_knows_is_caught_before_the_run(tmp_path: Path) -> None:
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(f'{{"question": "{i}+1=", "answer": "{i + 1}"}}\n' for i in range(8)))
+    config = _config(
+        tmp_path,
+        "env.kind=dataset_qa",
+        f"env.kwargs={{path: {data}}}",
+        "warm_start.steps=0",
+        "reward_loop.mode=standalone",
+    )
+    with pytest.raises(
+        RunError, match=r"probe sample \(env 'dataset_qa'.*data_source 'dataset_qa'"
+    ):
+        check_config(config)
 
 
 def test_the_built_in_rule_scores_the_arithmetic_env_like_its_verifier(tmp_path: Path) -> None:

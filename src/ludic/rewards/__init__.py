@@ -44,6 +44,7 @@ __getattr__, __all__ = lazy_exports(
         "WeightedReward": "ludic.rewards.hybrid",
         "REWARD_KEY": "ludic.rewards.loop",
         "RewardLoop": "ludic.rewards.loop",
+        "RewardLoopError": "ludic.rewards.loop",
         "reward_loop_metrics": "ludic.rewards.loop",
         "rollout_reward_sample": "ludic.rewards.loop",
     },

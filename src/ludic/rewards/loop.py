@@ -12,11 +12,17 @@ Two modes (spec 5):
 Either way at most ``num_workers`` samples are scored at once, and each rollout gets
 ``rollout.meta["reward_loop"] = {"score", "metrics", "error"}`` (``score`` ``None``: the
 manager dropped the sample after an error). :func:`reward_loop_metrics` sums a batch up.
+
+Failures are loud: each new kind of error is logged once (a warning with how many samples
+of the batch it hit), and a batch in which more than ``max_failure_fraction`` of the
+samples failed raises :class:`RewardLoopError` with the first error and its sample, rather
+than training on what is left (or on nothing).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -25,10 +31,16 @@ from ludic.rewards.managers import RewardManager
 from ludic.rewards.sample import RewardResult, RewardSample
 from ludic.types import Rollout
 
+log = logging.getLogger(__name__)
+
 REWARD_KEY = "reward_loop"
 """``rollout.meta`` key of a rollout's reward-loop result."""
 
 Mode = Literal["standalone", "colocate"]
+
+
+class RewardLoopError(RuntimeError):
+    """Too many samples of a batch failed to score (see ``max_failure_fraction``)."""
 
 
 def rollout_reward_sample(rollout: Rollout, *, data_source: str | None = None) -> RewardSample:
@@ -64,6 +76,8 @@ class RewardLoop:
         mode: ``standalone`` or ``colocate``.
         num_workers: most samples scored at once.
         to_sample: rollout -> :class:`RewardSample` (default :func:`rollout_reward_sample`).
+        max_failure_fraction: a batch with more failed samples than this fraction raises
+            :class:`RewardLoopError` (1.0: never; 0.0: any failure does).
     """
 
     def __init__(
@@ -73,15 +87,25 @@ class RewardLoop:
         mode: Mode = "standalone",
         num_workers: int = 8,
         to_sample: Callable[[Rollout], RewardSample] = rollout_reward_sample,
+        max_failure_fraction: float = 0.5,
     ) -> None:
         if mode not in ("standalone", "colocate"):
             raise ValueError(f"RewardLoop: mode={mode!r}; choose 'standalone' or 'colocate'")
         if num_workers < 1:
             raise ValueError(f"RewardLoop: num_workers={num_workers}; expected >= 1")
+        if not (isinstance(max_failure_fraction, int | float) and 0 <= max_failure_fraction <= 1):
+            raise ValueError(
+                f"RewardLoop: max_failure_fraction={max_failure_fraction!r}; expected a "
+                "fraction in [0, 1]"
+            )
         self.manager = manager
         self.mode = mode
         self.num_workers = num_workers
         self.to_sample = to_sample
+        self.max_failure_fraction = float(max_failure_fraction)
+        self.failures = 0
+        """Samples that failed to score so far (every batch)."""
+        self._logged_errors: set[str] = set()
         self._workers = PerLoop(lambda: asyncio.Semaphore(num_workers))
         self._pending: dict[str, asyncio.Task[RewardResult]] = {}
 
@@ -103,6 +127,34 @@ class RewardLoop:
                 "metrics": dict(result.metrics),
                 "error": result.error,
             }
+        self._check_failures(rollouts, results)
+
+    def _check_failures(self, rollouts: list[Rollout], results: Sequence[RewardResult]) -> None:
+        failed = [(r, res.error) for r, res in zip(rollouts, results) if res.error is not None]
+        if not failed:
+            return
+        self.failures += len(failed)
+        counts: dict[str, int] = {}
+        for rollout, error in failed:  # a kind: the first line, the sample's id left out
+            kind = str(error).splitlines()[0].replace(repr(rollout.id), "<sample>")[:300]
+            counts[kind] = counts.get(kind, 0) + 1
+        for kind, count in counts.items():
+            if kind not in self._logged_errors:  # once per kind of error, not per sample
+                self._logged_errors.add(kind)
+                log.warning(
+                    "reward loop: %d of %d samples of a batch failed to score: %s "
+                    "(later failures are counted in reward_loop/errors)",
+                    count,
+                    len(rollouts),
+                    kind,
+                )
+        if len(failed) > self.max_failure_fraction * len(rollouts):
+            rollout, error = failed[0]
+            raise RewardLoopError(
+                f"{len(failed)} of {len(rollouts)} samples of a batch failed to score, more "
+                f"than max_failure_fraction={self.max_failure_fraction:g} allows; the first: "
+                f"{error} (sample {_describe(self.to_sample, rollout)})"
+            )
 
     async def _score(self, rollout: Rollout) -> RewardResult:
         async with self._workers.get():
@@ -114,6 +166,23 @@ class RewardLoop:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _describe(to_sample: Callable[[Rollout], RewardSample], rollout: Rollout) -> str:
+    """The failing sample as the reward function saw it, shortened."""
+    try:
+        sample = to_sample(rollout)
+    except Exception as e:  # the conversion itself failed: that is the error then
+        return f"of rollout {rollout.id!r}, not convertible: {type(e).__name__}: {e}"
+    text = (
+        sample.solution_str
+        if len(sample.solution_str) <= 120
+        else sample.solution_str[:117] + "..."
+    )
+    return (
+        f"{sample.sample_id!r}: data_source={sample.data_source!r}, "
+        f"ground_truth={sample.ground_truth!r}, solution_str={text!r}"
+    )
 
 
 def reward_loop_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:

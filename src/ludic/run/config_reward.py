@@ -287,6 +287,10 @@ class RewardLoopSection(Section):
     on_error: float | Literal["drop"] = "drop"
     """The score of a sample whose scoring failed, or drop (its group trains on nothing);
     failures are counted in batch/reward_loop/errors either way."""
+    max_failure_fraction: float = Field(0.5, ge=0.0, le=1.0)
+    """A batch in which more than this fraction of the samples failed to score stops the
+    run with the first error and its sample (1: never; 0: any failure). Each new kind of
+    failure is printed once either way."""
     combine: Literal["replace", "add", "weighted"] = "replace"
     """How score s and env return r combine: s, r + s, or env_weight*r + (1-env_weight)*s."""
     env_weight: float = Field(0.5, ge=0.0, le=1.0)

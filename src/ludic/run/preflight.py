@@ -26,7 +26,7 @@ from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
 from ludic.run.models import check_model_path, reward_model_folder
 from ludic.run.registries import PARSERS, load_function, resolve
-from ludic.run.reward_loop import make_manager, rule_function
+from ludic.run.reward_loop import make_manager, probe_reward, rule_function
 
 
 def check_config(config: RunConfig) -> None:
@@ -151,4 +151,6 @@ def check_reward_loop(config: RunConfig) -> None:
             "reward_loop is not supported with trainer.mode=pipeline yet; use trainer.mode "
             "sync or async"
         )
-    make_manager(section, config, rule_function(section))
+    manager = make_manager(section, config, rule_function(section))
+    if section.disrm is None and section.genrm is None:  # with servers: once they are up
+        probe_reward(manager, config)

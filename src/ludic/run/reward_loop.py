@@ -12,6 +12,7 @@ same servers.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -32,6 +33,8 @@ from ludic.rewards import (
     rollout_reward_sample,
 )
 from ludic.rewards.genrm import DEFAULT_TEMPLATE
+from ludic.rewards.sample import RewardSample
+from ludic.run.builders import build_env
 from ludic.run.config import RunConfig
 from ludic.run.config_reward import RewardLoopSection
 from ludic.run.errors import RunError
@@ -63,13 +66,45 @@ def reward_loop_from_config(config: RunConfig, *, log_dir: Path) -> Iterator[Rew
             function,
             {"reward_router_address": address, "reward_router_api_key": key} if address else {},
         )
+        if address:  # the servers are up now: the whole path (a rule alone: preflight did)
+            probe_reward(manager, config)
         yield RewardLoop(
             manager,
             mode=section.mode,
             num_workers=section.num_workers,
+            max_failure_fraction=section.max_failure_fraction,
             to_sample=functools.partial(
                 rollout_reward_sample, data_source=section.data_source or config.env.kind
             ),
+        )
+
+
+def probe_reward(manager: Any, config: RunConfig) -> None:
+    """Score one sample through ``manager`` before the run: the env's problem for seed
+    ``config.seed``, answered with its own target (``response_length`` 1). A failure is a
+    :class:`RunError` naming the section and the error, so that a reward path that fails
+    every sample (a function that raises, a data_source no rule knows) stops the run
+    before it trains on nothing."""
+    section = config.reward_loop
+    assert section is not None
+    observations = build_env(config).reset(seed=config.seed)
+    question, info = next(iter(observations.values()))
+    target = info.get("target")
+    data_source = section.data_source or config.env.kind
+    sample = RewardSample(
+        data_source=data_source,
+        solution_str="" if target is None else str(target),
+        ground_truth=target,
+        extra_info={"question": question},
+        response_length=1,
+        sample_id="probe",
+    )
+    result = asyncio.run(manager.run_single(sample))
+    if result.error is not None:
+        raise RunError(
+            f"reward_loop: a probe sample (env {config.env.kind!r}, seed {config.seed}, "
+            f"data_source {data_source!r}, answered with its target {target!r}) failed to "
+            f"score before the run: {result.error}"
         )
 
 
