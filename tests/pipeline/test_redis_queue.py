@@ -29,7 +29,11 @@ def test_push_take_ack_round_trip(redis_server) -> None:
     q.ack("b0", {"num_items": 2, "dropped_items": 1}, version=1)
 
     assert q.client.llen(q.processing_key) == 0
-    assert q.client.exists(q.keys.payload("b0")) == 0
+    # not final until a checkpoint covers version 1: the payload stays for a resume
+    assert q.client.lrange(q.uncommitted_key, 0, -1) == [b"b0"]
+    assert q.client.exists(q.keys.payload("b0")) == 1
+    assert q.commit(0) == 0 and q.commit(1) == 1
+    assert q.client.exists(q.keys.payload("b0")) == 0 and q.client.llen(q.uncommitted_key) == 0
     assert q.version() == 1
     assert q.records("trained")["b0"]["num_items"] == 2
     assert q.records("produced")["b0"]["actor_id"] == "a"
@@ -105,9 +109,41 @@ def test_requeue_puts_unacked_batches_back_at_the_head_oldest_first(redis_server
     assert [q.take(timeout_s=1.0).batch_id for _ in range(2)] == ["b0", "b1"]
     # The learner dies here; its replacement (same learner_id) starts.
     again = new_queue(redis_server, prefix=q.keys.prefix, max_queued=8)
-    assert again.requeue_unacked() == 2
+    assert again.requeue_unacked(committed_version=0) == 2
     assert [again.take(timeout_s=1.0).batch_id for _ in range(4)] == ["b0", "b1", "b2", "b3"]
     assert again.counters()["requeued_batches"] == 2
+
+
+def test_batches_trained_after_the_checkpoint_go_back_once_and_their_records_are_undone(
+    redis_server,
+) -> None:
+    """A learner trains b0..b2 (versions 1..3) and checkpoints at version 1 (committed),
+    and at version 2 without reaching the commit (killed between the two); b3 is taken,
+    not trained. Resumed from the checkpoint of version 2: b0 and b1 stay trained, b2 and
+    b3 go back to the head of the queue in the order they were taken, and b2's record and
+    counts are undone, so the resumed learner trains each batch exactly once."""
+    q = new_queue(redis_server, max_queued=8)
+    for i in range(5):
+        q.push(f"b{i}", b"x")
+    for version in (1, 2, 3):
+        batch_id = q.take(timeout_s=1.0).batch_id
+        q.ack(batch_id, {"num_items": 2, "dropped_items": 1}, version=version)
+        if version == 1:
+            assert q.commit(1) == 1
+    assert q.take(timeout_s=1.0).batch_id == "b3"
+    assert q.finished_batches() == 3
+    # killed; the resumed learner starts from its checkpoint of version 2
+    again = new_queue(redis_server, prefix=q.keys.prefix, max_queued=8)
+    assert again.requeue_unacked(committed_version=2) == 2  # b3 (taken) and b2 (trained)
+    assert set(again.records("trained")) == {"b0", "b1"}
+    assert again.client.exists(again.keys.payload("b1")) == 0  # committed by the resume
+    c = again.counters()
+    assert (c["trained_batches"], c["trained_items"], c["dropped_items"]) == (2, 4, 2)
+    assert (c["retrained_batches"], c["requeued_batches"]) == (1, 1)
+    assert again.finished_batches() == 2
+    taken = [again.take(timeout_s=1.0) for _ in range(3)]
+    assert [t.batch_id for t in taken] == ["b2", "b3", "b4"]
+    assert all(t.payload == b"x" for t in taken)  # the payloads were kept
 
 
 def test_a_batch_moved_without_a_reply_is_adopted_by_the_next_take(redis_server) -> None:

@@ -462,6 +462,8 @@ class UncallableAckSource(ListSource):
 
     def reject(self, batch: SAWBatch, error: str) -> None: ...
 
+    def on_checkpoint(self, step: int) -> None: ...
+
 
 class MarkOnlySource(ListSource):
     def mark_trained(self, batch: SAWBatch) -> None: ...
@@ -473,7 +475,7 @@ class MarkOnlySource(ListSource):
         (object(), "has no async next_batch"),
         (HalfConcurrentSource(), r"has on_policy_version but lacks \['max_staleness', 'aclose'\]"),
         (UncallableAckSource(), r"has mark_trained but has non-callable \['mark_trained'\]"),
-        (MarkOnlySource(), r"has mark_trained but lacks \['reject'\]"),
+        (MarkOnlySource(), r"has mark_trained but lacks \['reject', 'on_checkpoint'\]"),
     ],
 )
 def test_a_batch_source_with_a_half_declared_capability_is_rejected(
@@ -490,12 +492,16 @@ class AcknowledgingSource(ListSource):
         super().__init__(*batches)
         self.acknowledged: list[SAWBatch] = []
         self.rejected: list[tuple[SAWBatch, str]] = []
+        self.checkpoints: list[tuple[int, int]] = []
 
     def mark_trained(self, batch: SAWBatch) -> None:
         self.acknowledged.append(batch)
 
     def reject(self, batch: SAWBatch, error: str) -> None:
         self.rejected.append((batch, error))
+
+    def on_checkpoint(self, step: int) -> None:
+        self.checkpoints.append((step, len(self.acknowledged)))
 
 
 def test_capabilities_are_used_through_their_protocols(tiny_model) -> None:
@@ -506,6 +512,20 @@ def test_capabilities_are_used_through_their_protocols(tiny_model) -> None:
     (metrics,) = trainer.train_sync(1)
     assert metrics["dropped/stale"] == 2 and metrics["num_items"] == 2
     assert [b.meta for b in source.acknowledged] == [{"n": 1}]  # after the step, once
+    assert source.checkpoints == []  # no checkpoint written yet
+
+
+def test_an_acknowledging_source_hears_of_each_checkpoint_after_its_batches(
+    tiny_model, tmp_path
+) -> None:
+    source = AcknowledgingSource(SAWBatch(_items(2), {"n": 1}))
+    source.max_staleness = None
+    checkpoint = CheckpointConfig(tmp_path, every_n_steps=2)
+    trainer = Trainer(tiny_model, _algorithm(), source, _config(), checkpoint=checkpoint)
+    trainer.train_sync(3)
+    trainer.save_checkpoint()  # as a job does at the end
+    # (step, batches acknowledged by then): the step's batch is acknowledged first
+    assert source.checkpoints == [(2, 2), (3, 3)]
 
 
 def test_preprocess_sees_only_items_that_survive_the_filter(tiny_model) -> None:

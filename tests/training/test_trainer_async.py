@@ -94,6 +94,9 @@ class StaleThenFresh:
     def reject(self, batch: SAWBatch, error: str) -> None:
         raise AssertionError(f"rejected {batch.meta}: {error}")
 
+    def on_checkpoint(self, step: int) -> None:
+        pass
+
     async def aclose(self) -> None:
         self.closed = True
 

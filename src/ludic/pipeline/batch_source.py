@@ -9,11 +9,13 @@ Actor (any number, each with a unique ``actor_id``), :func:`run_pipeline_actor`:
 
 Learner, :class:`PipelineBatchSource` (a ``BatchSource`` for the ``Trainer``)::
 
-    on start: requeue_unacked(); version = P:version (or the given one)
+    on start: version = the given one (the checkpoint's step) or P:version;
+              requeue_unacked(version): what was taken, or trained after it, goes back
     next_batch: take -> decode (a bad payload goes to P:dead, the next one is taken)
                 -> drop items with policy_version < version - max_staleness
                    (all of them stale: the batch goes to P:dropped, the next one is taken)
     mark_trained(batch), after the optimizer step: ack (P:trained), version += 1
+    on_checkpoint(step), after a checkpoint is written: commit the batches trained to it
 
 **Versions.** One trained batch is one optimizer step, so the learner's policy version
 advances by one per :meth:`PipelineBatchSource.mark_trained`, like ``Trainer.step``; it is
@@ -137,24 +139,29 @@ class PipelineBatchSource:
         return self._version
 
     def set_version(self, version: int) -> None:
-        """Set the policy version (e.g. ``trainer.step`` after a resume) here and in Redis."""
-        self._start()
+        """Set the policy version (e.g. ``trainer.step`` after a resume) here and in Redis.
+        Called first, it also says what the learner's state holds: batches trained to a
+        newer version (after its checkpoint) are trained again."""
+        self._start(version)
         self.queue.set_version(version)
         self._version = version
 
-    def _start(self) -> None:
+    def _start(self, version: int | None = None) -> None:
         if self._started:
             return
-        requeued = self.queue.requeue_unacked()
+        if version is not None:
+            self._version = version
+        elif self._version is None:
+            self._version = self.queue.version() or 0
+        requeued = self.queue.requeue_unacked(committed_version=self._version)
         if requeued:
             log.warning(
-                "learner %r: %d unacknowledged batch(es) from an earlier run went back to "
-                "the queue",
+                "learner %r: %d batch(es) taken or trained after version %d by an earlier "
+                "run went back to the queue, to be trained once from here",
                 self.queue.learner_id,
                 requeued,
+                self._version,
             )
-        if self._version is None:
-            self._version = self.queue.version() or 0
         self.queue.set_version(self._version)
         self.queue.set_max_staleness(self.max_staleness)
         self._started = True
@@ -240,6 +247,11 @@ class PipelineBatchSource:
             "pipeline_staleness_max": max(staleness, default=0),
         }
         return SAWBatch(items=fresh, meta=meta), record
+
+    def on_checkpoint(self, step: int) -> None:
+        """The learner's checkpoint of ``step`` is written: the batches trained up to it
+        are done for good (:meth:`RedisBatchQueue.commit`)."""
+        self.queue.commit(step)
 
     def _handed_out(self, batch: SAWBatch, what: str) -> _InFlight:
         batch_id = batch.meta.get(META_BATCH_ID)

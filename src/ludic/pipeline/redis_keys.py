@@ -6,7 +6,9 @@ their prefixes. Keys (``P`` = prefix)::
 
     P:queue                  list of batch ids; actors LPUSH, the learner takes from the right
     P:payload:<id>           the payload of a queued or in-flight batch
-    P:processing:<learner>   ids a learner has taken and not yet acknowledged
+    P:processing:<learner>   ids a learner has taken and not yet trained on
+    P:uncommitted:<learner>  ids it trained on since its last checkpoint (their payloads
+                             kept): a resume from that checkpoint trains them again
     P:produced               hash id -> JSON (actor, batch_index, num_items, pushed_at)
     P:trained                hash id -> JSON record of the step that trained it
     P:dropped                hash id -> JSON record (every item was too stale to train on)
@@ -64,13 +66,16 @@ COUNTERS = (
     "dropped_items",
     "dead_batches",
     "requeued_batches",
+    "retrained_batches",
     "abandoned_claims",
     "unused_batches",
 )
 """Names in ``P:stats``. ``dropped_items`` counts stale items, whether their whole batch was
 dropped or only part of it (the rest trained). ``abandoned_claims``: batch indices an actor
 claimed and gave up (it stopped, or its source ran out) without pushing. ``unused_batches``:
-batches still queued when the learner ended the run (:meth:`RedisBatchQueue.finish_run`)."""
+batches still queued when the learner ended the run (:meth:`RedisBatchQueue.finish_run`).
+``retrained_batches``: batches trained after a learner's last checkpoint that a resume from
+it put back in the queue (their records and counts undone)."""
 
 
 class PipelineConnectionError(ConnectionError):
@@ -137,6 +142,9 @@ class RedisKeys:
 
     def processing(self, learner_id: str) -> str:
         return f"{self.prefix}:processing:{learner_id}"
+
+    def uncommitted(self, learner_id: str) -> str:
+        return f"{self.prefix}:uncommitted:{learner_id}"
 
 
 @dataclass(frozen=True)

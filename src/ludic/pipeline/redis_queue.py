@@ -14,6 +14,13 @@ Guarantees:
   processing list; :meth:`RedisBatchQueue.requeue_unacked` (run when a learner starts)
   moves such ids back to the head of the queue, oldest next. Each id ends in exactly one
   of ``P:trained``, ``P:dropped`` or ``P:dead``.
+* **Exactly once, across checkpoints.** An ``ack`` is not final: the id waits in the
+  learner's uncommitted list, its payload kept, until a checkpoint covers its update
+  (:meth:`RedisBatchQueue.commit`, called after the checkpoint is written). A learner
+  that resumes from a checkpoint calls ``requeue_unacked(checkpoint_step)``: the batches
+  trained after that checkpoint (their updates died with the old process) have their
+  records and counts undone and go back to the queue's head, so the resumed learner
+  trains each of them once, in the order they were first taken.
 * **Backpressure.** The queue holds at most ``max_queued`` batches (checked and pushed
   under ``WATCH``, so concurrent actors cannot overfill it). When it is full ``push``
   blocks, polling with a backoff from 10 ms to 250 ms, until there is room or
@@ -326,12 +333,25 @@ class RedisBatchQueue:
         return self._retry(what, lambda: fn(self.client))
 
     # -------------------------------------------------------------------- learner side
-    def requeue_unacked(self) -> int:
-        """Move every id left in this learner's processing list (by a crash) back to the
-        head of the queue, oldest next; returns how many moved. Run it when a learner
-        starts, before its first ``take``."""
+    @property
+    def uncommitted_key(self) -> str:
+        return self.keys.uncommitted(self.learner_id)
+
+    def requeue_unacked(self, committed_version: int) -> int:
+        """Run when a learner starts, before its first ``take``, with the version of the
+        state it starts from (its checkpoint's step): what a crash left behind goes back to
+        the head of the queue, to be taken in the order it was first taken:
+
+        * every id in the processing list (taken, never trained);
+        * every id in the uncommitted list whose update is newer than
+          ``committed_version`` (trained after the checkpoint, so lost with the crash):
+          its ``P:trained`` record and counts are undone. Those at or below it are in
+          the checkpoint: committed now (:meth:`commit`).
+
+        Returns how many ids went back."""
         k, moved = self.keys, 0
-        while True:
+        self.commit(committed_version)
+        while True:  # newest first to the head: the oldest ends up taken first
             batch_id = self._retry(
                 "requeue unacknowledged batches",
                 lambda: self.client.lmove(self.processing_key, k.queue, "LEFT", "RIGHT"),
@@ -343,8 +363,66 @@ class RedisBatchQueue:
             self._retry(
                 "count requeued", lambda: self.client.hincrby(k.stats, "requeued_batches", moved)
             )
+        while (raw := self._retry("read uncommitted", self._newest_uncommitted)) is not None:
+            self._undo_training(raw.decode())  # trained before those taken, so after them
+            moved += 1
         self._held.clear()
         return moved
+
+    def _newest_uncommitted(self) -> bytes | None:
+        newest = self.client.lrange(self.uncommitted_key, 0, 0)
+        return newest[0] if newest else None
+
+    def _undo_training(self, batch_id: str) -> None:
+        """``batch_id``'s update was lost (newer than the checkpoint a learner resumes
+        from): undo its ``P:trained`` record and counts, put it back at the queue's head."""
+        k, uncommitted = self.keys, self.uncommitted_key
+
+        def attempt(pipe: Any) -> None:
+            pipe.watch(uncommitted, k.trained)
+            if pipe.lpos(uncommitted, batch_id) is None:
+                return  # already moved: a retry after a lost reply
+            raw = pipe.hget(k.trained, batch_id)
+            record = json.loads(raw) if raw is not None else {}
+            pipe.multi()
+            pipe.lrem(uncommitted, 1, batch_id)
+            pipe.rpush(k.queue, batch_id)
+            pipe.hdel(k.trained, batch_id)
+            for name, amount in (
+                ("trained_batches", 1),
+                ("trained_items", int(record.get("num_items", 0))),
+                ("dropped_items", int(record.get("dropped_items", 0))),
+            ):
+                if amount:
+                    pipe.hincrby(k.stats, name, -amount)
+            pipe.hincrby(k.stats, "retrained_batches", 1)
+            pipe.execute()
+
+        self._transaction(f"requeue batch {batch_id} trained after the checkpoint", attempt)
+
+    def commit(self, version: int) -> int:
+        """The learner's state through ``version`` is durable (a checkpoint of that step
+        was written): the uncommitted batches whose update is at or below it are done for
+        good, their payloads deleted. Returns how many."""
+        k, uncommitted = self.keys, self.uncommitted_key
+
+        def attempt(pipe: Any) -> int:
+            pipe.watch(uncommitted, k.trained)
+            ids = [raw.decode() for raw in pipe.lrange(uncommitted, 0, -1)]
+            records = pipe.hmget(k.trained, ids) if ids else []
+            done = [
+                batch_id
+                for batch_id, raw in zip(ids, records)
+                if raw is None or int(json.loads(raw).get("version", 0)) <= version
+            ]
+            pipe.multi()
+            for batch_id in done:
+                pipe.lrem(uncommitted, 1, batch_id)
+                pipe.delete(k.payload(batch_id))
+            pipe.execute()
+            return len(done)
+
+        return self._transaction(f"commit batches through version {version}", attempt)
 
     def take(self, timeout_s: float) -> TakenBatch | None:
         """The next batch, moved into this learner's processing list; ``None`` after
@@ -414,15 +492,21 @@ class RedisBatchQueue:
         self._held.discard(raw)
 
     def ack(self, batch_id: str, record: Mapping[str, Any], *, version: int) -> None:
-        """The step that trained ``batch_id`` is done: record it in ``P:trained``, count
-        ``record["num_items"]`` trained and ``record["dropped_items"]`` stale items, and
-        set ``P:version`` to ``version``, atomically."""
+        """The step that trained ``batch_id`` is done: record it in ``P:trained`` (with
+        ``version``), count ``record["num_items"]`` trained and ``record["dropped_items"]``
+        stale items, set ``P:version`` to ``version`` and move it from the processing list
+        to the uncommitted one, its payload kept, atomically. It is done for good once a
+        checkpoint covers ``version`` (:meth:`commit`); a resume from an older checkpoint
+        trains it again (:meth:`requeue_unacked`)."""
         counters = {
             "trained_batches": 1,
             "trained_items": int(record.get("num_items", 0)),
             "dropped_items": int(record.get("dropped_items", 0)),
         }
-        self._finish(batch_id, self.keys.trained, record, counters, version=version)
+        record = {**record, "version": version}
+        self._finish(
+            batch_id, self.keys.trained, record, counters, version=version, uncommitted=True
+        )
 
     def drop(self, batch_id: str, record: Mapping[str, Any]) -> None:
         """Every item of ``batch_id`` was too stale: record it in ``P:dropped``."""
@@ -445,6 +529,7 @@ class RedisBatchQueue:
         *,
         version: int | None = None,
         keep_payload: bool = False,
+        uncommitted: bool = False,
     ) -> None:
         k, processing = self.keys, self.processing_key
         value = json.dumps({**record, "learner_id": self.learner_id, "at": time.time()})
@@ -464,7 +549,10 @@ class RedisBatchQueue:
             pipe.lrem(processing, 1, batch_id)
             if payload is not None:
                 pipe.set(k.dead_payload(batch_id), payload)
-            pipe.delete(k.payload(batch_id))
+            if uncommitted:  # the payload stays until a checkpoint covers this update
+                pipe.lpush(self.uncommitted_key, batch_id)
+            else:
+                pipe.delete(k.payload(batch_id))
             pipe.hset(record_key, batch_id, value)
             for name, amount in counters.items():
                 if amount:

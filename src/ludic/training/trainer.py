@@ -267,11 +267,12 @@ class Trainer(HasTrainingCore):
         }
         metrics = self._metrics(batch, result, selection, timing)
         self.logger.log(self.step, metrics)
-        # After the log: a checkpoint never gets ahead of its step's metrics line.
-        self.core.maybe_checkpoint(self._checkpoint_extra)
         if isinstance(self.batch_source, AcknowledgingBatchSource):  # a Redis learner's acks
             for raw in raw_batches:
                 self.batch_source.mark_trained(raw)
+        # After the log: a checkpoint never gets ahead of its step's metrics line.
+        if self.core.maybe_checkpoint(self._checkpoint_extra) is not None:
+            self._checkpointed()
         return metrics
 
     async def train(self, num_steps: int) -> list[dict[str, float]]:
@@ -716,7 +717,15 @@ class Trainer(HasTrainingCore):
             self.batch_source.on_policy_version(version)
 
     def save_checkpoint(self) -> Path:
-        return self.core.save_checkpoint(self._checkpoint_extra())
+        path = self.core.save_checkpoint(self._checkpoint_extra())
+        self._checkpointed()
+        return path
+
+    def _checkpointed(self) -> None:
+        """A checkpoint of this step is on disk: tell an acknowledging source."""
+        main = self.ranks is None or self.ranks.is_main  # the rank whose source hands out
+        if main and isinstance(self.batch_source, AcknowledgingBatchSource):
+            self.batch_source.on_checkpoint(self.step)
 
     def _checkpoint_extra(self) -> dict[str, Any]:
         return {

@@ -214,9 +214,10 @@ class ConcurrentBatchSource(StalenessBoundedSource, Protocol):
 @runtime_checkable
 class AcknowledgingBatchSource(BatchSource, Protocol):
     """A source that hears when each batch it handed out has been trained on: the Trainer
-    calls ``mark_trained(batch)`` after the batch's optimizer step (and its metrics and
-    checkpoint), never before (``PipelineBatchSource``: until then the batch stays in the
-    learner's processing list, and a crash puts it back in the queue)."""
+    calls ``mark_trained(batch)`` after the batch's optimizer step and its metrics line,
+    never before (``PipelineBatchSource``: until then the batch stays in the learner's
+    processing list, and a crash puts it back in the queue), and ``on_checkpoint(step)``
+    after each checkpoint it writes."""
 
     def mark_trained(self, batch: SAWBatch) -> None: ...
 
@@ -226,11 +227,17 @@ class AcknowledgingBatchSource(BatchSource, Protocol):
         dead list) so that no restart takes it again; the Trainer then asks for the next."""
         ...
 
+    def on_checkpoint(self, step: int) -> None:
+        """A checkpoint of ``step`` is written: what was trained up to it is durable
+        (``PipelineBatchSource``: those batches are committed; until then a resume from an
+        older checkpoint trains them again)."""
+        ...
+
 
 # capability -> (the member that says a source means to have it, every member it needs)
 _CAPABILITIES: tuple[tuple[type, str, tuple[str, ...]], ...] = (
     (ConcurrentBatchSource, "on_policy_version", ("max_staleness", "on_policy_version", "aclose")),
-    (AcknowledgingBatchSource, "mark_trained", ("mark_trained", "reject")),
+    (AcknowledgingBatchSource, "mark_trained", ("mark_trained", "reject", "on_checkpoint")),
 )
 
 
