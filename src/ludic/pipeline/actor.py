@@ -153,8 +153,13 @@ def _inference(
             f"{learner.get('weights')!r} weights); use the learner's inference.backend"
         )
     v = config.inference.vllm
-    clients = [
-        VLLMChatClient(url, api_key=v.api_key or os.environ.get(API_KEY_ENV), timeout_s=v.timeout_s)
+    clients = [  # the learner's publishes pause these servers: continue what they abort
+        VLLMChatClient(
+            url,
+            api_key=v.api_key or os.environ.get(API_KEY_ENV),
+            timeout_s=v.timeout_s,
+            partial_rollouts=v.partial_rollouts,
+        )
         for url in urls
     ]
     client: Any = clients[0] if len(clients) == 1 else VLLMClientPool(clients)
