@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tests.pipeline.helpers import require_redis_server
 
 from ludic import jobs
 from ludic.rewards import RewardLoopError
@@ -56,8 +57,13 @@ def _rl(run_dir: Path) -> list[dict]:
     return [r for r in map(json.loads, lines) if r["phase"] == "rl"]
 
 
-@pytest.mark.parametrize("mode", ["standalone", "colocate"])
-def test_a_reward_function_from_a_file_scores_every_sample(tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize(
+    ("mode", "trainer_mode"),
+    [("standalone", "sync"), ("colocate", "sync"), ("standalone", "async")],
+)
+def test_a_reward_function_from_a_file_scores_every_sample(
+    tmp_path: Path, mode: str, trainer_mode: str
+) -> None:
     fn = tmp_path / "my_reward.py"
     fn.write_text(REWARD_FILE)
     log = tmp_path / "calls.jsonl"
@@ -67,17 +73,48 @@ def test_a_reward_function_from_a_file_scores_every_sample(tmp_path: Path, mode:
             f"reward_loop.function={fn}:length_reward",
             f"reward_loop.function_kwargs.log={log}",
             f"reward_loop.mode={mode}",
+            f"trainer.mode={trainer_mode}",
         )
     )
     probe, *calls = [json.loads(line) for line in log.read_text().splitlines()]
     assert probe[1] == probe[2] and probe[3].endswith("=")  # preflight: the target scored
-    assert len(calls) == 3 * 2 * 2  # steps x prompts x group: every sample, once
+    batch = 2 * 2  # prompts x group
+    if trainer_mode == "sync":  # steps x batch: every sample, once
+        assert len(calls) == 3 * batch
+    else:  # async: up to max_staleness (1) batch generated ahead, scored, never trained
+        assert len(calls) in (3 * batch, 4 * batch)
     assert {c[0] for c in calls} == {"arithmetic"}  # data_source: the env kind
     assert all(c[3].endswith("=") and c[2] for c in calls)  # question and ground truth
     for record in _rl(run_dir):
         assert record["batch/reward_loop/errors"] == 0
         assert 0.0 <= record["batch/reward_loop/score_mean"] <= 1.0
         assert record["batch/reward_loop/chars"] >= 0
+
+
+@pytest.mark.redis
+def test_in_pipeline_mode_the_actors_score_and_the_learner_trains_on_the_scores(
+    tmp_path: Path,
+) -> None:
+    require_redis_server()
+    fn = tmp_path / "my_reward.py"
+    fn.write_text(REWARD_FILE)
+    log = tmp_path / "calls.jsonl"
+    run_dir = jobs.train(
+        _config(
+            tmp_path,
+            "trainer.mode=pipeline",
+            "pipeline.num_actors=2",
+            f"reward_loop.function={fn}:length_reward",
+            f"reward_loop.function_kwargs.log={log}",
+        )
+    )
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    # the preflight probes (the launcher's, each actor's), then every sample the actors
+    # made: at least the 3 trained batches' (actors may run ahead of the learner)
+    assert len(calls) >= 3 + 3 * 2 * 2
+    for record in _rl(run_dir):
+        assert record["batch/reward_loop/errors"] == 0
+        assert 0.0 <= record["batch/reward_loop/score_mean"] <= 1.0
 
 
 def test_a_reward_path_that_fails_stops_the_run_loudly(tmp_path: Path) -> None:
@@ -137,7 +174,10 @@ def test_the_built_in_rule_scores_the_arithmetic_env_like_its_verifier(tmp_path:
         (["reward_loop.rule_weight=0"], "no reward"),
         (["reward_loop.disrm.num_servers=2", "reward_loop.disrm.server.port=9000"], "own port"),
         (["reward_loop.manager_module=no_such_module_x"], "reward_loop.manager_module"),
-        (["trainer.mode=pipeline", "reward_loop.num_workers=2"], "pipeline"),
+        (
+            ["trainer.mode=pipeline", "reward_loop.disrm.num_servers=1"],
+            "every actor would start its own reward servers",
+        ),
     ],
 )
 def test_bad_reward_loop_settings_name_the_field(tmp_path, overrides, message) -> None:

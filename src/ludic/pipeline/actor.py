@@ -48,6 +48,7 @@ from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
 from ludic.run.models import load_policy, local_path, naming_load_errors, serving_copy
 from ludic.run.preflight import check_config
+from ludic.run.reward_loop import reward_loop_from_config, with_reward_loop
 from ludic.run.run_dir import RunDirectory
 from ludic.run.servers import reward_backend
 from ludic.run.signals import terminate_as_interrupt
@@ -89,11 +90,16 @@ def _act(config: RunConfig, run_path: Path, actor_id: str) -> int:
         with contextlib.ExitStack() as stack:
             client, tokenizer, policy_version = _inference(config, run, learner, queue, stack)
             log_dir = run.path / "logs" / actor_id  # a reward server's log, if one starts
-            if config.reward is not None:
+            if config.reward is not None or config.reward_loop is not None:
                 log_dir.mkdir(parents=True, exist_ok=True)
             reward_client = stack.enter_context(reward_backend(config, log_dir=log_dir))
             algorithm = make_algorithm(config, reward_client=reward_client)
-            engine = make_engine(config, client, HFChatTemplate(tokenizer))
+            # the reward loop scores here, in the actor: the learner trains on the scores
+            reward_loop = stack.enter_context(reward_loop_from_config(config, log_dir=log_dir))
+            on_episode = [reward_loop.on_episode] if reward_loop is not None else []
+            if reward_loop is not None:
+                algorithm = with_reward_loop(algorithm, reward_loop, config)
+            engine = make_engine(config, client, HFChatTemplate(tokenizer), on_episode=on_episode)
             source = RolloutBatchSource.from_algorithm(
                 engine,
                 # run_pipeline_actor claimed the index just before asking for the batch;

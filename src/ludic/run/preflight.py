@@ -146,10 +146,13 @@ def check_reward_loop(config: RunConfig) -> None:
     section = config.reward_loop
     if section is None:
         return
-    if config.trainer.mode == "pipeline":
+    servers = section.disrm is not None or section.genrm is not None
+    if config.trainer.mode == "pipeline" and servers and section.router.address is None:
         raise RunError(
-            "reward_loop is not supported with trainer.mode=pipeline yet; use trainer.mode "
-            "sync or async"
+            "reward_loop.disrm / reward_loop.genrm with trainer.mode=pipeline: every actor "
+            "would start its own reward servers; start them once (ludic serve reward / "
+            "policy, ludic serve router) and set reward_loop.router.address, which every "
+            "actor shares"
         )
     manager = make_manager(section, config, rule_function(section))
     if section.disrm is None and section.genrm is None:  # with servers: once they are up
