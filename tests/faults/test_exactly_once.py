@@ -1,9 +1,11 @@
-"""Exactly once in pipeline mode, as a user runs it: ``ludic train`` (a local redis-server,
-a learner and two actors), the learner killed with SIGKILL at random moments, then
-``ludic train --resume RUN_DIR``, five times over, then resumed to the end. Every step's
+"""Exactly once, as a user runs it. Pipeline mode: ``ludic train`` (a local redis-server,
+a learner and two actors), the learner or an actor killed with SIGKILL at a random moment,
+then ``ludic train --resume RUN_DIR``, five times over, then resumed to the end. Every step's
 batch index is trained exactly once in the final run (the updates a kill lost are trained
 again from the checkpoint, their first records undone), every step has one metrics line,
-and every batch an actor produced is trained, dropped or left unused with its reason."""
+and every batch an actor produced is trained, dropped or left unused with its reason.
+Async mode in one process: killed at five random moments, it trains the same (step,
+prompt, sample) multiset as an uninterrupted run."""
 
 from __future__ import annotations
 
@@ -39,65 +41,68 @@ PIPELINE = [
 ]
 
 
-def _learner(parent: subprocess.Popen) -> psutil.Process | None:
+def _child(parent: subprocess.Popen, role: str) -> psutil.Process | None:
+    """``ludic train``'s ``learner`` or first ``actor`` process."""
     for child in psutil.Process(parent.pid).children(recursive=True):
         try:
-            if "learner" in child.cmdline()[3:5]:
+            if role in child.cmdline()[3:5]:
                 return child
         except psutil.Error:
             continue
     return None
 
 
-def _kill_learner_at_a_random_moment(
-    out: Path, parent: subprocess.Popen, after_step: int, delay_s: float
+def _kill_at_a_random_moment(
+    out: Path, parent: subprocess.Popen, role: str, after_step: int, delay_s: float
 ) -> int:
-    """Once the run has logged RL step ``after_step``, wait ``delay_s`` (mid-step, mid-ack
-    or mid-checkpoint), SIGKILL the learner and wait for the run to end; returns the last
-    step logged before the kill."""
+    """Once the run has logged RL step ``after_step``, wait ``delay_s`` (mid-step, mid-ack,
+    mid-checkpoint, mid-push), SIGKILL the ``role`` process and wait for the run to end;
+    returns the last step logged before the kill."""
     deadline = time.monotonic() + 240
-    while True:
+    stdout = out / f"stdout{len(list(out.glob('stdout*.txt'))) - 1}.txt"  # this launch's
+    while True:  # this learner's records: a resume first truncates the killed run's
         run = run_dir(out)
-        if run is not None and steps(run, "rl") and max(steps(run, "rl")) >= after_step:
+        started = "learner: serving version" in stdout.read_text()
+        if started and steps(run, "rl") and max(steps(run, "rl")) >= after_step:
             break
         assert parent.poll() is None, f"the run ended ({parent.returncode}) before the kill"
         assert time.monotonic() < deadline, "no RL step in 240 s"
         time.sleep(0.01)
     time.sleep(delay_s)
-    learner = _learner(parent)
-    assert learner is not None
+    victim = _child(parent, role)
+    assert victim is not None
     last = max(steps(run, "rl"))
-    learner.kill()
+    victim.kill()
     family = psutil.Process(parent.pid).children(recursive=True)
-    assert parent.wait(timeout=120) != 0  # the learner failed: `ludic train` says so
+    assert parent.wait(timeout=120) != 0  # a child failed: `ludic train` says so
     _gone, alive = psutil.wait_procs(family, timeout=30)
     assert alive == [], [p.cmdline() for p in alive]
     return last
 
 
-def test_learner_sigkilled_at_random_moments_trains_every_batch_exactly_once(
+def test_learner_and_actor_sigkilled_at_random_moments_train_every_batch_exactly_once(
     tmp_path: Path,
 ) -> None:
     require_redis_server()
     rng = random.Random(20261126)
-    kills: list[tuple[int, float, int]] = []
+    kills: list[tuple[str, int, float, int]] = []
     run = None
     after = 1
-    for _ in range(KILLS):
+    for role in ("learner", "actor", "learner", "actor", "learner"):
         parent = launch(tmp_path, *PIPELINE, resume=run)
         try:
             delay = rng.uniform(0.0, 0.2)  # a step takes ~0.1-0.3 s here
-            last = _kill_learner_at_a_random_moment(tmp_path, parent, after, delay)
+            last = _kill_at_a_random_moment(tmp_path, parent, role, after, delay)
         finally:
             if parent.poll() is None:
                 os.killpg(parent.pid, signal.SIGKILL)
         run = run_dir(tmp_path)
-        kills.append((after, round(delay, 2), last))
+        kills.append((role, after, round(delay, 2), last))
         after = min(last + rng.randint(1, 3), STEPS - 6)
     parent = launch(tmp_path, *PIPELINE, resume=run)
     assert parent.wait(timeout=600) == 0, (tmp_path / "stderr5.txt").read_text()[-3000:]
     assert run is not None
-    print(f"kills (after step, delay s, last step logged): {kills}")
+    print(f"kills (process, after step, delay s, last step logged): {kills}")
 
     # one metrics line per step, whatever was killed when
     assert steps(run, "rl") == list(range(1, STEPS + 1)), kills
@@ -122,3 +127,64 @@ def test_learner_sigkilled_at_random_moments_trains_every_batch_exactly_once(
         print(json.dumps({"kills": len(kills), "retrained": c["retrained_batches"], **c}))
     finally:
         server.stop()
+
+
+ASYNC = [
+    "trainer.mode=async",
+    "warm_start.steps=0",
+    f"trainer.steps={STEPS}",
+    "trainer.checkpoint_every=3",
+    "trainer.checkpoint_policy=false",
+    "logging.num_sample_rollouts=4",  # the whole batch: 2 prompts x 2 samples
+]
+
+
+def _trained_samples(run: Path) -> Counter:
+    """(step, env seed, sampling seed) of every rollout the run trained on."""
+    lines = (run / "samples.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    return Counter((r["step"], r["meta"]["env_seed"], r["meta"]["sampling_seed"]) for r in rows)
+
+
+def test_the_async_process_sigkilled_at_random_moments_trains_what_an_uninterrupted_run_does(
+    tmp_path: Path,
+) -> None:
+    """``trainer.mode: async`` in one process: killed with SIGKILL at 5 random moments
+    (mid-step, mid-generation of the batch ahead, mid-checkpoint) and resumed each time,
+    it trains the same (step, prompt, sample) multiset as an uninterrupted run."""
+    rng = random.Random(1126)
+    base = launch(tmp_path / "base", *ASYNC)
+    assert base.wait(timeout=600) == 0, (tmp_path / "base" / "stderr0.txt").read_text()[-3000:]
+    expected = _trained_samples(run_dir(tmp_path / "base"))
+    assert len(expected) == STEPS * 4
+
+    out, run, after, kills = tmp_path / "killed", None, 1, []
+    for _ in range(KILLS):
+        parent = launch(out, *ASYNC, resume=run)
+        try:
+            deadline = time.monotonic() + 240
+            while not (
+                (found := run_dir(out)) is not None
+                and steps(found, "rl")
+                and max(steps(found, "rl")) >= after
+            ):
+                assert parent.poll() is None, f"the run ended ({parent.returncode}) before the kill"
+                assert time.monotonic() < deadline, "no RL step in 240 s"
+                time.sleep(0.005)
+            delay = rng.uniform(0.0, 0.1)  # a step takes ~20-100 ms here
+            time.sleep(delay)
+            os.killpg(parent.pid, signal.SIGKILL)
+            parent.wait(timeout=30)
+            run = found
+            last = max(steps(run, "rl"))
+            kills.append((after, round(delay, 3), last))
+        finally:
+            if parent.poll() is None:
+                os.killpg(parent.pid, signal.SIGKILL)
+        after = min(last + rng.randint(1, 3), STEPS - 6)
+    final = launch(out, *ASYNC, resume=run)
+    assert final.wait(timeout=600) == 0, (out / f"stderr{KILLS}.txt").read_text()[-3000:]
+    print(f"kills (after step, delay s, last step logged): {kills}")
+    assert run is not None and steps(run, "rl") == list(range(1, STEPS + 1)), kills
+    got = _trained_samples(run)
+    assert got == expected, (sorted((got - expected).elements()), kills)
