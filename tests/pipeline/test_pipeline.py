@@ -175,6 +175,19 @@ def test_stale_items_are_dropped_and_counted_and_an_all_stale_batch_is_skipped(
     assert trainer.step == source.version == 12
 
 
+def test_items_from_versions_a_crash_lost_are_trained_and_counted(redis_server, tiny_model) -> None:
+    """A learner resumed at version 4 takes a batch its crashed predecessor's version-6
+    weights sampled: trained (behaviour logprobs are exact), staleness 0, counted."""
+    q = new_queue(redis_server, max_queued=8)
+    source = PipelineBatchSource(q, max_staleness=1, version=4, batch_timeout_s=5)
+    trainer = _trainer(tiny_model, source)
+    trainer.step = source.version
+    q.push("batch-0", encode_batch(SAWBatch(_items(6, 6, 4)), Producer("batch-0", "a", 0)))
+    metrics = asyncio.run(_train_one(trainer, source))
+    assert metrics["num_items"] == 3 and metrics["batch/pipeline_from_lost_versions"] == 2
+    assert metrics["batch/pipeline_staleness_max"] == 0
+
+
 def test_a_bad_payload_is_rejected_moved_to_dead_and_not_trained_on(
     redis_server, tiny_model, caplog
 ) -> None:

@@ -33,6 +33,12 @@ finished batch indices (trained, dropped, dead, or claims abandoned by a stoppin
 rather than versions, so that a batch that is dropped, rejected or never made cannot stall
 the actors forever.
 
+**After a resume.** A learner resumed from a checkpoint of version ``c`` may take items
+sampled by a newer version (the crashed learner's, published before the crash, lost with
+it). They are trained (their ``old_logprobs`` are the sampling policy's, so the loss's
+importance ratio is exact), with staleness 0, and counted in
+``batch.meta["pipeline_from_lost_versions"]``.
+
 **TrainerConfig.max_staleness.** The Trainer drops items staler than the smaller of its
 own ``max_staleness`` and this source's, by the same rule. With this source leave the
 Trainer's at ``None`` (the source already enforces its bound) or set the same value: with
@@ -216,6 +222,7 @@ class PipelineBatchSource:
         version, producer = self.version, wire.producer
         fresh: list[SAWItem] = []
         staleness: list[int] = []
+        lost = 0  # items sampled by a version newer than ours: weights a crash lost
         for item in wire.batch.items:
             item_version = item.policy_version
             if item_version is None:
@@ -225,7 +232,8 @@ class PipelineBatchSource:
                 continue
             fresh.append(item)
             if lag is not None:
-                staleness.append(lag)
+                staleness.append(max(lag, 0))
+                lost += lag < 0
         dropped = len(wire.batch.items) - len(fresh)
         record = {
             "actor_id": producer.actor_id,
@@ -245,6 +253,9 @@ class PipelineBatchSource:
             "pipeline_dropped_stale": dropped,
             "pipeline_staleness_mean": statistics.fmean(staleness) if staleness else 0.0,
             "pipeline_staleness_max": max(staleness, default=0),
+            # after a resume: sampled by the crashed learner's newer weights (their
+            # behaviour logprobs are exact, so the loss's ratio still holds); counted
+            "pipeline_from_lost_versions": lost,
         }
         return SAWBatch(items=fresh, meta=meta), record
 
