@@ -60,7 +60,9 @@ def test_train_leaves_a_complete_run_directory(tmp_path: Path) -> None:
         "step_00000002",
         "step_00000004",
     ]
-    assert json.loads((run_dir / "summary.json").read_text())["rl_steps"] == 4
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["rl_steps"] == 4
+    assert summary["sample_audit"]["trained_samples"] > 0  # trained against dropped items
     assert (run_dir / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"
 
     # `ludic eval --run-dir`: the newest checkpoint reproduces the run's final greedy eval.

@@ -218,6 +218,8 @@ def run_summary(run: RunDirectory, seconds: float) -> dict[str, Any]:
         if r.get("phase") == "rl" and r.get("reward_mean") is not None
     ]
     evals = [r for r in records if r.get("phase") == "eval"]
+    last_rl = next((r for r in reversed(records) if r.get("phase") == "rl"), {})
+    audit = {key[len("audit/") :]: v for key, v in last_rl.items() if key.startswith("audit/")}
     k = max(1, len(rl) // 10)
     return {
         "run_dir": str(run.path),
@@ -228,4 +230,5 @@ def run_summary(run: RunDirectory, seconds: float) -> dict[str, Any]:
         "eval_success_before": evals[0]["success_rate"] if evals else None,
         "eval_success_after": evals[-1]["success_rate"] if evals else None,
         "seconds": round(seconds, 1),
+        "sample_audit": audit or None,  # trained against dropped items (cumulative)
     }

@@ -89,8 +89,12 @@ def _format(value: object, spec: str) -> str:
 
 
 def print_summary(console: Console, summary: Mapping[str, object], *, title: str) -> None:
-    """``summary`` as a two-column table (floats to 3 decimals)."""
+    """``summary`` as a two-column table (floats to 3 decimals; a nested mapping's entries
+    as ``key/name`` rows)."""
     table = Table(title=title, show_header=False)
     for key, value in summary.items():
-        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+        rows = value.items() if isinstance(value, Mapping) else [("", value)]
+        for name, shown in rows:
+            label = f"{key}/{name}" if name else key
+            table.add_row(label, f"{shown:.3f}" if isinstance(shown, float) else str(shown))
     console.print(table)

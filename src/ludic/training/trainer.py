@@ -71,6 +71,7 @@ from ludic.training.loggers import TrainingLogger
 from ludic.training.logprobs import token_logprobs  # noqa: F401 (re-exported)
 from ludic.training.losses.base import LossInputs, check_loss
 from ludic.training.packing import split_packed_microbatches
+from ludic.training.sample_audit import SampleAudit
 from ludic.training.token_scores import (
     CausalLMParts,
     ScoringOptions,
@@ -176,6 +177,9 @@ class Trainer(HasTrainingCore):
         self.batch_source = batch_source
         self.publisher = publisher
         self.sample_filter = sample_filter
+        self.audit = SampleAudit()
+        """Trained against dropped items, cumulative (``ludic.training.sample_audit``)."""
+        self._audit_warned = False
         self.reference_model = self._prepare_reference(reference_model)
         self.ranks = ranks if ranks is not None and ranks.world_size > 1 else None
         self._varlen = self._varlen_attention()
@@ -265,8 +269,12 @@ class Trainer(HasTrainingCore):
             "time/compute_s": t_compute - t_batch,
             "time/publish_s": time.perf_counter() - t_compute,
         }
+        self.audit.add(batch.items, dropped=False)
         metrics = self._metrics(batch, result, selection, timing)
         self.logger.log(self.step, metrics)
+        if not self._audit_warned and (warning := self.audit.warning()) is not None:
+            self._audit_warned = True  # once per run: the metrics keep the figures
+            log.warning("step %d: %s", self.step, warning)
         if isinstance(self.batch_source, AcknowledgingBatchSource):  # a Redis learner's acks
             for raw in raw_batches:
                 self.batch_source.mark_trained(raw)
@@ -385,6 +393,9 @@ class Trainer(HasTrainingCore):
         fresh = [i for i in kept if not self._is_stale(i)]
         dropped["dropped/filter"] += len(batch.items) - len(kept)
         dropped["dropped/stale"] += len(kept) - len(fresh)
+        if len(fresh) < len(batch.items):
+            chosen = {id(i) for i in fresh}
+            self.audit.add((i for i in batch.items if id(i) not in chosen), dropped=True)
         return fresh
 
     @property
@@ -731,12 +742,15 @@ class Trainer(HasTrainingCore):
         return {
             "algorithm": self.algorithm.name,
             "config": dataclasses.asdict(self.config),
+            "sample_audit": self.audit.state(),
         }
 
     def resume(self, path: str | Path | None = None) -> int:
-        """Restore model, optimizer, schedule, RNGs and ``step`` from ``path`` (default:
-        the latest checkpoint). Returns the restored step."""
-        return self.core.resume(path).step
+        """Restore model, optimizer, schedule, RNGs, ``step`` and the sample audit from
+        ``path`` (default: the latest checkpoint). Returns the restored step."""
+        loaded = self.core.resume(path)
+        self.audit = SampleAudit.from_state(loaded.extra.get("sample_audit"))
+        return loaded.step
 
     def _metrics(
         self,
@@ -765,6 +779,7 @@ class Trainer(HasTrainingCore):
             **selection,
             **_reward_stats(items),
             **{f"batch/{k}": float(v) for k, v in batch.meta.items() if _is_number(v)},
+            **self.audit.metrics(),
             "policy_version": self.step,
         }
         if result.num_updates > 1:
