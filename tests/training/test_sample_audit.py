@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from tests.training.test_trainer import ListSource, _algorithm
+
 from ludic.training.checkpoint import CheckpointConfig
 from ludic.training.config import TrainerConfig
 from ludic.training.sample_audit import SampleAudit
 from ludic.training.trainer import Trainer
 from ludic.training.types import SAWBatch, SAWItem
-from tests.training.test_trainer import ListSource, _algorithm
 
 
 def _item(prompt: int, completion: int, reward: float, version: int | None = None) -> SAWItem:
