@@ -106,6 +106,7 @@ def test_learner_and_actor_sigkilled_at_random_moments_train_every_batch_exactly
 
     # one metrics line per step, whatever was killed when
     assert steps(run, "rl") == list(range(1, STEPS + 1)), kills
+    _assert_the_ledger_closes(run)
 
     server = start_redis_server(run / "redis")  # what the run's Redis kept (AOF)
     try:
@@ -188,3 +189,12 @@ def test_the_async_process_sigkilled_at_random_moments_trains_what_an_uninterrup
     assert run is not None and steps(run, "rl") == list(range(1, STEPS + 1)), kills
     got = _trained_samples(run)
     assert got == expected, (sorted((got - expected).elements()), kills)
+    _assert_the_ledger_closes(run)
+
+
+def _assert_the_ledger_closes(run: Path) -> None:
+    """The token ledger of the last step: every generated token accounted for, across
+    every kill (what was in flight at a checkpoint a resume came back to is aborted)."""
+    ledger = json.loads((run / "summary.json").read_text())["token_ledger"]
+    rest = sum(v for k, v in ledger.items() if k != "generated")
+    assert ledger["generated"] == rest and ledger["trained"] >= STEPS, ledger

@@ -63,6 +63,8 @@ def test_train_leaves_a_complete_run_directory(tmp_path: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["rl_steps"] == 4
     assert summary["sample_audit"]["trained_samples"] > 0  # trained against dropped items
+    ledger = summary["token_ledger"]
+    assert ledger["generated"] == sum(v for k, v in ledger.items() if k != "generated") > 0
     assert (run_dir / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"
 
     # `ludic eval --run-dir`: the newest checkpoint reproduces the run's final greedy eval.

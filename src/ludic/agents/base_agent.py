@@ -154,6 +154,8 @@ class Agent:
         info: Info = {"finish_reason": response.finish_reason}
         if "server" in response.meta:
             info["server"] = response.meta["server"]
+        if response.meta.get("discarded_tokens"):  # a restart threw these away (the ledger)
+            info["discarded_tokens"] = response.meta["discarded_tokens"]
         if tools:
             info["tools"] = tools
         return AgentStep(

@@ -67,6 +67,7 @@ from ludic.training.batching.wire import (
     decode_batch,
     encode_batch,
 )
+from ludic.training.ledger import DROPPED_STALE, SOURCE_KEYS, batch_tokens
 from ludic.training.types import BatchSource, DataExhausted, SAWBatch, SAWItem
 
 __all__ = [
@@ -136,6 +137,8 @@ class PipelineBatchSource:
         self._started = False
         self._in_flight: dict[str, _InFlight] = {}
         self.last_batch: SAWBatch | None = None
+        # the token ledger of batches dropped whole (all stale), carried into the next one
+        self._carried = dict.fromkeys(SOURCE_KEYS, 0)
 
     @property
     def version(self) -> int:
@@ -223,12 +226,14 @@ class PipelineBatchSource:
         fresh: list[SAWItem] = []
         staleness: list[int] = []
         lost = 0  # items sampled by a version newer than ours: weights a crash lost
+        stale_tokens = 0
         for item in wire.batch.items:
             item_version = item.policy_version
             if item_version is None:
                 item_version = producer.policy_version
             lag = None if item_version is None else version - item_version
             if lag is not None and self.max_staleness is not None and lag > self.max_staleness:
+                stale_tokens += item.num_action_tokens
                 continue
             fresh.append(item)
             if lag is not None:
@@ -242,11 +247,18 @@ class PipelineBatchSource:
             "num_items": len(fresh),
             "dropped_items": dropped,
         }
+        tokens = batch_tokens(wire.batch.meta)
+        if tokens is not None:
+            tokens[DROPPED_STALE] += stale_tokens
+            for key, value in tokens.items():
+                self._carried[key] += value
         if not fresh:
             return None, record
         self._in_flight[producer.batch_id] = _InFlight(producer, len(fresh), dropped)
+        carried, self._carried = self._carried, dict.fromkeys(SOURCE_KEYS, 0)
         meta = {
             **wire.batch.meta,
+            **(carried if tokens is not None else {}),
             META_BATCH_ID: producer.batch_id,
             META_ACTOR_ID: producer.actor_id,
             "pipeline_batch_index": producer.batch_index,

@@ -220,6 +220,7 @@ def run_summary(run: RunDirectory, seconds: float) -> dict[str, Any]:
     evals = [r for r in records if r.get("phase") == "eval"]
     last_rl = next((r for r in reversed(records) if r.get("phase") == "rl"), {})
     audit = {key[len("audit/") :]: v for key, v in last_rl.items() if key.startswith("audit/")}
+    ledger = {key[len("tokens/") :]: v for key, v in last_rl.items() if key.startswith("tokens/")}
     k = max(1, len(rl) // 10)
     return {
         "run_dir": str(run.path),
@@ -231,4 +232,5 @@ def run_summary(run: RunDirectory, seconds: float) -> dict[str, Any]:
         "eval_success_after": evals[-1]["success_rate"] if evals else None,
         "seconds": round(seconds, 1),
         "sample_audit": audit or None,  # trained against dropped items (cumulative)
+        "token_ledger": ledger or None,  # where every generated token went (cumulative)
     }

@@ -105,6 +105,9 @@ class RewardLoopCreditAssigner:
             [with_return(rollouts[i], returns[i]) for i in kept]  # type: ignore[arg-type]
         )
         by_index = dict(zip(kept, weights))
+        for i, rollout in enumerate(rollouts):  # their items say so (the token ledger)
+            if i not in by_index:
+                rollout.meta["reward_dropped"] = True
         return [by_index.get(i, [0.0] * len(r.turns())) for i, r in enumerate(rollouts)]
 
 

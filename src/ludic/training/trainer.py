@@ -67,6 +67,7 @@ from ludic.training.data_parallel import (
 )
 from ludic.training.filters import SampleFilter
 from ludic.training.flat_parameters import flatten_parameters
+from ludic.training.ledger import GENERATED, SOURCE_KEYS, TokenLedger, batch_tokens
 from ludic.training.loggers import TrainingLogger
 from ludic.training.logprobs import token_logprobs  # noqa: F401 (re-exported)
 from ludic.training.losses.base import LossInputs, check_loss
@@ -84,6 +85,7 @@ from ludic.training.types import (
     ConcurrentBatchSource,
     DataExhausted,
     EmptyBatchError,
+    LedgerSource,
     SAWBatch,
     SAWItem,
     StalenessBoundedSource,
@@ -180,6 +182,10 @@ class Trainer(HasTrainingCore):
         self.audit = SampleAudit()
         """Trained against dropped items, cumulative (``ludic.training.sample_audit``)."""
         self._audit_warned = False
+        self.ledger: TokenLedger | None = None
+        """Where every generated token went (``ludic.training.ledger``); ``None`` until a
+        batch says what was generated for it (a rollout source's do; an SFT one's not)."""
+        self._ledger_base = 0  # generated before a resume (a LedgerSource counts from 0)
         self.reference_model = self._prepare_reference(reference_model)
         self.ranks = ranks if ranks is not None and ranks.world_size > 1 else None
         self._varlen = self._varlen_attention()
@@ -270,6 +276,8 @@ class Trainer(HasTrainingCore):
             "time/publish_s": time.perf_counter() - t_compute,
         }
         self.audit.add(batch.items, dropped=False)
+        if self.ranks is None or self.ranks.is_main:  # the rank that saw the batches made
+            self._close_ledger(batch.items)
         metrics = self._metrics(batch, result, selection, timing)
         self.logger.log(self.step, metrics)
         if not self._audit_warned and (warning := self.audit.warning()) is not None:
@@ -366,6 +374,8 @@ class Trainer(HasTrainingCore):
             # a batch from another process (a Redis learner's): set it aside, never crash
             # on it again after a restart, and train on the next one
             log.error("step %d: batch rejected: %s", self.step + 1, problem)
+            if self.ledger is not None:
+                self.ledger.dropped_filter += _tokens(fresh)
             await asyncio.to_thread(self.batch_source.reject, raw, problem)
             rejected += 1
         if rejected >= MAX_REJECTED_BATCHES:
@@ -396,7 +406,40 @@ class Trainer(HasTrainingCore):
         if len(fresh) < len(batch.items):
             chosen = {id(i) for i in fresh}
             self.audit.add((i for i in batch.items if id(i) not in chosen), dropped=True)
+        if self._account_source(batch):
+            assert self.ledger is not None
+            self.ledger.dropped_filter += _tokens(batch.items) - _tokens(kept)
+            self.ledger.dropped_stale += _tokens(kept) - _tokens(fresh)
         return fresh
+
+    def _account_source(self, batch: SAWBatch) -> bool:
+        """Add what the source generated and threw away of ``batch`` to the ledger; False
+        when there is no ledger (no batch so far said what was generated for it)."""
+        tokens = batch_tokens(batch.meta)
+        if tokens is None:
+            if self.ledger is None:
+                return False
+            tokens = {key: 0 for key in SOURCE_KEYS} | {GENERATED: _tokens(batch.items)}
+        if self.ledger is None:
+            self.ledger = TokenLedger()
+        self.ledger.add_source_part(tokens)
+        if not isinstance(self.batch_source, LedgerSource):
+            self.ledger.generated += tokens[GENERATED]
+        return True
+
+    def _close_ledger(self, items: Sequence[SAWItem]) -> None:
+        """The step's trained (or reward-dropped) tokens, the source's totals, and the
+        check that the ledger closes."""
+        ledger = self.ledger
+        if ledger is None:
+            return
+        no_reward = [i for i in items if i.meta.get("reward_dropped")]
+        ledger.dropped_reward += _tokens(no_reward)
+        ledger.trained += _tokens(items) - _tokens(no_reward)
+        if isinstance(self.batch_source, LedgerSource):
+            generated, in_flight = self.batch_source.ledger_totals()
+            ledger.generated, ledger.in_flight = self._ledger_base + generated, in_flight
+        ledger.check(self.step)
 
     @property
     def max_staleness(self) -> int | None:
@@ -743,6 +786,7 @@ class Trainer(HasTrainingCore):
             "algorithm": self.algorithm.name,
             "config": dataclasses.asdict(self.config),
             "sample_audit": self.audit.state(),
+            "token_ledger": None if self.ledger is None else self.ledger.state(),
         }
 
     def resume(self, path: str | Path | None = None) -> int:
@@ -750,6 +794,9 @@ class Trainer(HasTrainingCore):
         ``path`` (default: the latest checkpoint). Returns the restored step."""
         loaded = self.core.resume(path)
         self.audit = SampleAudit.from_state(loaded.extra.get("sample_audit"))
+        state = loaded.extra.get("token_ledger")
+        self.ledger = None if state is None else TokenLedger.resumed(state)
+        self._ledger_base = 0 if self.ledger is None else self.ledger.generated
         return loaded.step
 
     def _metrics(
@@ -780,6 +827,7 @@ class Trainer(HasTrainingCore):
             **_reward_stats(items),
             **{f"batch/{k}": float(v) for k, v in batch.meta.items() if _is_number(v)},
             **self.audit.metrics(),
+            **({} if self.ledger is None else self.ledger.metrics()),
             "policy_version": self.step,
         }
         if result.num_updates > 1:
@@ -810,6 +858,11 @@ def _reward_stats(items: Sequence[SAWItem]) -> dict[str, float]:
         "reward/min": min(rewards),
         "reward/max": max(rewards),
     }
+
+
+def _tokens(items: Iterable[SAWItem]) -> int:
+    """Generated (action) tokens of ``items``: what the token ledger counts."""
+    return sum(item.num_action_tokens for item in items)
 
 
 def _is_number(value: object) -> bool:

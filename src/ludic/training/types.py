@@ -184,7 +184,8 @@ class BatchSource(Protocol):
 
     Optional capabilities are Protocols of their own, which the Trainer checks when it is
     built (:func:`check_batch_source`): :class:`StalenessBoundedSource`,
-    :class:`ConcurrentBatchSource` and :class:`AcknowledgingBatchSource`."""
+    :class:`ConcurrentBatchSource`, :class:`AcknowledgingBatchSource` and
+    :class:`LedgerSource`."""
 
     async def next_batch(self) -> SAWBatch: ...
 
@@ -234,10 +235,22 @@ class AcknowledgingBatchSource(BatchSource, Protocol):
         ...
 
 
+@runtime_checkable
+class LedgerSource(BatchSource, Protocol):
+    """A source that makes batches ahead of the Trainer (``AsyncBatchSource``) and says so
+    for the token ledger (:mod:`ludic.training.ledger`)."""
+
+    def ledger_totals(self) -> tuple[int, int]:
+        """(completion tokens generated since this source was made, of them those in
+        batches made but not yet handed out)."""
+        ...
+
+
 # capability -> (the member that says a source means to have it, every member it needs)
 _CAPABILITIES: tuple[tuple[type, str, tuple[str, ...]], ...] = (
     (ConcurrentBatchSource, "on_policy_version", ("max_staleness", "on_policy_version", "aclose")),
     (AcknowledgingBatchSource, "mark_trained", ("mark_trained", "reject", "on_checkpoint")),
+    (LedgerSource, "ledger_totals", ("ledger_totals",)),
 )
 
 

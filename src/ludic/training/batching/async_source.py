@@ -33,6 +33,7 @@ import asyncio
 import collections
 from typing import Any
 
+from ludic.training.ledger import GENERATED
 from ludic.training.types import BatchSource, DataExhausted, SAWBatch
 
 __all__ = ["AsyncBatchSource"]
@@ -88,6 +89,7 @@ class AsyncBatchSource:
         self._producer: asyncio.Task[None] | None = None
         self._exhausted = False
         self._closed = False
+        self._generated = 0  # completion tokens of the batches made (the token ledger)
 
     # ---------------------------------------------------------------- the trainer side
     def on_policy_version(self, version: int) -> None:
@@ -129,6 +131,16 @@ class AsyncBatchSource:
         batch.meta["async/generating_batches"] = sum(not t.done() for t in self._pending)
         return batch
 
+    def ledger_totals(self) -> tuple[int, int]:
+        """(tokens generated in the batches made so far, of them those in batches made but
+        not yet handed out), for the token ledger (``ludic.training.ledger``)."""
+        waiting = sum(
+            int(t.result()[0].meta.get(GENERATED, 0))
+            for t in self._pending
+            if t.done() and not t.cancelled() and t.exception() is None
+        )
+        return self._generated, waiting
+
     async def aclose(self) -> None:
         """Stop generating: cancel the producer and every batch in progress."""
         self._closed = True
@@ -167,6 +179,7 @@ class AsyncBatchSource:
 
     async def _generate(self) -> tuple[SAWBatch, list[Any]]:
         batch = await self.source.next_batch()
+        self._generated += int(batch.meta.get(GENERATED, 0))
         rollouts = list(getattr(self.source, "last_rollouts", []) or [])
         return batch, rollouts
 

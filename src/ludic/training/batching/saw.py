@@ -37,6 +37,7 @@ from typing import Any
 from ludic.inference.chat_template import ChatTemplate
 from ludic.rollouts.summary import summarize_rollouts
 from ludic.training.filters import SampleFilter
+from ludic.training.ledger import ABORTED, DROPPED_FILTER, GENERATED
 from ludic.training.types import CreditAssigner, SAWBatch, SAWItem
 from ludic.types import AgentStep, Message, Rollout, Turn
 
@@ -49,6 +50,7 @@ ROLLOUT_META_KEYS = (
     "env_seed",
     "sampling_seed",
     "episode_index",
+    "reward_dropped",
 )
 """Rollout meta keys copied into every item's meta (when present)."""
 
@@ -323,9 +325,16 @@ def build_saw_batch(
     )
     kept = items if sample_filter is None else [it for it in items if sample_filter(it)]
     meta = summarize_rollouts(rollouts)
+    kept_tokens = sum(it.num_action_tokens for it in kept)
+    filtered = sum(it.num_action_tokens for it in items) - kept_tokens
+    aborted = sum(
+        int(step.info.get("discarded_tokens", 0)) for r in rollouts for step in r.agent_steps
+    )
     meta.update(
         num_items=len(kept),
         num_items_filtered=len(items) - len(kept),
-        num_action_tokens=sum(it.num_action_tokens for it in kept),
+        num_action_tokens=kept_tokens,
+        # the token ledger (ludic.training.ledger), counted in the items' action tokens
+        **{GENERATED: aborted + filtered + kept_tokens, ABORTED: aborted, DROPPED_FILTER: filtered},
     )
     return SAWBatch(items=kept, meta=meta)

@@ -15,6 +15,7 @@ from ludic.rollouts.engine import RolloutEngine
 from ludic.rollouts.hooks import check_rollout_hooks, run_rollout_hooks
 from ludic.rollouts.strategies import RequestStrategy
 from ludic.training.batching.saw import SampleFilter, build_saw_batch, check_retokenize_args
+from ludic.training.ledger import ABORTED, DROPPED_FILTER, GENERATED
 from ludic.training.types import (
     CreditAssigner,
     EmptyBatchError,
@@ -107,6 +108,9 @@ class RolloutBatchSource:
 
     async def next_batch(self) -> SAWBatch:
         last_meta: dict[str, object] = {}
+        # the token ledger: what attempts that made no item generated (and restarts threw
+        # away), carried into the batch returned
+        empty_generated = empty_aborted = 0
         for attempt in range(1, self.max_empty_batches + 1):
             rollouts = await self.engine.generate_rollouts(self._requests())
             await run_rollout_hooks(self.rollout_hooks, rollouts)
@@ -122,8 +126,13 @@ class RolloutBatchSource:
             )
             if batch.items:
                 batch.meta["attempts"] = attempt
+                batch.meta[GENERATED] += empty_generated
+                batch.meta[ABORTED] += empty_aborted
+                batch.meta[DROPPED_FILTER] += empty_generated - empty_aborted
                 return batch
             last_meta = batch.meta
+            empty_generated += batch.meta[GENERATED]
+            empty_aborted += batch.meta[ABORTED]
         raise EmptyBatchError(
             f"RolloutBatchSource: {self.max_empty_batches} consecutive batches had no training "
             f"items (last: {last_meta.get('num_rollouts')} rollouts, "

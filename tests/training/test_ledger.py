@@ -1,0 +1,91 @@
+"""The token ledger: generated = trained + dropped (stale, filter, reward) + aborted +
+in flight, checked by the Trainer after every step, on real rollout sources (in sync and
+async), across a checkpoint, and loudly when a source's figures do not add up."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+from tests.pipeline.helpers import rollout_source
+from tests.training.test_trainer import _algorithm
+
+from ludic.training.batching.async_source import AsyncBatchSource
+from ludic.training.checkpoint import CheckpointConfig
+from ludic.training.config import TrainerConfig
+from ludic.training.ledger import GENERATED, LedgerError, TokenLedger
+from ludic.training.trainer import Trainer
+
+KEYS = ("trained", "dropped_stale", "dropped_filter", "dropped_reward", "aborted", "in_flight")
+
+
+def _closes(metrics: dict[str, float]) -> bool:
+    return metrics["tokens/generated"] == sum(metrics[f"tokens/{k}"] for k in KEYS)
+
+
+def test_the_identity_and_a_resume_count_what_was_in_flight_as_aborted() -> None:
+    ledger = TokenLedger(generated=10, trained=6, dropped_stale=1, in_flight=3)
+    ledger.check(step=1)
+    ledger.trained -= 2
+    with pytest.raises(LedgerError, match=r"step 4: .* generated 10 != 8 .* 2 tokens unaccounted"):
+        ledger.check(step=4)
+    resumed = TokenLedger.resumed(TokenLedger(10, 6, 1, 0, 0, 0, 3).state())
+    assert (resumed.in_flight, resumed.aborted, resumed.generated) == (0, 3, 10)
+
+
+def test_sync_training_accounts_for_every_token_the_filter_drops_too(tiny_model) -> None:
+    every_other = itertools.cycle([True, False])
+    trainer = Trainer(
+        tiny_model,
+        _algorithm(),
+        rollout_source(num_rollouts=4),
+        TrainerConfig(lr=1e-3),
+        sample_filter=lambda item: next(every_other),
+    )
+    history = trainer.train_sync(3)
+    for metrics in history:
+        assert _closes(metrics)
+    last = history[-1]
+    # 4 rollouts x 2 completion tokens a step, half of them filtered out
+    assert (last["tokens/generated"], last["tokens/trained"]) == (24, 12)
+    assert last["tokens/dropped_filter"] == 12 and last["tokens/in_flight"] == 0
+
+
+def test_async_training_counts_the_batches_made_ahead_as_in_flight(tiny_model, tmp_path) -> None:
+    source = AsyncBatchSource(rollout_source(num_rollouts=4), max_staleness=2)
+    config = TrainerConfig(lr=1e-3)
+    checkpoint = CheckpointConfig(tmp_path, every_n_steps=0)
+    trainer = Trainer(tiny_model, _algorithm(), source, config, checkpoint=checkpoint)
+    history = trainer.train_async_sync(4)
+    assert all(_closes(m) for m in history)
+    assert any(m["tokens/in_flight"] > 0 for m in history)  # generation ran ahead
+    assert history[-1]["tokens/trained"] == 4 * 8
+    trainer.save_checkpoint()
+    # a resumed run: what was in flight at the checkpoint died with the old process
+    again = Trainer(
+        tiny_model,
+        _algorithm(),
+        AsyncBatchSource(rollout_source(num_rollouts=4), max_staleness=2),
+        config,
+        checkpoint=checkpoint,
+    )
+    again.resume()
+    (metrics,) = again.train_async_sync(1)
+    assert _closes(metrics) and metrics["tokens/trained"] == 5 * 8
+    assert metrics["tokens/aborted"] == history[-1]["tokens/in_flight"]
+
+
+def test_a_source_whose_figures_do_not_add_up_stops_the_step_naming_the_gap(tiny_model) -> None:
+    source = rollout_source(num_rollouts=2)
+    make = source.next_batch
+
+    async def lying_batch():
+        batch = await make()
+        batch.meta[GENERATED] += 5  # claims tokens that are in no item and dropped nowhere
+        return batch
+
+    source.next_batch = lying_batch  # type: ignore[method-assign]
+    trainer = Trainer(tiny_model, _algorithm(), source, TrainerConfig(lr=1e-3))
+    with pytest.raises(LedgerError, match="step 1: the token ledger does not close.*5 tokens"):
+        asyncio.run(trainer.train_step())
