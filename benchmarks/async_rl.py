@@ -17,7 +17,8 @@ Per round, in turn (a change in machine load hits both alike): the same number o
 the same initial weights, published to the server as version 0 first. Printed: samples/s
 of each and their ratio (the median over rounds; the issue's goal is async/sync >= 1.6),
 the time split of each run (waiting for batches, update, publish) and how busy the
-trainer's core was, the staleness histogram of the trained items, and ``async_rl.png``: reward against wall-clock time for both modes.
+trainer's core was, the token ledger at the end of each run (``ludic.training.ledger``)
+with the share of generated tokens dropped as stale, the staleness histogram of the trained items, and ``async_rl.png``: reward against wall-clock time for both modes.
 
 ``--learning`` adds the learning check (``--learning-only``: only it): the default task
 (``ludic demo``: warm start, then its GRPO steps) with the vLLM backend (a server ludic starts,
@@ -140,7 +141,7 @@ def run_mode(mode: str, args: argparse.Namespace, model_dir: Path, client: VLLMC
     cpu = time.process_time() - cpu_start
     elapsed = 0.0
     for m in history:  # steps end one after another; rebuild the clock from the step times
-        elapsed += m["time/batch_wait_s"] + m["time/compute_s"] + m["time/publish_s"]
+        elapsed += m["time/wait_s"] + m["time/train_s"] + m["time/sync_s"]
         curve.append((elapsed, m["reward/mean"]))
     samples = sum(m["num_items"] + m["dropped/stale"] for m in history)
     return {
@@ -149,11 +150,15 @@ def run_mode(mode: str, args: argparse.Namespace, model_dir: Path, client: VLLMC
         "samples_per_s": samples / wall,
         "curve": curve,
         "ages": recorder.ages,
-        "wait_s": sum(m["time/batch_wait_s"] for m in history),
-        "compute_s": sum(m["time/compute_s"] + m["time/publish_s"] for m in history),
-        "update_s": sum(m["time/compute_s"] for m in history),
-        "publish_s": sum(m["time/publish_s"] for m in history),
+        "wait_s": sum(m["time/wait_s"] for m in history),
+        "compute_s": sum(m["time/train_s"] + m["time/sync_s"] for m in history),
+        "update_s": sum(m["time/train_s"] for m in history),
+        "publish_s": sum(m["time/sync_s"] for m in history),
         "dropped": sum(m["dropped/stale"] for m in history),
+        # the token ledger at the end (cumulative) and the stale share of what was generated
+        "ledger": {
+            k[len("tokens/") :]: int(v) for k, v in history[-1].items() if k.startswith("tokens/")
+        },
     }
 
 
@@ -200,7 +205,7 @@ def learning_check(args: argparse.Namespace) -> None:
         rl = [r for r in records if r["phase"] == "rl"]
         elapsed, curve = 0.0, []
         for r in rl:  # training time only (evaluations and checkpoints left out)
-            elapsed += r["time/batch_wait_s"] + r["time/compute_s"] + r["time/publish_s"]
+            elapsed += r["time/wait_s"] + r["time/train_s"] + r["time/sync_s"]
             curve.append((elapsed, r["reward_mean"]))
         curves[mode] = curve
         evals = " -> ".join(f"{r['success_rate']:.2f}" for r in records if r["phase"] == "eval")
@@ -285,6 +290,12 @@ def main() -> None:
                     f"({res['wall_s']:.1f} s; waiting for batches {res['wait_s']:.1f} s, "
                     f"update {res['update_s']:.1f} s + publish {res['publish_s']:.1f} s; "
                     f"dropped stale {res['dropped']}; trainer core busy {res['cpu_s'] / res['wall_s']:.0%})"
+                )
+                ledger = res["ledger"]
+                stale = ledger["dropped_stale"] / max(ledger["generated"], 1)
+                print(
+                    f"  token ledger: {json.dumps(ledger)}; stale-dropped share of generated "
+                    f"tokens {stale:.2%} (goal <= 1% at max_staleness 1)"
                 )
     finally:
         client.close()

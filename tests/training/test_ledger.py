@@ -50,6 +50,9 @@ def test_sync_training_accounts_for_every_token_the_filter_drops_too(tiny_model)
     # 4 rollouts x 2 completion tokens a step, half of them filtered out
     assert (last["tokens/generated"], last["tokens/trained"]) == (24, 12)
     assert last["tokens/dropped_filter"] == 12 and last["tokens/in_flight"] == 0
+    # and where the step's time went
+    times = ("time/wait_s", "time/train_s", "time/sync_s", "time/generate_s")
+    assert all(last[key] >= 0 for key in times) and 0 <= last["time/idle_fraction"] <= 1
 
 
 def test_async_training_counts_the_batches_made_ahead_as_in_flight(tiny_model, tmp_path) -> None:

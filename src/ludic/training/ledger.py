@@ -35,6 +35,7 @@ __all__ = [
     "DROPPED_FILTER",
     "DROPPED_STALE",
     "GENERATED",
+    "GENERATE_S",
     "SOURCE_KEYS",
     "LedgerError",
     "TokenLedger",
@@ -50,6 +51,9 @@ DROPPED_FILTER = "ledger_dropped_filter"
 DROPPED_STALE = "ledger_dropped_stale"
 """``batch.meta`` key: of those, in items the source dropped as stale (a pipeline learner's)."""
 SOURCE_KEYS = (GENERATED, ABORTED, DROPPED_FILTER, DROPPED_STALE)
+GENERATE_S = "generate_s"
+"""``batch.meta`` key: seconds its rollouts took to generate, every attempt (the Trainer
+logs it as ``time/generate_s`` beside its own wait, train and sync times)."""
 
 
 class LedgerError(RuntimeError):

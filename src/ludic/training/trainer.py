@@ -67,7 +67,13 @@ from ludic.training.data_parallel import (
 )
 from ludic.training.filters import SampleFilter
 from ludic.training.flat_parameters import flatten_parameters
-from ludic.training.ledger import GENERATED, SOURCE_KEYS, TokenLedger, batch_tokens
+from ludic.training.ledger import (
+    GENERATE_S,
+    GENERATED,
+    SOURCE_KEYS,
+    TokenLedger,
+    batch_tokens,
+)
 from ludic.training.loggers import TrainingLogger
 from ludic.training.logprobs import token_logprobs  # noqa: F401 (re-exported)
 from ludic.training.losses.base import LossInputs, check_loss
@@ -119,6 +125,9 @@ class StepResult:
     """Positions the model ran (padding included), over every update."""
 
 
+STEP_TIMES = ("time/wait_s", "time/train_s", "time/sync_s")
+"""A step's wall time, in three parts: waiting for the batch, training, publishing;
+``time/idle_fraction`` is the first's share."""
 MAX_REJECTED_BATCHES = 16
 """Batches in a row an acknowledging source may have rejected (items the loss cannot use)
 before the step fails: one is a poison pill, this many is a misconfigured producer."""
@@ -271,10 +280,15 @@ class Trainer(HasTrainingCore):
                 await on_compute_thread(self.publish_policy)
         self._announce_version()
         timing = {
-            "time/batch_wait_s": waited,
-            "time/compute_s": t_compute - t_batch,
-            "time/publish_s": time.perf_counter() - t_compute,
+            "time/wait_s": waited,  # for the batch: what generation cost the trainer
+            "time/train_s": t_compute - t_batch,
+            "time/sync_s": time.perf_counter() - t_compute,  # the publish (weight sync)
         }
+        # how long the step's batches took to generate (in async mode, while it trained)
+        made = [b.meta[GENERATE_S] for b in raw_batches if _is_number(b.meta.get(GENERATE_S))]
+        if made:
+            timing["time/generate_s"] = float(sum(made))
+        timing["time/idle_fraction"] = waited / max(sum(timing[k] for k in STEP_TIMES), 1e-9)
         self.audit.add(batch.items, dropped=False)
         if self.ranks is None or self.ranks.is_main:  # the rank that saw the batches made
             self._close_ledger(batch.items)
@@ -821,7 +835,7 @@ class Trainer(HasTrainingCore):
             "num_action_tokens": sum(item.num_action_tokens for item in items),
             "num_microbatches": result.num_microbatches,
             "num_tokens_run": result.tokens_run,
-            "tokens_per_s": num_tokens / max(timing["time/compute_s"], 1e-9),
+            "tokens_per_s": num_tokens / max(timing["time/train_s"], 1e-9),
             **timing,
             **selection,
             **_reward_stats(items),

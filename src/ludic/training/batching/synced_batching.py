@@ -7,6 +7,7 @@ Each ``next_batch`` call: ``requests_fn()`` -> request strategy (e.g. GRPO group
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +16,7 @@ from ludic.rollouts.engine import RolloutEngine
 from ludic.rollouts.hooks import check_rollout_hooks, run_rollout_hooks
 from ludic.rollouts.strategies import RequestStrategy
 from ludic.training.batching.saw import SampleFilter, build_saw_batch, check_retokenize_args
-from ludic.training.ledger import ABORTED, DROPPED_FILTER, GENERATED
+from ludic.training.ledger import ABORTED, DROPPED_FILTER, GENERATE_S, GENERATED
 from ludic.training.types import (
     CreditAssigner,
     EmptyBatchError,
@@ -111,6 +112,7 @@ class RolloutBatchSource:
         # the token ledger: what attempts that made no item generated (and restarts threw
         # away), carried into the batch returned
         empty_generated = empty_aborted = 0
+        started = time.perf_counter()
         for attempt in range(1, self.max_empty_batches + 1):
             rollouts = await self.engine.generate_rollouts(self._requests())
             await run_rollout_hooks(self.rollout_hooks, rollouts)
@@ -126,6 +128,7 @@ class RolloutBatchSource:
             )
             if batch.items:
                 batch.meta["attempts"] = attempt
+                batch.meta[GENERATE_S] = time.perf_counter() - started  # every attempt
                 batch.meta[GENERATED] += empty_generated
                 batch.meta[ABORTED] += empty_aborted
                 batch.meta[DROPPED_FILTER] += empty_generated - empty_aborted
