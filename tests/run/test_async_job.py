@@ -9,8 +9,9 @@ import pytest
 from tests.run.test_job import _config, _records
 
 from ludic import jobs
-from ludic.run.builders import rl_trainer_config
+from ludic.run.builders import rl_sample_filter, rl_trainer_config
 from ludic.run.loading import ConfigError
+from ludic.training.types import SAWItem
 
 
 def test_async_run_trains_every_step_within_max_staleness(tmp_path: Path) -> None:
@@ -82,3 +83,16 @@ def test_decoupled_grpo_runs_async_with_several_updates_per_batch(tmp_path: Path
     rl = _records(jobs.train(config), "rl")
     assert [r["num_updates"] for r in rl] == [4, 4, 4, 4]
     assert all(0 < r["loss/behaviour_weight_mean"] < 5 for r in rl)
+
+
+def test_the_span_limit_applies_with_a_correcting_algorithm_too(tmp_path: Path) -> None:
+    """max_version_span drops items straddling more updates, whatever the algorithm: a
+    decoupled loss corrects the items it keeps, it does not override the limit."""
+    config = _config(tmp_path, "algorithm.name=decoupled_grpo", "trainer.max_version_span=0")
+    keep = rl_sample_filter(config)
+    assert keep is not None
+    one = SAWItem((1, 2, 3), (0, 1, 1), 1.0, action_versions=(4, 4))
+    straddling = SAWItem((1, 2, 3), (0, 1, 1), 1.0, action_versions=(4, 5))
+    no_pause = SAWItem((1, 2, 3), (0, 1, 1), 1.0, policy_version=4, version_end=5)
+    assert [keep(one), keep(straddling), keep(no_pause)] == [True, False, False]
+    assert rl_sample_filter(_config(tmp_path, "algorithm.name=decoupled_grpo")) is None
