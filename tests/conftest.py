@@ -86,17 +86,3 @@ def pytest_runtest_call(item: pytest.Item):
         if found := sampler.stop():
             lines = "\n".join(f"  {listener}" for listener in found)
             pytest.fail(f"listening beyond loopback (tests stay on 127.0.0.1):\n{lines}")
-
-
-RUN_FIRST = ("tests/vllm/test_vllm_partial.py",)
-"""Modules run before everything else. Their publishes must land mid-generation on a real
-server; late in a full run (after the training and job tests) every publish came only
-after the generation ended, in this test process, at commits before and after the ones
-that made it visible, while the same module passes alone or after the other vLLM files."""
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    first = [i for i in items if i.nodeid.split("::")[0] in RUN_FIRST]
-    if first:
-        rest = [i for i in items if i.nodeid.split("::")[0] not in RUN_FIRST]
-        items[:] = first + rest

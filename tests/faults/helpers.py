@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ludic import jobs
+from ludic.inference.vllm.process import die_with_parent_preexec
 from ludic.run.loading import load_config
 
 DEMO = Path(jobs.__file__).parent / "configs" / "arithmetic_demo.yaml"
@@ -45,15 +46,20 @@ def launch(
         argv += ["--resume", str(resume)]
     n = len(list(out.glob("stderr*.txt")))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    die_with_us = die_with_parent_preexec(os.getpid())  # a killed pytest leaves no run
+
+    def preexec() -> None:
+        die_with_us()
+        if sigint_ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     return subprocess.Popen(
         argv,
         stdout=(out / f"stdout{n}.txt").open("w"),
         stderr=(out / f"stderr{n}.txt").open("w"),
         env=env,
         start_new_session=True,  # a signal to the test's group never reaches it by accident
-        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-        if sigint_ignored
-        else None,
+        preexec_fn=preexec,
     )
 
 

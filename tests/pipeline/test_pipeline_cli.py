@@ -22,6 +22,7 @@ from tests.faults.helpers import DEMO, TINY
 from tests.pipeline.helpers import require_redis_server
 
 from ludic import cli, jobs
+from ludic.inference.vllm.process import die_with_parent_preexec
 from ludic.pipeline.redis_queue import RedisBatchQueue
 from ludic.pipeline.redis_server import start_redis_server
 from ludic.pipeline.redis_weights import decode_weights
@@ -49,12 +50,15 @@ def _queue(url: str, prefix: str) -> RedisBatchQueue:
 
 
 def _ludic(*argv: str, out: Path, name: str) -> subprocess.Popen:
+    """``ludic ARGV`` in its own session, stopped (SIGTERM) if this test process dies
+    first: a killed pytest must not leave a 10000-step run loading the machine."""
     return subprocess.Popen(
         [sys.executable, "-m", "ludic", *argv],
         stdout=(out / f"{name}.out").open("w"),
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         start_new_session=True,
+        preexec_fn=die_with_parent_preexec(os.getpid()),
     )
 
 
