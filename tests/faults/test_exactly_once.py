@@ -120,7 +120,9 @@ def test_learner_and_actor_sigkilled_at_random_moments_train_every_batch_exactly
         assert set(produced) <= set(finished) | set(q.client.lrange(q.keys.queue, 0, -1))
         c = q.counters()
         assert c["trained_batches"] == STEPS
-        assert c["retrained_batches"] >= 1, kills  # some kill lost trained updates
+        # (whether a kill lands between an ack and the next checkpoint, so that batches are
+        # trained again, depends on timing; tests/pipeline/test_redis_queue.py makes that
+        # case happen every time)
         assert q.client.llen(q.processing_key) == q.client.llen(q.uncommitted_key) == 0
         # each step trained the batch recorded for it: the metrics line names its index
         by_step = {r["step"]: r["batch/pipeline_batch_index"] for r in records(run, "rl")}
