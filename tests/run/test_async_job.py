@@ -3,6 +3,7 @@ when max_staleness is 0, and config combinations that cannot work fail naming th
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from tests.run.test_job import _config, _records
 from ludic import jobs
 from ludic.run.builders import rl_sample_filter, rl_trainer_config
 from ludic.run.loading import ConfigError
+from ludic.run.phases import LEDGER_PHASE
 from ludic.training.types import SAWItem
 
 
@@ -25,6 +27,13 @@ def test_async_run_trains_every_step_within_max_staleness(tmp_path: Path) -> Non
         assert r["policy_version"] == r["step"]
     assert max(r["staleness/max"] for r in rl) >= 1  # generation did run ahead
     assert (run_dir / "checkpoints" / "rl" / "step_00000006").is_dir()
+    # the ledger settled at the end: what was made ahead and discarded is aborted, and
+    # summary.json has the settled figures
+    (settled,) = _records(run_dir, LEDGER_PHASE)
+    ledger = json.loads((run_dir / "summary.json").read_text())["token_ledger"]
+    assert ledger == {k[len("tokens/") :]: v for k, v in settled.items() if "/" in k}
+    assert ledger["in_flight"] == 0 and ledger["aborted"] >= rl[-1]["tokens/in_flight"]
+    assert ledger["generated"] == sum(v for k, v in ledger.items() if k != "generated")
 
 
 def test_async_with_zero_staleness_is_the_sync_run(tmp_path: Path) -> None:

@@ -30,8 +30,12 @@ def test_the_identity_and_a_resume_count_what_was_in_flight_as_aborted() -> None
     ledger.trained -= 2
     with pytest.raises(LedgerError, match=r"step 4: .* generated 10 != 8 .* 2 tokens unaccounted"):
         ledger.check(step=4)
-    resumed = TokenLedger.resumed(TokenLedger(10, 6, 1, 0, 0, 0, 3).state())
+    state = TokenLedger(10, 6, 1, 0, 0, 0, 3).state()
+    resumed = TokenLedger.resumed(state, in_flight_kept=False)
     assert (resumed.in_flight, resumed.aborted, resumed.generated) == (0, 3, 10)
+    # a durable queue's batches in flight are still there: its source counts them again
+    kept = TokenLedger.resumed(state, in_flight_kept=True)
+    assert (kept.in_flight, kept.aborted, kept.generated) == (3, 0, 10)
 
 
 def test_sync_training_accounts_for_every_token_the_filter_drops_too(tiny_model) -> None:
@@ -64,8 +68,14 @@ def test_async_training_counts_the_batches_made_ahead_as_in_flight(tiny_model, t
     assert all(_closes(m) for m in history)
     assert any(m["tokens/in_flight"] > 0 for m in history)  # generation ran ahead
     assert history[-1]["tokens/trained"] == 4 * 8
+    # the end: the batches made ahead and discarded are aborted, and the ledger closes
+    settled = trainer.ledger
+    assert settled is not None and settled.in_flight == 0
+    assert settled.aborted == source.ledger_totals()[1] >= history[-1]["tokens/in_flight"]
+    assert settled.aborted > 0  # two batches made ahead (max_staleness 2) and discarded
+    assert settled.generated == source.ledger_totals()[0] == settled.accounted()
     trainer.save_checkpoint()
-    # a resumed run: what was in flight at the checkpoint died with the old process
+    # a resumed run continues from the settled ledger
     again = Trainer(
         tiny_model,
         _algorithm(),
@@ -76,7 +86,7 @@ def test_async_training_counts_the_batches_made_ahead_as_in_flight(tiny_model, t
     again.resume()
     (metrics,) = again.train_async_sync(1)
     assert _closes(metrics) and metrics["tokens/trained"] == 5 * 8
-    assert metrics["tokens/aborted"] == history[-1]["tokens/in_flight"]
+    assert metrics["tokens/aborted"] == settled.aborted
 
 
 def test_a_source_whose_figures_do_not_add_up_stops_the_step_naming_the_gap(tiny_model) -> None:

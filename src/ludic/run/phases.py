@@ -51,6 +51,9 @@ __all__ = [
 ]
 
 CONSOLE_KEYS = ["batch/reward_mean", "loss", "grad_norm", "tokens_per_s"]
+LEDGER_PHASE = "ledger"
+"""The metrics record written after the RL steps: the token ledger settled at the end
+(batches made ahead and discarded count as aborted); ``summary.json`` takes it from there."""
 
 
 def warm_start(
@@ -156,6 +159,10 @@ def run_rl(
         after_step,
         every=config.trainer.checkpoint_every,
     )
+    if trainer.ledger is not None:  # settled: batches made ahead and discarded are aborted
+        run.append_metrics(
+            {"phase": LEDGER_PHASE, "step": trainer.step, **trainer.ledger.metrics()}
+        )
     if trainer.step not in evaluated:
         run_interruptible(record_eval())
 
@@ -220,7 +227,8 @@ def run_summary(run: RunDirectory, seconds: float) -> dict[str, Any]:
     evals = [r for r in records if r.get("phase") == "eval"]
     last_rl = next((r for r in reversed(records) if r.get("phase") == "rl"), {})
     audit = {key[len("audit/") :]: v for key, v in last_rl.items() if key.startswith("audit/")}
-    ledger = {key[len("tokens/") :]: v for key, v in last_rl.items() if key.startswith("tokens/")}
+    settled = next((r for r in reversed(records) if r.get("phase") in ("rl", LEDGER_PHASE)), {})
+    ledger = {key[len("tokens/") :]: v for key, v in settled.items() if key.startswith("tokens/")}
     k = max(1, len(rl) // 10)
     return {
         "run_dir": str(run.path),

@@ -76,6 +76,7 @@ def run_steps(
     """
 
     async def loop() -> None:
+        ended = False
         try:
             for _ in range(num_steps):
                 await asyncio.sleep(0)  # a step boundary: a pending Ctrl-C/SIGTERM cancels here
@@ -85,10 +86,9 @@ def run_steps(
                 if every and trainer.step % every == 0:
                     save_checkpoint(trainer)
             save_checkpoint(trainer)  # the phase's last step is always resumable
-        finally:
-            aclose = getattr(trainer.batch_source, "aclose", None)
-            if aclose is not None:  # an asynchronous source: stop generating
-                await aclose()
+            ended = True
+        finally:  # an asynchronous source stops generating; at the end, the ledger settles
+            await trainer.close_source(settle=ended)
 
     run_interruptible(loop())  # asyncio.run, cancelled by SIGTERM also in a background job
 

@@ -106,13 +106,20 @@ class TokenLedger:
         """For a checkpoint."""
         return asdict(self)
 
+    def settle(self) -> None:
+        """The end of training: what is still in flight was made and will never be
+        trained on, so it counts as aborted."""
+        self.aborted += self.in_flight
+        self.in_flight = 0
+
     @classmethod
-    def resumed(cls, state: Mapping[str, int] | None) -> TokenLedger:
-        """The ledger of a checkpoint, as a resume continues it: what was in flight then
-        died with the process that made it, so it counts as aborted."""
+    def resumed(cls, state: Mapping[str, int] | None, *, in_flight_kept: bool) -> TokenLedger:
+        """The ledger of a checkpoint, as a resume continues it. ``in_flight_kept``: what
+        was in flight then is still there (in a durable queue, counted again by its
+        source); otherwise it died with the process that made it and counts as aborted."""
         if not state:
             return cls()
         ledger = cls(**{f.name: int(state.get(f.name, 0)) for f in fields(cls)})
-        ledger.aborted += ledger.in_flight
-        ledger.in_flight = 0
+        if not in_flight_kept:
+            ledger.settle()
         return ledger

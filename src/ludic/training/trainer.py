@@ -329,9 +329,28 @@ class Trainer(HasTrainingCore):
                 "max_staleness=N) (ludic.training.batching.async_source)"
             )
         try:
-            return await self.train(num_steps)
-        finally:
+            history = await self.train(num_steps)
+        except BaseException:
+            await self.close_source(settle=False)
+            raise
+        await self.close_source()
+        return history
+
+    async def close_source(self, *, settle: bool = True) -> None:
+        """The end of training: close an asynchronous batch source (its generation
+        cancelled) and, with ``settle`` (training ended without an error), settle the token
+        ledger: what was made and never handed out counts as aborted
+        (``TokenLedger.settle``), and the ledger must still close."""
+        if isinstance(self.batch_source, ConcurrentBatchSource):
             await self.batch_source.aclose()
+        if not settle or self.ledger is None or (self.ranks is not None and not self.ranks.is_main):
+            return
+        if isinstance(self.batch_source, LedgerSource):
+            generated, in_flight = self.batch_source.ledger_totals()
+            self.ledger.generated = self._ledger_base + generated
+            self.ledger.in_flight = in_flight
+        self.ledger.settle()
+        self.ledger.check(self.step)
 
     def train_async_sync(self, num_steps: int) -> list[dict[str, float]]:
         """:meth:`train_async` for scripts without an event loop."""
@@ -809,8 +828,9 @@ class Trainer(HasTrainingCore):
         loaded = self.core.resume(path)
         self.audit = SampleAudit.from_state(loaded.extra.get("sample_audit"))
         state = loaded.extra.get("token_ledger")
-        self.ledger = None if state is None else TokenLedger.resumed(state)
-        self._ledger_base = 0 if self.ledger is None else self.ledger.generated
+        run_wide = isinstance(self.batch_source, LedgerSource) and self.batch_source.ledger_run_wide
+        self.ledger = None if state is None else TokenLedger.resumed(state, in_flight_kept=run_wide)
+        self._ledger_base = 0 if self.ledger is None or run_wide else self.ledger.generated
         return loaded.step
 
     def _metrics(

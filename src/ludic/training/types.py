@@ -237,12 +237,18 @@ class AcknowledgingBatchSource(BatchSource, Protocol):
 
 @runtime_checkable
 class LedgerSource(BatchSource, Protocol):
-    """A source that makes batches ahead of the Trainer (``AsyncBatchSource``) and says so
-    for the token ledger (:mod:`ludic.training.ledger`)."""
+    """A source that makes batches ahead of the Trainer (``AsyncBatchSource``, a pipeline
+    learner's ``PipelineBatchSource``) and says so for the token ledger
+    (:mod:`ludic.training.ledger`)."""
+
+    ledger_run_wide: bool
+    """True: :meth:`ledger_totals` counts the whole run, across restarts (a durable queue's
+    producers); False: since this source was made (the Trainer adds what a resumed
+    checkpoint had generated, and what was in flight then counts as aborted)."""
 
     def ledger_totals(self) -> tuple[int, int]:
-        """(completion tokens generated since this source was made, of them those in
-        batches made but not yet handed out)."""
+        """(completion tokens generated, of them those in batches made but not yet handed
+        out or accounted). After ``aclose`` the second are the batches it discarded."""
         ...
 
 
@@ -250,7 +256,7 @@ class LedgerSource(BatchSource, Protocol):
 _CAPABILITIES: tuple[tuple[type, str, tuple[str, ...]], ...] = (
     (ConcurrentBatchSource, "on_policy_version", ("max_staleness", "on_policy_version", "aclose")),
     (AcknowledgingBatchSource, "mark_trained", ("mark_trained", "reject", "on_checkpoint")),
-    (LedgerSource, "ledger_totals", ("ledger_totals",)),
+    (LedgerSource, "ledger_totals", ("ledger_totals", "ledger_run_wide")),
 )
 
 
@@ -273,7 +279,9 @@ def check_batch_source(source: object, owner: str = "Trainer") -> None:
         uncallable = [
             m
             for m in members
-            if m != "max_staleness" and m not in missing and not callable(getattr(source, m))
+            if m not in ("max_staleness", "ledger_run_wide")
+            and m not in missing
+            and not callable(getattr(source, m))
         ]
         if missing or uncallable:
             problem = f"lacks {missing}" if missing else f"has non-callable {uncallable}"

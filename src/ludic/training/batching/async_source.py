@@ -90,6 +90,7 @@ class AsyncBatchSource:
         self._exhausted = False
         self._closed = False
         self._generated = 0  # completion tokens of the batches made (the token ledger)
+        self._discarded = 0  # of them, in batches made and never handed out (set by aclose)
 
     # ---------------------------------------------------------------- the trainer side
     def on_policy_version(self, version: int) -> None:
@@ -131,9 +132,15 @@ class AsyncBatchSource:
         batch.meta["async/generating_batches"] = sum(not t.done() for t in self._pending)
         return batch
 
+    ledger_run_wide = False  # counts what this process generated
+
     def ledger_totals(self) -> tuple[int, int]:
         """(tokens generated in the batches made so far, of them those in batches made but
-        not yet handed out), for the token ledger (``ludic.training.ledger``)."""
+        not yet handed out), for the token ledger (``ludic.training.ledger``); after
+        :meth:`aclose`, the second are those of the batches it discarded. A batch cancelled
+        while generating was never made: its tokens are in neither."""
+        if self._closed:
+            return self._generated, self._discarded
         waiting = sum(
             int(t.result()[0].meta.get(GENERATED, 0))
             for t in self._pending
@@ -142,12 +149,20 @@ class AsyncBatchSource:
         return self._generated, waiting
 
     async def aclose(self) -> None:
-        """Stop generating: cancel the producer and every batch in progress."""
+        """Stop generating: cancel the producer and every batch in progress (the batches
+        made and not handed out are discarded: ``ledger_totals`` keeps their tokens)."""
+        if self._closed:
+            return
         self._closed = True
         if self._producer is not None:
             self._producer.cancel()
             await asyncio.gather(self._producer, return_exceptions=True)
-        await self._cancel_pending()
+        tasks = await self._cancel_pending()
+        self._discarded = sum(
+            int(t.result()[0].meta.get(GENERATED, 0))
+            for t in tasks
+            if not t.cancelled() and t.exception() is None
+        )
 
     # ---------------------------------------------------------------- the producer
     def _admitted(self) -> bool:
@@ -183,9 +198,12 @@ class AsyncBatchSource:
         rollouts = list(getattr(self.source, "last_rollouts", []) or [])
         return batch, rollouts
 
-    async def _cancel_pending(self) -> None:
+    async def _cancel_pending(self) -> list[asyncio.Task[tuple[SAWBatch, list[Any]]]]:
+        """Cancel the batches in progress; returns every pending task (a batch made before
+        the cancel keeps its result)."""
         tasks = list(self._pending)
         self._pending.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        return tasks
