@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 
-from ludic.run.plot import moving_average, plot_reward_curve, read_metrics
+from ludic.run.plot import moving_average, plot_reward_curve, read_metrics, reward_curve_figure
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -63,3 +64,57 @@ def test_entropy_and_zero_variance_groups_get_their_own_panel(tmp_path) -> None:
         for i, records in enumerate((plain, diagnosed))
     ]
     assert heights[1] > heights[0]  # one more panel
+
+
+def _audited(dropped: float, dropped_completion: float) -> list[dict]:
+    """RL records with the cumulative bias audit; the last one is what the panel shows."""
+    return [
+        {
+            "phase": "rl",
+            "step": s,
+            "reward_mean": 0.1 * s,
+            "audit/trained_samples": 10.0 * s,
+            "audit/trained_prompt_length": 30.0,
+            "audit/trained_completion_length": 20.0 + s,  # 25 at the last step
+            "audit/trained_reward": 0.75,
+            "audit/dropped_samples": dropped * s / 5,
+            "audit/dropped_prompt_length": 28.0,
+            "audit/dropped_completion_length": dropped_completion,
+            "audit/dropped_reward": 0.25,
+        }
+        for s in range(1, 6)
+    ]
+
+
+def _audit_axes(figure) -> list:
+    return [ax for ax in figure.axes if ax.get_title().startswith("bias audit")]
+
+
+def test_dropped_samples_get_a_bias_audit_panel_against_trained_ones(tmp_path) -> None:
+    plain = [{"phase": "rl", "step": s, "reward_mean": 0.1 * s} for s in range(1, 6)]
+    assert len(reward_curve_figure(plain).axes) == 1
+    none_dropped = _audited(dropped=0.0, dropped_completion=math.nan)
+    assert len(reward_curve_figure(none_dropped).axes) == 1  # nothing dropped: no panel
+
+    figure = reward_curve_figure(_audited(dropped=40.0, dropped_completion=50.0))
+    (ax,) = _audit_axes(figure)
+    assert len(figure.axes) == 3  # reward, audit, the audit's reward axis (twin)
+    reward_ax = next(other for other in figure.axes if other not in (ax, figure.axes[0]))
+    trained, dropped = ax.containers
+    assert [p.get_height() for p in trained] == [30.0, 25.0]  # prompt, completion (last step)
+    assert [p.get_height() for p in dropped] == [28.0, 50.0]
+    assert [p.get_height() for c in reward_ax.containers for p in c] == [0.75, 0.25]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "trained (n=50)",
+        "dropped (n=40)",
+    ]
+    assert ax.get_xlabel().startswith("dropped completions are 2.0x longer")  # 50/25 > 1.5
+    out = plot_reward_curve(_audited(40.0, 50.0), tmp_path / "audit.png")
+    assert out.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_the_audit_note_follows_the_sample_audit_rule() -> None:
+    (similar,) = _audit_axes(reward_curve_figure(_audited(dropped=40.0, dropped_completion=37.0)))
+    assert similar.get_xlabel() == ""  # 37/25 = 1.48: not over LONGER_DROPS
+    (few,) = _audit_axes(reward_curve_figure(_audited(dropped=5.0, dropped_completion=100.0)))
+    assert few.get_xlabel() == ""  # 4x longer, but fewer than MIN_DROPPED dropped

@@ -2,7 +2,10 @@
 
 Each line of ``metrics.jsonl`` is one record with a ``phase``:
 
-* ``"rl"``: one RL step; ``step``, ``reward_mean`` (sampled reward; may be missing);
+* ``"rl"``: one RL step; ``step``, ``reward_mean`` (sampled reward; may be missing), and
+  optionally ``entropy``, ``batch/zero_variance_group_frac`` and the cumulative bias audit
+  ``audit/<trained|dropped>_<samples|prompt_length|completion_length|reward>``
+  (:mod:`ludic.training.sample_audit`);
 * ``"eval"``: one evaluation; ``step`` (the RL step it was taken at), ``reward_mean``,
   ``success_rate``;
 * ``"warm_start"``: one SFT step; ``step``, ``loss``.
@@ -22,6 +25,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ludic.jsonl import read_jsonl
+from ludic.training.sample_audit import LONGER_DROPS, longer_drops
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -35,8 +39,19 @@ def plot_reward_curve(
 ) -> Path:
     """Write a PNG of sampled RL reward per step, its moving average and eval rewards,
     plus panels when the records have them: the policy's token entropy and the fraction of
-    zero-variance groups per RL step (what GRPO cannot learn from), and the warm-start SFT
-    loss. Returns ``out_png``."""
+    zero-variance groups per RL step (what GRPO cannot learn from), the warm-start SFT
+    loss, and, when the run dropped samples, the bias audit: mean prompt length, completion
+    length and reward of dropped against trained samples (cumulative, from the last RL
+    record), with a note when dropped completions are much longer. Returns ``out_png``."""
+    figure = reward_curve_figure(records, title=title)
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=120)
+    return out
+
+
+def reward_curve_figure(records: Iterable[dict[str, Any]], *, title: str = "ludic run") -> Figure:
+    """The figure :func:`plot_reward_curve` writes (on an Agg canvas, unsaved)."""
     records = list(records)
     rl = _points(records, "rl", "reward_mean")
     evals = _points(records, "eval", "reward_mean")
@@ -44,8 +59,9 @@ def plot_reward_curve(
     entropy = _points(records, "rl", "entropy")
     flat_groups = _points(records, "rl", "batch/zero_variance_group_frac")
     diagnostics = bool(entropy or flat_groups)
+    audit = _dropped_audit(records)
 
-    panels = 1 + diagnostics + bool(sft_loss)
+    panels = 1 + diagnostics + bool(sft_loss) + bool(audit)
     figure = Figure(figsize=(8, 4.5 + 2.0 * (panels - 1)), layout="constrained")
     FigureCanvasAgg(figure)
     axes = list(
@@ -54,6 +70,7 @@ def plot_reward_curve(
     reward_ax = axes.pop(0)
     diag_ax = axes.pop(0) if diagnostics else None
     loss_ax = axes.pop(0) if sft_loss else None
+    audit_ax = axes.pop(0) if audit else None
     reward_ax.set_title(title)
 
     if not (rl or evals or sft_loss):
@@ -78,11 +95,9 @@ def plot_reward_curve(
         loss_ax.set_ylabel("loss")
         loss_ax.legend(loc="upper right")
         loss_ax.grid(alpha=0.3)
-
-    out = Path(out_png)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=120)
-    return out
+    if audit_ax is not None:
+        _draw_audit(audit_ax, audit)
+    return figure
 
 
 def _draw_rewards(ax: Any, rl: list[tuple[float, float]], evals: list[tuple[float, float]]):
@@ -137,6 +152,62 @@ def _draw_diagnostics(
     ax.set_xlabel("RL step")
     ax.grid(alpha=0.3)
     ax.legend(lines, [line.get_label() for line in lines], loc="best", fontsize=8)
+
+
+_AUDIT_TITLE = "bias audit: trained vs dropped samples (cumulative)"
+_AUDIT_FIELDS = ("prompt_length", "completion_length", "reward")
+
+
+def _dropped_audit(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``audit/*`` metrics of the last RL record that has them, when it counts dropped
+    samples; else empty (no panel)."""
+    last = next(
+        (r for r in reversed(records) if r.get("phase") == "rl" and "audit/dropped_samples" in r),
+        {},
+    )
+    dropped = last.get("audit/dropped_samples")
+    if not (_is_finite(dropped) and dropped > 0):
+        return {}
+    return {key: value for key, value in last.items() if key.startswith("audit/")}
+
+
+def _draw_audit(ax: Any, audit: dict[str, Any]) -> None:
+    """Grouped bars, trained against dropped: mean prompt and completion length (tokens,
+    left axis) and mean reward (right axis)."""
+    width = 0.38
+    reward_ax = ax.twinx()
+    handles = []
+    for offset, name, color in (
+        (-width / 2, "trained", "tab:blue"),
+        (width / 2, "dropped", "tab:red"),
+    ):
+        values = [_number(audit.get(f"audit/{name}_{field}")) for field in _AUDIT_FIELDS]
+        label = f"{name} (n={int(_number(audit.get(f'audit/{name}_samples'), 0.0))})"
+        handles.append(ax.bar([offset, 1 + offset], values[:2], width, color=color, label=label))
+        reward_ax.bar([2 + offset], values[2:], width, color=color, label=label)
+    reward_ax.axhline(0.0, color="black", linewidth=0.5)
+    ax.set_xticks([0, 1, 2], ["prompt length", "completion length", "reward"])
+    ax.set_ylabel("mean tokens")
+    reward_ax.set_ylabel("mean reward")
+    ax.set_title(_AUDIT_TITLE, fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    for side in (ax, reward_ax):
+        side.margins(y=0.35)  # headroom for the legend
+    ax.legend(handles=handles, loc="upper left", ncols=2, fontsize=8)
+    ratio = longer_drops(audit)
+    if ratio is not None:
+        ax.set_xlabel(
+            f"dropped completions are {ratio:.1f}x longer than trained ones (over "
+            f"{LONGER_DROPS}x): the run trains on shorter answers",
+            color="tab:red",
+            fontsize=9,
+        )
+
+
+def _number(value: Any, missing: float = math.nan) -> float:
+    """``value`` as a float when it is a finite number; else ``missing`` (no bar is drawn
+    for NaN, e.g. the means of a class with no samples yet)."""
+    return float(value) if _is_finite(value) else missing
 
 
 def moving_average(values: Sequence[float], window: int) -> list[float]:

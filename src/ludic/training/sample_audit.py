@@ -7,22 +7,39 @@ keeps, cumulatively over the run, the count and the mean prompt length, completi
 and reward of the items the Trainer trained on and of those it dropped (stale or by the
 sample filter), logged every step as ``audit/<trained|dropped>_<field>``, and says when
 dropped completions are on average more than :data:`LONGER_DROPS` times longer than
-trained ones (:meth:`SampleAudit.warning`).
+trained ones (:meth:`SampleAudit.warning`; the rule, on the logged metrics, is
+:func:`longer_drops`, which the run's plot shares).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from ludic.training.types import SAWItem
 
-__all__ = ["LONGER_DROPS", "MIN_DROPPED", "SampleAudit"]
+__all__ = ["LONGER_DROPS", "MIN_DROPPED", "SampleAudit", "longer_drops"]
 
 LONGER_DROPS = 1.5
 """Dropped completions this many times longer than trained ones, on average, are reported."""
 MIN_DROPPED = 8
 """Dropped items needed before the comparison is reported (fewer say little)."""
+
+
+def longer_drops(metrics: Mapping[str, Any]) -> float | None:
+    """How many times longer dropped completions are than trained ones on average, from the
+    ``audit/*`` metrics (:meth:`SampleAudit.metrics`, or a logged step), when that is more
+    than :data:`LONGER_DROPS` with at least :data:`MIN_DROPPED` dropped; else ``None``."""
+    keys = ("dropped_samples", "trained_completion_length", "dropped_completion_length")
+    values = [metrics.get(f"audit/{key}") for key in keys]
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        return None  # no trained or no dropped items yet
+    dropped, trained_length, dropped_length = (float(v) for v in values)
+    if not (dropped >= MIN_DROPPED and trained_length > 0):
+        return None
+    ratio = dropped_length / trained_length
+    return ratio if ratio > LONGER_DROPS else None
 
 
 @dataclass
@@ -71,12 +88,10 @@ class SampleAudit:
     def warning(self) -> str | None:
         """A sentence when dropped completions are more than :data:`LONGER_DROPS` times
         longer than trained ones on average (with at least :data:`MIN_DROPPED` dropped)."""
+        ratio = longer_drops(self.metrics())
+        if ratio is None:
+            return None
         kept, gone = self.trained, self.dropped
-        if gone.samples < MIN_DROPPED or not kept.samples or not kept.completion_tokens:
-            return None
-        ratio = (gone.completion_tokens / gone.samples) / (kept.completion_tokens / kept.samples)
-        if ratio <= LONGER_DROPS:
-            return None
         return (
             f"dropped samples are {ratio:.1f}x longer than trained ones on average "
             f"({gone.samples} dropped, {kept.samples} trained): the run trains on a "
