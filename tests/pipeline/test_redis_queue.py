@@ -203,7 +203,7 @@ def test_purge_deletes_only_this_prefix(redis_server) -> None:
     for queue in (q, other):
         queue.push("b0", b"x")
         queue.take(timeout_s=1.0)
-    assert q.purge() == 4  # payload:b0, processing:learner, produced, stats
+    assert q.purge() == 5  # payload:b0, processing:learner, produced, stats, batch_tokens
     assert q.client.keys(f"{q.keys.prefix}:*") == []
     assert other.client.keys(f"{other.keys.prefix}:*") != []
 

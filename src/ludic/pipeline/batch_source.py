@@ -60,6 +60,15 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ludic.pipeline.redis_queue import PushStopped, RedisBatchQueue, RunFinishedError
+from ludic.pipeline.redis_tokens import (
+    batch_tokens as queued_batch_tokens,
+)
+from ludic.pipeline.redis_tokens import (
+    commit_accounted,
+    mark_accounted,
+    resume_accounting,
+    token_totals,
+)
 from ludic.training.batching.wire import (
     Producer,
     WireBatch,
@@ -67,7 +76,7 @@ from ludic.training.batching.wire import (
     decode_batch,
     encode_batch,
 )
-from ludic.training.ledger import DROPPED_STALE, SOURCE_KEYS, batch_tokens
+from ludic.training.ledger import ABORTED, DROPPED_STALE, GENERATED, SOURCE_KEYS, batch_tokens
 from ludic.training.types import BatchSource, DataExhausted, SAWBatch, SAWItem
 
 __all__ = [
@@ -137,8 +146,10 @@ class PipelineBatchSource:
         self._started = False
         self._in_flight: dict[str, _InFlight] = {}
         self.last_batch: SAWBatch | None = None
-        # the token ledger of batches dropped whole (all stale), carried into the next one
+        # the token ledger of batches dropped whole (all stale or undecodable) and of
+        # batches a crash left unaccounted for, carried into the next one handed out
         self._carried = dict.fromkeys(SOURCE_KEYS, 0)
+        self._carried_ids: list[str] = []
 
     @property
     def version(self) -> int:
@@ -171,9 +182,35 @@ class PipelineBatchSource:
                 requeued,
                 self._version,
             )
+        orphans = resume_accounting(self.queue, self._version)
+        if orphans:
+            log.warning(
+                "learner %r: %d batch(es) dropped or set aside after version %d by an earlier "
+                "run: their %d tokens count as aborted",
+                self.queue.learner_id,
+                len(orphans),
+                self._version,
+                sum(orphans.values()),
+            )
+            self._carry_aborted(orphans)
         self.queue.set_version(self._version)
         self.queue.set_max_staleness(self.max_staleness)
         self._started = True
+
+    def _carry_aborted(self, tokens: dict[str, int]) -> None:
+        """Batches whose tokens were generated and will never be trained on: counted as
+        aborted by the step of the next batch handed out."""
+        self._carried[GENERATED] += sum(tokens.values())
+        self._carried[ABORTED] += sum(tokens.values())
+        self._carried_ids.extend(tokens)
+
+    ledger_run_wide = True  # the actors' counts in Redis, across learner restarts
+
+    def ledger_totals(self) -> tuple[int, int]:
+        """(completion tokens every actor of the run pushed, of them those in batches no
+        learner step has accounted for): see :mod:`ludic.pipeline.redis_tokens`."""
+        self._start()
+        return token_totals(self.queue)
 
     async def next_batch(self) -> SAWBatch:
         with interrupt_on_cancel(self.queue):
@@ -204,12 +241,18 @@ class PipelineBatchSource:
                     )
             except WireFormatError as err:
                 log.error("rejected batch %s (moved to dead): %s", taken.batch_id, err)
+                tokens = await asyncio.to_thread(queued_batch_tokens, self.queue, taken.batch_id)
                 await asyncio.to_thread(self.queue.reject, taken.batch_id, str(err))
+                self._carry_aborted({taken.batch_id: tokens})
                 continue
             batch, record = self._select(wire)
             if batch is not None:
+                # this step's token ledger counts the batch and what was carried into it
+                handed, self._carried_ids = [taken.batch_id, *self._carried_ids], []
+                await asyncio.to_thread(mark_accounted, self.queue, handed, self.version + 1)
                 self.last_batch = batch
                 return batch
+            self._carried_ids.append(taken.batch_id)
             log.warning(
                 "dropped batch %s: all %d items older than version %d - max_staleness %s",
                 taken.batch_id,
@@ -273,8 +316,10 @@ class PipelineBatchSource:
 
     def on_checkpoint(self, step: int) -> None:
         """The learner's checkpoint of ``step`` is written: the batches trained up to it
-        are done for good (:meth:`RedisBatchQueue.commit`)."""
+        are done for good (:meth:`RedisBatchQueue.commit`), and so are the token counts
+        their steps accounted for (:func:`~ludic.pipeline.redis_tokens.commit_accounted`)."""
         self.queue.commit(step)
+        commit_accounted(self.queue, step)
 
     def _handed_out(self, batch: SAWBatch, what: str) -> _InFlight:
         batch_id = batch.meta.get(META_BATCH_ID)
@@ -391,7 +436,13 @@ async def _push_batches(
         info = {"batch_index": index, "num_items": len(batch.items)}
         try:
             await asyncio.to_thread(
-                queue.push, producer.batch_id, payload, actor_id=actor_id, info=info, stop=stop_set
+                queue.push,
+                producer.batch_id,
+                payload,
+                actor_id=actor_id,
+                info=info,
+                tokens=int(batch.meta.get(GENERATED, 0)),
+                stop=stop_set,
             )
         except (RunFinishedError, PushStopped):
             await asyncio.to_thread(queue.abandon_claim, actor_id)

@@ -14,7 +14,11 @@ their prefixes. Keys (``P`` = prefix)::
     P:dropped                hash id -> JSON record (every item was too stale to train on)
     P:dead                   hash id -> JSON {error, at}: payloads that failed to decode
     P:dead_payload:<id>      the rejected bytes, kept for inspection
-    P:stats                  hash of counters (pushed/trained/dropped/dead/requeued ...)
+    P:stats                  hash of counters (pushed/trained/dropped/dead/requeued ...,
+                             generated_tokens: completion tokens of every batch pushed)
+    P:batch_tokens           hash id -> completion tokens generated for it (written by push)
+    P:accounted              hash id -> the learner step whose token ledger counts it
+                             (see ludic.pipeline.redis_tokens)
     P:version                the learner's policy version
     P:next_index             global batch-index counter; P:claims hash actor -> claimed index
     P:max_staleness          the learner's max_staleness (actors check they agree)
@@ -69,11 +73,14 @@ COUNTERS = (
     "retrained_batches",
     "abandoned_claims",
     "unused_batches",
+    "generated_tokens",
 )
 """Names in ``P:stats``. ``dropped_items`` counts stale items, whether their whole batch was
 dropped or only part of it (the rest trained). ``abandoned_claims``: batch indices an actor
 claimed and gave up (it stopped, or its source ran out) without pushing. ``unused_batches``:
 batches still queued when the learner ended the run (:meth:`RedisBatchQueue.finish_run`).
+``generated_tokens``: completion tokens of the batches pushed (the token ledger's
+``generated``, see :mod:`ludic.pipeline.redis_tokens`).
 ``retrained_batches``: batches trained after a learner's last checkpoint that a resume from
 it put back in the queue (their records and counts undone)."""
 
@@ -133,6 +140,8 @@ class RedisKeys:
     learner = property(lambda self: self._key("learner"))
     weights = property(lambda self: self._key("weights"))
     weights_version = property(lambda self: self._key("weights_version"))
+    batch_tokens = property(lambda self: self._key("batch_tokens"))
+    accounted = property(lambda self: self._key("accounted"))
 
     def payload(self, batch_id: str) -> str:
         return f"{self.prefix}:payload:{batch_id}"

@@ -189,6 +189,7 @@ class RedisBatchQueue:
         *,
         actor_id: str | None = None,
         info: Mapping[str, Any] | None = None,
+        tokens: int = 0,
         timeout_s: float | None = None,
         stop: Callable[[], bool] | None = None,
     ) -> bool:
@@ -196,7 +197,9 @@ class RedisBatchQueue:
 
         Returns True when pushed, False when ``batch_id`` was pushed before (a retry after
         a lost reply). ``actor_id``'s claim is cleared in the same transaction; ``info``
-        (JSON) is stored in ``P:produced``. Raises :class:`QueueFullError` after
+        (JSON) is stored in ``P:produced``; ``tokens`` (the completion tokens generated for
+        the batch) in ``P:batch_tokens`` and the ``generated_tokens`` counter (the token
+        ledger, :mod:`ludic.pipeline.redis_tokens`). Raises :class:`QueueFullError` after
         ``timeout_s`` (default ``push_timeout_s``) of a full queue, and
         :class:`RunFinishedError` as soon as the learner has ended the run (also while
         waiting on a full queue), :class:`PushStopped` when ``stop()`` turns true while
@@ -219,6 +222,9 @@ class RedisBatchQueue:
             pipe.lpush(k.queue, batch_id)
             pipe.hset(k.produced, batch_id, record)
             pipe.hincrby(k.stats, "pushed_batches", 1)
+            pipe.hset(k.batch_tokens, batch_id, tokens)
+            if tokens:
+                pipe.hincrby(k.stats, "generated_tokens", tokens)
             if actor_id is not None:
                 pipe.hdel(k.claims, actor_id)
             pipe.execute()

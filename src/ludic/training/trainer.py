@@ -195,6 +195,9 @@ class Trainer(HasTrainingCore):
         """Where every generated token went (``ludic.training.ledger``); ``None`` until a
         batch says what was generated for it (a rollout source's do; an SFT one's not)."""
         self._ledger_base = 0  # generated before a resume (a LedgerSource counts from 0)
+        # the ledger as of the last step that closed it: what a checkpoint keeps (a step
+        # that fails half-way may have counted part of its batch)
+        self._closed_ledger: dict[str, int] | None = None
         self.reference_model = self._prepare_reference(reference_model)
         self.ranks = ranks if ranks is not None and ranks.world_size > 1 else None
         self._varlen = self._varlen_attention()
@@ -351,6 +354,7 @@ class Trainer(HasTrainingCore):
             self.ledger.in_flight = in_flight
         self.ledger.settle()
         self.ledger.check(self.step)
+        self._closed_ledger = self.ledger.state()
 
     def train_async_sync(self, num_steps: int) -> list[dict[str, float]]:
         """:meth:`train_async` for scripts without an event loop."""
@@ -473,6 +477,7 @@ class Trainer(HasTrainingCore):
             generated, in_flight = self.batch_source.ledger_totals()
             ledger.generated, ledger.in_flight = self._ledger_base + generated, in_flight
         ledger.check(self.step)
+        self._closed_ledger = ledger.state()
 
     @property
     def max_staleness(self) -> int | None:
@@ -819,7 +824,7 @@ class Trainer(HasTrainingCore):
             "algorithm": self.algorithm.name,
             "config": dataclasses.asdict(self.config),
             "sample_audit": self.audit.state(),
-            "token_ledger": None if self.ledger is None else self.ledger.state(),
+            "token_ledger": self._closed_ledger,
         }
 
     def resume(self, path: str | Path | None = None) -> int:
@@ -831,6 +836,7 @@ class Trainer(HasTrainingCore):
         run_wide = isinstance(self.batch_source, LedgerSource) and self.batch_source.ledger_run_wide
         self.ledger = None if state is None else TokenLedger.resumed(state, in_flight_kept=run_wide)
         self._ledger_base = 0 if self.ledger is None or run_wide else self.ledger.generated
+        self._closed_ledger = None if self.ledger is None else self.ledger.state()
         return loaded.step
 
     def _metrics(
