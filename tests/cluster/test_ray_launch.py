@@ -309,18 +309,22 @@ def test_a_local_launch_runs_on_loopback_and_a_sigkilled_launcher_leaves_no_ray_
 ) -> None:
     """No ``--address``: the launcher starts Ray itself, on 127.0.0.1 without being told
     (``LOCAL_ONLY_ENV`` left out of its environment), and a SIGKILL to the launcher alone
-    ends all of it: Ray's processes (in the launcher's session), the run's (marked)."""
+    ends all of it: Ray's processes (in the launcher's session), the run's (marked).
+    ``--resume`` then trains every batch exactly once: those trained after the last
+    checkpoint are trained again from it, once, and the token ledger closes."""
     import psutil
+    from tests.faults.helpers import records
 
     mark = f"loopback-{os.getpid()}-{time.monotonic_ns()}"
     env = {k: v for k, v in os.environ.items() if k not in LOCAL_ONLY_ENV}
     env["LUDIC_TEST_MARK"] = mark
     job = [*JOB, "inference.backend=transformers", "trainer.steps=40", "eval.every=0"]
     job = [j for j in job if "resources=" not in j and "strategy" not in j]
-    job.append("pipeline.stop_timeout_s=5")
-    launched = Launched(tmp_path, str(DEMO), f"output_dir={tmp_path}", *job, env=env)
+    job += ["pipeline.stop_timeout_s=5", "trainer.checkpoint_every=2"]
+    argv = [str(DEMO), f"output_dir={tmp_path}", *job]
+    launched = Launched(tmp_path, *argv, env=env)
     try:
-        launched.wait_for_line(r"^\[learner\] step 1 ", timeout_s=300)
+        launched.wait_for_line(r"^\[learner\] step 3 ", timeout_s=300)  # after checkpoint 2
         out = launched.output()
         assert f"redis-server: {LOOPBACK}:" in out, out[-4000:]
         for name in ("learner", "actor-0"):
@@ -333,6 +337,21 @@ def test_a_local_launch_runs_on_loopback_and_a_sigkilled_launcher_leaves_no_ray_
         with contextlib.suppress(ProcessLookupError):
             os.killpg(launched.proc.pid, signal.SIGKILL)  # what a failed check left
     assert not left, left
+
+    run_dir = Path(re.findall(r"^run directory: (\S+)", launched.output(), re.MULTILINE)[0])
+    killed_at = max(r["step"] for r in records(run_dir, "rl"))
+    resumed = Launched(tmp_path, *argv, "trainer.steps=6", "--resume", str(run_dir), env=env)
+    try:
+        assert resumed.proc.wait(timeout=300) == 0, resumed.output()[-4000:]
+    finally:
+        resumed.stop()
+    rl = records(run_dir, "rl")
+    assert [r["step"] for r in rl] == list(range(1, 7)), killed_at
+    indices = [r["batch/pipeline_batch_index"] for r in rl]
+    assert len(set(indices)) == len(indices), (indices, killed_at)  # none trained twice
+    ledger = json.loads((run_dir / "summary.json").read_text())["token_ledger"]
+    assert ledger["generated"] == sum(v for k, v in ledger.items() if k != "generated"), ledger
+    assert ledger["in_flight"] == 0 and ledger["trained"] > 0, ledger
 
 
 def _leftover(session: int, mark: str, psutil, timeout_s: float = 20.0) -> list[str]:
