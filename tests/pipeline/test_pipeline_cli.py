@@ -339,6 +339,52 @@ def test_a_failing_child_fails_the_one_command_run_with_its_error(
     assert left == []  # the other processes were stopped
 
 
+def test_ludic_train_hands_the_reward_router_it_started_to_every_child(
+    redis_server, tmp_path: Path, monkeypatch
+) -> None:
+    """With reward_loop.disrm, `ludic train` starts the reward servers and router once (a
+    stand-in here; tests/vllm_reward/test_reward_loop_modes.py runs real ones) and hands
+    the router to the learner and every actor in their environment, never on a command
+    line; a child that fails stops the run, and the router with it."""
+    from ludic.pipeline import launch
+
+    events: list[str] = []
+
+    @contextlib.contextmanager
+    def router(config, *, log_dir):
+        events.append("started")
+        try:
+            yield "http://127.0.0.1:9", "router-key-x"
+        finally:
+            events.append("stopped")
+
+    python = tmp_path / "python"  # each child records its argv and environment, then fails
+    python.write_text('#!/bin/sh\necho "$@" > "$0.$$.argv"\nenv > "$0.$$.env"\nexit 1\n')
+    python.chmod(0o755)
+    monkeypatch.setattr(launch, "reward_router", router)
+    monkeypatch.setattr(launch.sys, "executable", str(python))
+    config = load_config(
+        DEMO,
+        _overrides(
+            tmp_path,
+            "pipeline.num_actors=2",
+            "reward_loop.disrm.num_servers=1",
+            f"pipeline.redis_url={redis_server.url}",
+            f"pipeline.prefix=cli-router-{time.monotonic_ns()}",
+        ),
+    )
+    with pytest.raises(launch.PipelineProcessError, match="exited with code 1"):
+        jobs.train(config)
+    assert events == ["started", "stopped"]
+    envs = [p.read_text().splitlines() for p in tmp_path.glob("python.*.env")]
+    assert len(envs) == 3  # the learner and 2 actors
+    for env in envs:
+        assert "LUDIC_REWARD_ROUTER_URL=http://127.0.0.1:9" in env
+        assert "LUDIC_REWARD_ROUTER_KEY=router-key-x" in env
+    argvs = [p.read_text() for p in tmp_path.glob("python.*.argv")]
+    assert len(argvs) == 3 and not any("router-key-x" in argv for argv in argvs)
+
+
 def _cmdline(process: psutil.Process) -> str:
     with contextlib.suppress(psutil.Error):
         return " ".join(process.cmdline())

@@ -1,7 +1,8 @@
 """``ludic train`` with a ``reward_loop`` section, on the in-process backend: a reward
 function from a file scores every sample (standalone and colocate), the scores drive
 training and are logged; bad settings are config errors naming the field. The hybrid
-example with real vLLM reward servers behind the router: tests/vllm/test_vllm_reward_loop_job.py."""
+example with real vLLM reward servers behind the router, in every mode:
+tests/vllm_reward/test_reward_loop_modes.py."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from pathlib import Path
 import pytest
 from tests.pipeline.helpers import require_redis_server
 
-from ludic import jobs
+from ludic import cli, jobs
+from ludic.pipeline.run_info import REWARD_ROUTER_URL_ENV, require_reward_router
 from ludic.rewards import RewardLoopError
 from ludic.run.builders import RunError
 from ludic.run.loading import load_config
 from ludic.run.preflight import check_config
+from ludic.run.reward_loop import starts_reward_servers
 
 TINY = [
     "warm_start.steps=2",
@@ -174,13 +177,48 @@ def test_the_built_in_rule_scores_the_arithmetic_env_like_its_verifier(tmp_path:
         (["reward_loop.rule_weight=0"], "no reward"),
         (["reward_loop.disrm.num_servers=2", "reward_loop.disrm.server.port=9000"], "own port"),
         (["reward_loop.manager_module=no_such_module_x"], "reward_loop.manager_module"),
-        (
-            ["trainer.mode=pipeline", "reward_loop.disrm.num_servers=1"],
-            "every actor would start its own reward servers",
-        ),
     ],
 )
 def test_bad_reward_loop_settings_name_the_field(tmp_path, overrides, message) -> None:
     with pytest.raises((RunError, ValueError)) as error:
         check_config(_config(tmp_path, *overrides))
     assert message in str(error.value)
+
+
+PIPELINE_DISRM = ["trainer.mode=pipeline", "reward_loop.disrm.num_servers=1"]
+
+
+def test_ludic_train_starts_a_pipelines_reward_servers_for_its_actors(
+    tmp_path, monkeypatch
+) -> None:
+    """``ludic train``'s preflight passes: it starts the servers once and hands the router
+    to its learner and actors, whose own check then passes; a router named in the config
+    needs nobody to start anything."""
+    monkeypatch.delenv(REWARD_ROUTER_URL_ENV, raising=False)
+    config = _config(tmp_path, *PIPELINE_DISRM)
+    check_config(config)
+    assert starts_reward_servers(config)
+    with pytest.raises(RunError, match="every actor would start its own reward servers"):
+        require_reward_router(config, "ludic actor")
+    monkeypatch.setenv(REWARD_ROUTER_URL_ENV, "http://127.0.0.1:9")
+    require_reward_router(config, "ludic actor")
+    monkeypatch.delenv(REWARD_ROUTER_URL_ENV)
+    named = _config(tmp_path, *PIPELINE_DISRM, "reward_loop.router.address=http://127.0.0.1:9")
+    assert not starts_reward_servers(named)
+    require_reward_router(named, "ludic actor")
+
+
+@pytest.mark.parametrize("command", ["learner", "actor", "launch"])
+def test_a_pipeline_process_started_by_hand_needs_a_running_reward_router(
+    tmp_path, capsys, monkeypatch, command: str
+) -> None:
+    monkeypatch.delenv(REWARD_ROUTER_URL_ENV, raising=False)
+    demo = Path(jobs.__file__).parent / "configs" / "arithmetic_demo.yaml"
+    argv = [command, str(demo), f"output_dir={tmp_path}", *TINY, *PIPELINE_DISRM]
+    if command != "launch":
+        argv += ["--run-dir", str(tmp_path / "run")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "every actor would start its own reward servers" in err
+    assert "set reward_loop.router.address" in err and f"`ludic {command}` does not" in err
+    assert not (tmp_path / "run").exists()  # refused before anything started

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-API_KEY = "ludic-reward-test-key"
+from tests.vllm.helpers import API_KEY  # one key for the session's servers
+
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MAX_ABS_SCORE_DIFF = 1e-4
 

@@ -7,6 +7,9 @@
 3. Inference: ``transformers``: an in-process copy of the policy, reloaded from Redis
    (``P:weights``) whenever the learner published a new version, before each batch;
    ``vllm``: a client of the learner's vLLM server (which the learner keeps in sync).
+   A ``reward_loop`` scores here; its DisRM/GenRM servers run once for all actors, behind
+   the router ``ludic train`` started (handed over in ``$LUDIC_REWARD_ROUTER_URL`` /
+   ``$LUDIC_REWARD_ROUTER_KEY``) or at ``reward_loop.router.address``.
 4. Generate: the env/agent engine, the algorithm's credit assigner and rollout hooks, a
    ``RolloutBatchSource`` whose problems are a function of the batch index this actor
    claimed in Redis (as in ``ludic train``), fed to ``run_pipeline_actor`` (admission:
@@ -37,10 +40,12 @@ from ludic.inference import HFChatTemplate, TransformersChatClient
 from ludic.pipeline.run_info import (
     check_same_run,
     configured_redis_url,
+    handed_reward_router,
     make_queue,
     pipeline_prefix,
     redacted,
     require_pipeline_mode,
+    require_reward_router,
     wait_for_redis_url,
 )
 from ludic.run.builders import batch_requests, make_algorithm, make_engine
@@ -69,6 +74,7 @@ def run_actor(config: RunConfig, *, run_dir: str | Path, actor_id: str | None = 
     with terminate_as_interrupt():
         require_pipeline_mode(config, "ludic actor")
         check_config(config)
+        require_reward_router(config, "ludic actor")
         return _act(config, Path(run_dir), actor_id or default_actor_id())
 
 
@@ -94,8 +100,11 @@ def _act(config: RunConfig, run_path: Path, actor_id: str) -> int:
                 log_dir.mkdir(parents=True, exist_ok=True)
             reward_client = stack.enter_context(reward_backend(config, log_dir=log_dir))
             algorithm = make_algorithm(config, reward_client=reward_client)
-            # the reward loop scores here, in the actor: the learner trains on the scores
-            reward_loop = stack.enter_context(reward_loop_from_config(config, log_dir=log_dir))
+            # the reward loop scores here, in the actor: the learner trains on the scores.
+            # Its servers and router run once for all actors (`ludic train` started them).
+            reward_loop = stack.enter_context(
+                reward_loop_from_config(config, log_dir=log_dir, router=handed_reward_router())
+            )
             on_episode = [reward_loop.on_episode] if reward_loop is not None else []
             if reward_loop is not None:
                 algorithm = with_reward_loop(algorithm, reward_loop, config)

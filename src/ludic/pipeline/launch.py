@@ -3,7 +3,12 @@
 1. The run directory (new, or ``--resume RUN_DIR``), as ``ludic train`` makes it.
 2. Redis: ``pipeline.redis_url``, or a local redis-server with an fsync-always AOF in
    RUN_DIR/redis (a resumed run gets its queue back from the AOF).
-3. Child processes, each the leader of its own process group, each ending when this process
+3. The reward loop's servers, where ``reward_loop.disrm`` / ``genrm`` name some and
+   ``reward_loop.router.address`` none: started once, here, with the router over them
+   (logs in RUN_DIR: vllm_disrm_I.log, vllm_genrm_I.log, reward_router.log), as ``ludic
+   train`` starts them in sync mode; every actor scores through that router, whose URL and
+   key the children get in ``$LUDIC_REWARD_ROUTER_URL`` / ``$LUDIC_REWARD_ROUTER_KEY``.
+4. Child processes, each the leader of its own process group, each ending when this process
    dies (even by ``kill -9``: the kernel sends it SIGTERM, ``PR_SET_PDEATHSIG``)::
 
        python -m ludic learner RUN_DIR/config.yaml --run-dir RUN_DIR [pipeline.redis_url=URL]
@@ -11,14 +16,15 @@
 
    Their output (stdout and stderr) goes to RUN_DIR/logs/NAME.log and, prefixed with
    ``[NAME]``, to this terminal.
-4. Wait for the learner. It ends the run in Redis when its steps are done; actors see that
-   and exit, those still running after ``pipeline.stop_timeout_s`` get SIGTERM. Then Redis
-   stops.
+5. Wait for the learner. It ends the run in Redis when its steps are done; actors see that
+   and exit, those still running after ``pipeline.stop_timeout_s`` get SIGTERM. Then the
+   reward servers and Redis stop.
 
 Failures: a child that exits with an error (learner or actor) stops the others (SIGTERM,
 then SIGKILL after ``pipeline.stop_timeout_s``; the learner checkpoints on SIGTERM) and
-fails the command with the child's error line and its log's path. Ctrl-C or SIGTERM does
-the same and exits 130 / 143; ``--resume RUN_DIR`` continues the run.
+fails the command with the child's error line and its log's path (the reward servers
+stop after the children). Ctrl-C or SIGTERM does the same and exits 130 / 143; ``--resume
+RUN_DIR`` continues the run.
 """
 
 from __future__ import annotations
@@ -42,11 +48,14 @@ from ludic.pipeline.redis_urls import redacted
 from ludic.pipeline.run_info import (
     PIPELINE_RESUMABLE,
     REDIS_URL_ENV,
+    REWARD_ROUTER_KEY_ENV,
+    REWARD_ROUTER_URL_ENV,
     make_queue,
     pipeline_prefix,
 )
 from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
+from ludic.run.reward_loop import reward_router, starts_reward_servers
 from ludic.run.run_dir import RunDirectory, open_run
 
 __all__ = ["PipelineProcessError", "launch_pipeline"]
@@ -83,11 +92,18 @@ def launch_pipeline(config: RunConfig, *, resume: str | Path | None = None) -> P
         queue = make_queue(config, url, pipeline_prefix(config, run.path))
         stack.callback(queue.close)
         queue.start_run()  # no actor may see the end of an earlier run of this directory
-        children = stack.enter_context(_Children(p.stop_timeout_s))
-        common = [str(run.config_path), "--run-dir", str(run.path)]
         env = child_env(config)
         if p.redis_url is None:  # in the environment: a command line is world-readable
             env[REDIS_URL_ENV] = url
+        if starts_reward_servers(config):  # once for all actors, stopped after them
+            router_url, router_key = stack.enter_context(reward_router(config, log_dir=run.path))
+            assert router_url is not None  # disrm or genrm: a router was started
+            console.print(f"reward router: {router_url}", highlight=False, soft_wrap=True)
+            env[REWARD_ROUTER_URL_ENV] = router_url
+            if router_key:
+                env[REWARD_ROUTER_KEY_ENV] = router_key
+        children = stack.enter_context(_Children(p.stop_timeout_s))
+        common = [str(run.config_path), "--run-dir", str(run.path)]
         learner = children.start("learner", ["learner", *common], logs, env)
         actors = [
             children.start(f"actor-{i}", ["actor", *common, "--actor-id", f"actor-{i}"], logs, env)

@@ -49,6 +49,7 @@ from ludic.pipeline.run_info import (
     pipeline_prefix,
     redacted,
     require_pipeline_mode,
+    require_reward_router,
     write_pipeline_info,
 )
 from ludic.run.builders import make_algorithm, make_engine, rl_sample_filter, rl_trainer_config
@@ -83,6 +84,7 @@ def run_learner(config: RunConfig, *, run_dir: str | Path | None = None) -> Path
     with terminate_as_interrupt():
         require_pipeline_mode(config, "ludic learner")
         check_config(config)
+        require_reward_router(config, "ludic learner")  # the actors score: refused early
         _check_vllm_key(config)
         return _learn(config, run_dir)
 

@@ -68,6 +68,7 @@ from ludic.pipeline.run_info import (
     make_queue,
     pipeline_prefix,
     require_pipeline_mode,
+    require_reward_router,
 )
 from ludic.run.config import PlacementConfig, RunConfig
 from ludic.run.errors import RunError
@@ -88,6 +89,7 @@ def launch_on_ray(
     with terminate_as_interrupt():
         require_pipeline_mode(config, "ludic launch")
         check_config(config)
+        require_reward_router(config, "ludic launch")
         check_placement(config, address)
         address = address or config.launch.address
         joined = address or os.environ.get("RAY_ADDRESS")

@@ -25,6 +25,7 @@ from ludic.jsonl import write_atomic
 from ludic.pipeline.redis_urls import redacted
 from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
+from ludic.run.reward_loop import RouterAddress, starts_reward_servers
 from ludic.run.rl_job import RESUMABLE_CHANGES
 from ludic.run.run_dir import RunDirectory, _flat_diff
 
@@ -34,6 +35,11 @@ REDIS_PASSWORD_FILE = "redis_password"
 REDIS_URL_ENV = "LUDIC_REDIS_URL"
 """Where ``pipeline.redis_url`` is null, the Redis URL (password included) that ``ludic
 launch`` hands the learner and the actors it places, kept off their command lines."""
+REWARD_ROUTER_URL_ENV = "LUDIC_REWARD_ROUTER_URL"
+"""The URL of the reward router ``ludic train`` started for its actors (``reward_loop.
+disrm`` / ``genrm`` without ``reward_loop.router.address``)."""
+REWARD_ROUTER_KEY_ENV = "LUDIC_REWARD_ROUTER_KEY"
+"""That router's API key: in the environment, never on a command line."""
 LEARNER_ID = "learner"
 PIPELINE_RESUMABLE = frozenset(
     {
@@ -73,6 +79,27 @@ def require_pipeline_mode(config: RunConfig, command: str) -> None:
             f"trainer.mode={config.trainer.mode!r}: `{command}` is one side of the actor/"
             "learner pipeline; set trainer.mode=pipeline (or run `ludic train` for mode "
             f"{config.trainer.mode})"
+        )
+
+
+def handed_reward_router() -> RouterAddress | None:
+    """The reward router ``ludic train`` started and handed its learner and actors in
+    :data:`REWARD_ROUTER_URL_ENV` / :data:`REWARD_ROUTER_KEY_ENV`; None without one."""
+    url = os.environ.get(REWARD_ROUTER_URL_ENV)
+    return (url, os.environ.get(REWARD_ROUTER_KEY_ENV) or None) if url else None
+
+
+def require_reward_router(config: RunConfig, command: str) -> None:
+    """A pipeline's actors score the reward loop, so its servers must run once for all of
+    them: started by ``ludic train`` (which hands them over, :func:`handed_reward_router`)
+    or named by ``reward_loop.router.address``; ``command`` (a learner or actor started
+    by hand, ``ludic launch``) would otherwise leave every actor to start its own."""
+    if starts_reward_servers(config) and handed_reward_router() is None:
+        raise RunError(
+            "reward_loop.disrm / reward_loop.genrm with trainer.mode=pipeline: every actor "
+            "would start its own reward servers; start them once (ludic serve reward / "
+            "policy, ludic serve router) and set reward_loop.router.address, which every "
+            f"actor shares (`ludic train` starts them for its actors; `{command}` does not)"
         )
 
 

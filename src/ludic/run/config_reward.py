@@ -241,7 +241,9 @@ class RewardRouterConfig(Section):
     address: str | None = None
     """A running router (e.g. http://host:port) to use instead: then disrm/genrm name no
     servers to start (their ``path`` still picks nothing; only ``weight``, ``normalize``
-    and the judge settings are read)."""
+    and the judge settings are read). In pipeline mode ``ludic train`` starts the servers
+    once for all its actors; a learner or actor started by hand, or ``ludic launch``,
+    needs this address."""
     api_key: str | None = Field(None, exclude=True, repr=False)
     """The running router's key (null: $LUDIC_API_KEY). A router the run starts gets the
     run's server key. Never saved."""

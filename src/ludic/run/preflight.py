@@ -142,18 +142,12 @@ class _RewardClientStandIn:
 
 
 def check_reward_loop(config: RunConfig) -> None:
-    """Preflight: the function loads, the manager is registered and takes its arguments."""
+    """Preflight: the function loads, the manager is registered and takes its arguments.
+    (Where a pipeline's reward servers run is the pipeline's check:
+    ``ludic.pipeline.run_info.require_reward_router``.)"""
     section = config.reward_loop
     if section is None:
         return
-    servers = section.disrm is not None or section.genrm is not None
-    if config.trainer.mode == "pipeline" and servers and section.router.address is None:
-        raise RunError(
-            "reward_loop.disrm / reward_loop.genrm with trainer.mode=pipeline: every actor "
-            "would start its own reward servers; start them once (ludic serve reward / "
-            "policy, ludic serve router) and set reward_loop.router.address, which every "
-            "actor shares"
-        )
     manager = make_manager(section, config, rule_function(section))
     if section.disrm is None and section.genrm is None:  # with servers: once they are up
         probe_reward(manager, config)

@@ -8,6 +8,10 @@ else ``genrm.server.api_key``, else ``$LUDIC_API_KEY``, else a fresh random key.
 reward function gets ``reward_router_address`` and ``reward_router_api_key`` (when it
 accepts them) so that a function of yours can call ``ludic.rewards.chat_complete`` on the
 same servers.
+
+Where the servers start: in the training process (``sync`` / ``async``); in pipeline mode
+once, in ``ludic train``'s launcher (:func:`reward_router`), whose actors get the router's
+address as ``reward_loop_from_config(..., router=...)`` and start nothing.
 """
 
 from __future__ import annotations
@@ -47,16 +51,26 @@ _NEEDS_VLLM = (
 )
 
 
+RouterAddress = tuple[str | None, str | None]
+"""A reward router's (URL, API key); (None, None) where the reward loop uses no server."""
+
+
 @contextlib.contextmanager
-def reward_loop_from_config(config: RunConfig, *, log_dir: Path) -> Iterator[RewardLoop | None]:
+def reward_loop_from_config(
+    config: RunConfig, *, log_dir: Path, router: RouterAddress | None = None
+) -> Iterator[RewardLoop | None]:
     """The configured :class:`RewardLoop` (``None`` without a ``reward_loop`` section),
-    with its servers and router running; all stopped on exit."""
+    with its servers and router running (:func:`reward_router`); all stopped on exit.
+    ``router``: a router running already (a pipeline actor's, started by ``ludic train``),
+    used instead, so that nothing starts here."""
     section = config.reward_loop
     if section is None:
         yield None
         return
     with contextlib.ExitStack() as stack:
-        address, key = _router_address(section, config, log_dir, stack)
+        if router is None:
+            router = stack.enter_context(reward_router(config, log_dir=log_dir))
+        address, key = router
         function: Any = rule_function(section)
         if section.disrm is not None or section.genrm is not None:
             function = _hybrid(section, function, address, key)
@@ -186,11 +200,33 @@ def _hybrid(section: RewardLoopSection, rule: Any, address: str, key: str | None
     return WeightedReward(components)
 
 
-def _router_address(
-    section: RewardLoopSection, config: RunConfig, log_dir: Path, stack: contextlib.ExitStack
-) -> tuple[str | None, str | None]:
-    """Start the reward servers and a router over them; (router URL, key), or (None,
-    None) when the loop uses no server."""
+def starts_reward_servers(config: RunConfig) -> bool:
+    """Whether the reward loop starts servers: ``disrm`` or ``genrm`` set, and no running
+    router (``reward_loop.router.address``) to use instead. A router is started then even
+    over servers that run already (``server.start_server: false``)."""
+    section = config.reward_loop
+    return (
+        section is not None
+        and (section.disrm is not None or section.genrm is not None)
+        and section.router.address is None
+    )
+
+
+@contextlib.contextmanager
+def reward_router(config: RunConfig, *, log_dir: Path) -> Iterator[RouterAddress]:
+    """The reward loop's router as (URL, API key): ``reward_loop.router.address``, or a
+    router started over the ``disrm``/``genrm`` servers started here (their logs and tiny
+    models in ``log_dir``), all stopped on exit; (None, None) when the loop uses no
+    server."""
+    with contextlib.ExitStack() as stack:
+        yield _router_address(config, log_dir, stack)
+
+
+def _router_address(config: RunConfig, log_dir: Path, stack: contextlib.ExitStack) -> RouterAddress:
+    """Start the reward servers and a router over them (stopped by ``stack``)."""
+    section = config.reward_loop
+    if section is None:
+        return None, None
     r = section.router
     if r.address is not None:
         from ludic.inference.vllm.security import API_KEY_ENV
