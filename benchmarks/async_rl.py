@@ -155,10 +155,8 @@ def run_mode(mode: str, args: argparse.Namespace, model_dir: Path, client: VLLMC
         "update_s": sum(m["time/train_s"] for m in history),
         "publish_s": sum(m["time/sync_s"] for m in history),
         "dropped": sum(m["dropped/stale"] for m in history),
-        # the token ledger at the end (cumulative) and the stale share of what was generated
-        "ledger": {
-            k[len("tokens/") :]: int(v) for k, v in history[-1].items() if k.startswith("tokens/")
-        },
+        # the token ledger settled at the end (batches made ahead and discarded: aborted)
+        "ledger": {k: int(v) for k, v in trainer.ledger.state().items()} if trainer.ledger else {},
     }
 
 
@@ -209,9 +207,12 @@ def learning_check(args: argparse.Namespace) -> None:
             curve.append((elapsed, r["reward_mean"]))
         curves[mode] = curve
         evals = " -> ".join(f"{r['success_rate']:.2f}" for r in records if r["phase"] == "eval")
+        ledger = json.loads((run_dir / "summary.json").read_text())["token_ledger"]
+        stale = ledger["dropped_stale"] / max(ledger["generated"], 1)
         print(
             f"learning check {mode:5s}: greedy eval {evals}; {len(rl)} RL steps in "
-            f"{elapsed:.0f} s of training time"
+            f"{elapsed:.0f} s of training time; token ledger (summary.json) "
+            f"{json.dumps(ledger)}, stale-dropped share {stale:.2%}"
         )
     plot_learning(curves, args.out.with_name(args.out.stem + "_learning.png"))
 

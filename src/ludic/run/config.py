@@ -274,8 +274,12 @@ class TrainerSection(TrainerSettings):  # type: ignore[misc,valid-type]
     actor``). In every mode no token older than ``step - max_staleness`` is trained on."""
     max_version_span: int | None = Field(None, ge=0)
     """Drop items whose tokens straddle more than this many weight updates (continued
-    partial rollouts); null: keep them (a decoupled loss, algorithm decoupled_ppo or
-    decoupled_grpo, corrects them per token)."""
+    partial rollouts); null: keep them (each token's behaviour logprob is the one that
+    sampled it, and a decoupled loss, algorithm decoupled_ppo or decoupled_grpo, also
+    corrects them per token). The staleness filter proper is max_staleness, on by default
+    in async and pipeline mode (1): it drops an item by its oldest token, and since no
+    token is newer than the trainer's weights, a kept item spans at most max_staleness
+    updates; this setting only tightens that."""
     checkpoint_every: int = Field(25, ge=1)
     keep_last: int = Field(2, ge=1)
     """Checkpoints kept per phase."""
