@@ -32,6 +32,15 @@ def test_collate_right_pads_and_shifts_masks_to_next_token_positions() -> None:
     assert (mb.num_sequences, mb.num_action_tokens, mb.num_tokens) == (2, 4, 7)
 
 
+def test_collate_lays_out_each_action_tokens_version_like_the_action_mask() -> None:
+    straddling = _item(2, 3, action_versions=(3, 3, 4))  # continued across an update
+    whole = _item(1, 2, policy_version=5)
+    mb = collate([straddling, whole], pad_token_id=0)
+    assert mb.action_versions is not None
+    assert mb.action_versions.tolist() == [[-1, 3, 3, 4], [5, 5, -1, -1]]
+    assert collate([straddling, _item(1, 1)], pad_token_id=0).action_versions is None
+
+
 def test_collate_gives_no_old_logprobs_when_any_item_lacks_them() -> None:
     with_lp = _item(1, 2, old_logprobs=[0.0, -1.0, -1.0])
     assert collate([with_lp, _item(1, 2)], pad_token_id=0).old_logprobs is None

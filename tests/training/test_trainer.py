@@ -332,6 +332,28 @@ def test_old_logprobs_reach_the_loss_shifted_to_next_token_positions(tiny_model)
     assert seen[0].tolist() == [[0.0, -1.0, -2.0]]
 
 
+def test_each_tokens_policy_version_reaches_the_loss(tiny_model) -> None:
+    """A completion continued across the update to version 4 carries (3, 3, 4) to the
+    loss, token by token; an item with one known version has it on each action token."""
+    seen: list[torch.Tensor | None] = []
+
+    @dataclass
+    class Spy(WeightedNLL):
+        def __call__(self, inputs: LossInputs) -> LossOutput:
+            seen.append(inputs.action_versions)
+            return super().__call__(inputs)
+
+    straddling = SAWItem((1, 2, 3, 4, 5), (0, 0, 1, 1, 1), 1.0, action_versions=(3, 3, 4))
+    whole = SAWItem((6, 7, 8), (0, 1, 1), 1.0, policy_version=4)
+    trainer = Trainer(
+        tiny_model, _algorithm(Spy()), ListSource(SAWBatch([straddling, whole])), _config()
+    )
+    trainer.step = 4
+    asyncio.run(trainer.train_step())
+    rows = sorted(seen[0].tolist())  # micro-batches sort items by length
+    assert rows == [[-1, 3, 3, 4], [4, 4, -1, -1]]
+
+
 def test_loss_needing_ref_logprobs_without_reference_model_fails_at_construction(tiny_model):
     with pytest.raises(ValueError, match="reference_model"):
         Trainer(

@@ -26,6 +26,10 @@ class CollatedBatch:
     * ``old_logprobs``: [B, T-1] float32 shifted like ``action_mask`` (0 off-mask), or
       ``None`` if any item lacks them.
     * ``policy_versions``: one entry per item (``None`` where unknown).
+    * ``action_versions``: [B, T-1] long, the policy version that sampled each action
+      token, shifted like ``action_mask`` (-1 off-mask), or ``None`` if any item's
+      versions are unknown. An item without per-token versions has its
+      ``policy_version`` (the oldest) on every action token.
     """
 
     input_ids: torch.Tensor
@@ -34,6 +38,7 @@ class CollatedBatch:
     weights: torch.Tensor
     old_logprobs: torch.Tensor | None
     policy_versions: tuple[int | None, ...]
+    action_versions: torch.Tensor | None = None
 
     @property
     def num_sequences(self) -> int:
@@ -61,11 +66,16 @@ def collate(
     action_mask = torch.zeros((batch, t_max), dtype=torch.float32)
     has_old = all(item.old_logprobs is not None for item in items)
     old_logprobs = torch.zeros((batch, t_max), dtype=torch.float32)
+    has_versions = all(item.policy_version is not None for item in items)
+    versions = torch.full((batch, t_max), -1, dtype=torch.long)
     for row, item in enumerate(items):
         n = item.num_tokens
         input_ids[row, :n] = torch.tensor(item.input_ids, dtype=torch.long)
         attention_mask[row, :n] = 1
         action_mask[row, :n] = torch.tensor(item.action_mask, dtype=torch.float32)
+        if has_versions:
+            on_actions = action_mask[row, :n].bool()
+            versions[row, :n][on_actions] = torch.tensor(_token_versions(item), dtype=torch.long)
         if has_old:
             old = torch.tensor(item.old_logprobs, dtype=torch.float32)
             old_logprobs[row, :n] = old * action_mask[row, :n]  # 0.0 off-mask, always
@@ -76,7 +86,17 @@ def collate(
         weights=torch.tensor([item.weight for item in items], dtype=torch.float32).to(device),
         old_logprobs=old_logprobs[:, 1:].to(device) if has_old else None,
         policy_versions=tuple(item.policy_version for item in items),
+        action_versions=versions[:, 1:].to(device) if has_versions else None,
     )
+
+
+def _token_versions(item: SAWItem) -> tuple[int, ...]:
+    """The version of each action token of ``item`` (its ``policy_version`` on each when it
+    has no per-token versions)."""
+    if item.action_versions is not None:
+        return item.action_versions
+    assert item.policy_version is not None
+    return (item.policy_version,) * item.num_action_tokens
 
 
 def split_microbatches(

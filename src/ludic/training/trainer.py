@@ -757,6 +757,7 @@ class Trainer(HasTrainingCore):
             num_sequences=totals.num_sequences,
             num_action_tokens=totals.num_action_tokens,
             old_logprobs=mb.old_logprobs,
+            action_versions=mb.action_versions,
             **extra,
         )
 

@@ -41,6 +41,10 @@ class LossInputs:
       fills it for a loss with ``requires_entropy`` (``EntropyBonus``).
     * ``logits``: [B, T, V] model outputs, or ``None``. The Trainer never materializes
       them (see :mod:`ludic.training.token_scores`); read ``entropy`` instead.
+    * ``action_versions``: [B, T-1] long, the policy version that sampled each action
+      token (-1 off-mask), or ``None`` when a backend gave no versions: a completion
+      continued across a weight update has both versions here (``old_logprobs`` are each
+      token's own behaviour logprobs either way).
     """
 
     logprobs: torch.Tensor
@@ -53,6 +57,7 @@ class LossInputs:
     proximal_logprobs: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
     logits: torch.Tensor | None = None
+    action_versions: torch.Tensor | None = None
 
 
 @dataclass
