@@ -120,6 +120,9 @@ def test_learner_and_actor_sigkilled_at_random_moments_train_every_batch_exactly
         assert set(produced) <= set(finished) | set(q.client.lrange(q.keys.queue, 0, -1))
         c = q.counters()
         assert c["trained_batches"] == STEPS
+        # the learner's ledger counted what the actors pushed, across every kill
+        ledger = json.loads((run / "summary.json").read_text())["token_ledger"]
+        assert ledger["generated"] == c["generated_tokens"] > 0, (ledger, c)
         # (whether a kill lands between an ack and the next checkpoint, so that batches are
         # trained again, depends on timing; tests/pipeline/test_redis_queue.py makes that
         # case happen every time)
