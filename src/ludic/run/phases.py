@@ -153,13 +153,14 @@ def run_rl(
         and trainer.step < config.trainer.steps
     ):
         run_interruptible(record_eval())
+    first = trainer.step
     run_steps(
         trainer,
         config.trainer.steps - trainer.step,
         after_step,
         every=config.trainer.checkpoint_every,
     )
-    if trainer.ledger is not None:  # settled: batches made ahead and discarded are aborted
+    if trainer.ledger is not None and trainer.step > first:  # settled: what was made ahead
         run.append_metrics(
             {"phase": LEDGER_PHASE, "step": trainer.step, **trainer.ledger.metrics()}
         )
