@@ -160,7 +160,8 @@ def run_rl(
         after_step,
         every=config.trainer.checkpoint_every,
     )
-    if trainer.ledger is not None and trainer.step > first:  # settled: what was made ahead
+    # the ledger settled at the end (batches made ahead and discarded count as aborted)
+    if trainer.ledger is not None and trainer.step > first:
         run.append_metrics(
             {"phase": LEDGER_PHASE, "step": trainer.step, **trainer.ledger.metrics()}
         )
