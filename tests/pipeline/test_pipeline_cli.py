@@ -358,8 +358,16 @@ def test_ludic_train_hands_the_reward_router_it_started_to_every_child(
         finally:
             events.append("stopped")
 
-    python = tmp_path / "python"  # each child records its argv and environment, then fails
-    python.write_text('#!/bin/sh\necho "$@" > "$0.$$.argv"\nenv > "$0.$$.env"\nexit 1\n')
+    # each child records its argv and environment, waits (SIGTERM ignored, 10 s at most)
+    # until all three have, so the first to fail stops no other before it wrote; then fails
+    python = tmp_path / "python"
+    python.write_text(
+        "#!/bin/sh\ntrap '' TERM INT\n"
+        'echo "$@" > "$0.$$.argv"\nenv > "$0.$$.env.part" && mv "$0.$$.env.part" "$0.$$.env"\n'
+        "i=0\n"
+        'while [ "$(ls "$0".*.env | wc -l)" -lt 3 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done\n'
+        "exit 1\n"
+    )
     python.chmod(0o755)
     monkeypatch.setattr(launch, "reward_router", router)
     monkeypatch.setattr(launch.sys, "executable", str(python))

@@ -108,7 +108,7 @@ def test_one_offline_wandb_run_spans_every_phase_and_the_resume(tmp_path, monkey
             for row in rows
         ), (phase, record["step"])
     phases = {k.split("/")[0] for h in history for k in h if not k.startswith("_")}
-    assert phases == {"warm_start", "rl", "eval"}
+    assert phases == {"warm_start", "rl", "eval", "ledger"}  # ledger: settled at the end
 
     # a resumed run continues the same wandb run
     assert main(["train", "--resume", str(run), str(run / "config.yaml"), "trainer.steps=3"]) == 0
@@ -136,7 +136,7 @@ def test_tensorboard_event_files_hold_every_phase(tmp_path) -> None:
                 assert tag in tags
                 at_step = [e.value for e in events.Scalars(tag) if e.step == record["step"]]
                 assert at_step and at_step[-1] == pytest.approx(record[key], rel=1e-6)
-    assert {t.split("/")[0] for t in tags} == {"warm_start", "rl", "eval"}
+    assert {t.split("/")[0] for t in tags} == {"warm_start", "rl", "eval", "ledger"}
     assert not (run / "wandb").exists()
 
 

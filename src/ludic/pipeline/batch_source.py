@@ -193,6 +193,8 @@ class PipelineBatchSource:
                 sum(orphans.values()),
             )
             self._carry_aborted(orphans)
+        generated, pending = token_totals(self.queue)  # nothing accounted for in this run yet
+        self.ledger_committed_before = generated - pending
         self.queue.set_version(self._version)
         self.queue.set_max_staleness(self.max_staleness)
         self._started = True
@@ -205,6 +207,9 @@ class PipelineBatchSource:
         self._carried_ids.extend(tokens)
 
     ledger_run_wide = True  # the actors' counts in Redis, across learner restarts
+    ledger_committed_before = 0
+    """Tokens of the batches that checkpoints before this learner started accounted for
+    (set when the source starts)."""
 
     def ledger_totals(self) -> tuple[int, int]:
         """(completion tokens every actor of the run pushed, of them those in batches no

@@ -459,6 +459,11 @@ class Trainer(HasTrainingCore):
             tokens = {key: 0 for key in SOURCE_KEYS} | {GENERATED: _tokens(batch.items)}
         if self.ledger is None:
             self.ledger = TokenLedger()
+            source = self.batch_source
+            if isinstance(source, LedgerSource) and source.ledger_run_wide:
+                # a ledger from here on: what checkpoints of earlier learners accounted
+                # for (none of which this Trainer resumed) is not in it
+                self._ledger_base = -source.ledger_committed_before
         self.ledger.add_source_part(tokens)
         if not isinstance(self.batch_source, LedgerSource):
             self.ledger.generated += tokens[GENERATED]

@@ -246,6 +246,11 @@ class LedgerSource(BatchSource, Protocol):
     producers); False: since this source was made (the Trainer adds what a resumed
     checkpoint had generated, and what was in flight then counts as aborted)."""
 
+    ledger_committed_before: int
+    """Run-wide sources: tokens that the checkpoints written before this source started
+    have accounted for; a Trainer resumed from such a checkpoint holds them in its ledger,
+    a Trainer without one leaves them out. 0 for the others."""
+
     def ledger_totals(self) -> tuple[int, int]:
         """(completion tokens generated, of them those in batches made but not yet handed
         out or accounted). After ``aclose`` the second are the batches it discarded."""
@@ -256,8 +261,16 @@ class LedgerSource(BatchSource, Protocol):
 _CAPABILITIES: tuple[tuple[type, str, tuple[str, ...]], ...] = (
     (ConcurrentBatchSource, "on_policy_version", ("max_staleness", "on_policy_version", "aclose")),
     (AcknowledgingBatchSource, "mark_trained", ("mark_trained", "reject", "on_checkpoint")),
-    (LedgerSource, "ledger_totals", ("ledger_totals", "ledger_run_wide")),
+    (
+        LedgerSource,
+        "ledger_totals",
+        ("ledger_totals", "ledger_run_wide", "ledger_committed_before"),
+    ),
 )
+
+
+_ATTRIBUTES = ("max_staleness", "ledger_run_wide", "ledger_committed_before")
+"""Capability members that are values, not methods."""
 
 
 def check_batch_source(source: object, owner: str = "Trainer") -> None:
@@ -279,9 +292,7 @@ def check_batch_source(source: object, owner: str = "Trainer") -> None:
         uncallable = [
             m
             for m in members
-            if m not in ("max_staleness", "ledger_run_wide")
-            and m not in missing
-            and not callable(getattr(source, m))
+            if m not in _ATTRIBUTES and m not in missing and not callable(getattr(source, m))
         ]
         if missing or uncallable:
             problem = f"lacks {missing}" if missing else f"has non-callable {uncallable}"

@@ -133,6 +133,7 @@ class AsyncBatchSource:
         return batch
 
     ledger_run_wide = False  # counts what this process generated
+    ledger_committed_before = 0
 
     def ledger_totals(self) -> tuple[int, int]:
         """(tokens generated in the batches made so far, of them those in batches made but
