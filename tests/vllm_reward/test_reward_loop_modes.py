@@ -3,9 +3,9 @@ end to end by ``ludic train`` in every mode on a tiny budget, against real vLLM 
 judge servers on CPU: every sample scored by all three components, and nothing the run
 started left running afterwards.
 
-* pipeline: the example's servers as shipped; ``ludic train`` starts 2 DisRM servers, 1
-  GenRM judge and the router once, before the learner and 2 actors, and stops them after
-  the run. Both actors score through that router (neither starts a server of its own),
+* pipeline: ``ludic train`` starts a DisRM server (one of the example's two, to save a
+  start-up), the GenRM judge and the router once, before the learner and 2 actors, and
+  stops them after the run. Both actors score through that router (neither starts a server of its own),
   and the learner logs the scores that came with their batches.
 * sync, async: the run starts its router over the session's servers (``served_reward`` as
   the DisRM, the policy server ``served`` as the judge: one API key for both) and stops
@@ -76,8 +76,9 @@ def test_the_hybrid_example_trains_on_rule_disrm_and_genrm(
     overrides = [f"output_dir={tmp_path}", *TINY, f"trainer.mode={mode}"]
     if mode == "pipeline":
         require_redis_server()
-        overrides.append("pipeline.num_actors=2")
-        started = ["disrm_0", "disrm_1", "genrm_0"]
+        # one DisRM server (the example's two: the router's balancing is test_router_vllm's)
+        overrides += ["pipeline.num_actors=2", "reward_loop.disrm.num_servers=1"]
+        started = ["disrm_0", "genrm_0"]
     else:
         overrides += _session_servers(request)
         started = []
