@@ -195,6 +195,7 @@ def _reinforce_from_queue(
         )
         console.print(f"learner: serving version {trainer.step}; waiting for actors' batches")
 
+    unused: list[int] = []
     with checkpoint_on_failure(trainer, loggers[0], console):
         run_rl(
             config,
@@ -206,12 +207,17 @@ def _reinforce_from_queue(
             resuming=True,
             console=console,
             on_published=announce,
+            # the actors stop before the ledger is settled: nothing is pushed after it
+            on_steps_done=lambda: unused.append(queue.finish_run()),
         )
-    unused = queue.finish_run()
     queue.withdraw_learner()
     console.print(
         f"learner: {trainer.step} steps done; the run is over for the actors"
-        + (f" ({unused} queued batches left untrained, recorded in P:unused)" if unused else ""),
+        + (
+            f" ({unused[0]} queued batches left untrained, recorded in P:unused)"
+            if unused[0]
+            else ""
+        ),
         soft_wrap=True,
     )
 

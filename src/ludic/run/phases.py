@@ -108,9 +108,12 @@ def run_rl(
     resuming: bool,
     console: Console,
     on_published: Callable[[], None] | None = None,
+    on_steps_done: Callable[[], None] | None = None,
 ) -> None:
     """The RL phase's loop: resume, publish the starting weights (then ``on_published()``,
-    e.g. the pipeline learner announcing itself), evaluate when due, run the steps."""
+    e.g. the pipeline learner announcing itself), evaluate when due, run the steps (then
+    ``on_steps_done()``, e.g. the pipeline learner ending the run for its actors, before
+    the token ledger is settled)."""
     if resuming:
         if run.has_checkpoint("rl"):
             trainer.resume()
@@ -160,11 +163,15 @@ def run_rl(
         after_step,
         every=config.trainer.checkpoint_every,
     )
+    if on_steps_done is not None:
+        on_steps_done()
     # the ledger settled at the end (batches made ahead and discarded count as aborted)
-    if trainer.ledger is not None and trainer.step > first:
-        run.append_metrics(
-            {"phase": LEDGER_PHASE, "step": trainer.step, **trainer.ledger.metrics()}
-        )
+    if trainer.step > first:
+        trainer.settle_ledger()
+        if trainer.ledger is not None:
+            run.append_metrics(
+                {"phase": LEDGER_PHASE, "step": trainer.step, **trainer.ledger.metrics()}
+            )
     if trainer.step not in evaluated:
         run_interruptible(record_eval())
 

@@ -76,7 +76,6 @@ def run_steps(
     """
 
     async def loop() -> None:
-        ended = False
         try:
             for _ in range(num_steps):
                 await asyncio.sleep(0)  # a step boundary: a pending Ctrl-C/SIGTERM cancels here
@@ -86,9 +85,8 @@ def run_steps(
                 if every and trainer.step % every == 0:
                     save_checkpoint(trainer)
             save_checkpoint(trainer)  # the phase's last step is always resumable
-            ended = True
-        finally:  # an asynchronous source stops generating; at the end, the ledger settles
-            await trainer.close_source(settle=ended)
+        finally:  # an asynchronous source stops generating
+            await trainer.close_source()
 
     run_interruptible(loop())  # asyncio.run, cancelled by SIGTERM also in a background job
 

@@ -333,20 +333,21 @@ class Trainer(HasTrainingCore):
             )
         try:
             history = await self.train(num_steps)
-        except BaseException:
-            await self.close_source(settle=False)
-            raise
-        await self.close_source()
+        finally:
+            await self.close_source()
+        self.settle_ledger()
         return history
 
-    async def close_source(self, *, settle: bool = True) -> None:
-        """The end of training: close an asynchronous batch source (its generation
-        cancelled) and, with ``settle`` (training ended without an error), settle the token
-        ledger: what was made and never handed out counts as aborted
-        (``TokenLedger.settle``), and the ledger must still close."""
+    async def close_source(self) -> None:
+        """Close an asynchronous batch source: its generation cancelled (what it made and
+        did not hand out stays counted, for :meth:`settle_ledger`)."""
         if isinstance(self.batch_source, ConcurrentBatchSource):
             await self.batch_source.aclose()
-        if not settle or self.ledger is None or (self.ranks is not None and not self.ranks.is_main):
+
+    def settle_ledger(self) -> None:
+        """The end of training, once nothing more is made: what was made and never handed
+        out counts as aborted (``TokenLedger.settle``), and the ledger must still close."""
+        if self.ledger is None or (self.ranks is not None and not self.ranks.is_main):
             return
         if isinstance(self.batch_source, LedgerSource):
             generated, in_flight = self.batch_source.ledger_totals()
