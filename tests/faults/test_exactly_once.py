@@ -118,6 +118,13 @@ def test_learner_and_actor_sigkilled_at_random_moments_train_every_batch_exactly
         produced = q.records("produced")
         finished = {**trained, **q.records("dropped"), **q.records("dead"), **q.records("unused")}
         assert set(produced) <= set(finished) | set(q.client.lrange(q.keys.queue, 0, -1))
+        # against an uninterrupted run (its batches are a function of the index): no index
+        # below the last one trained was skipped; each is trained, or set aside with a
+        # reason (dropped, dead, abandoned for good)
+        abandoned = q.records("abandoned")
+        accounted = {int(name.split("-")[1]) for name in {**finished, **abandoned}}
+        assert set(range(max(indices) + 1)) <= accounted, (sorted(accounted), kills)
+        assert not abandoned or min(r["batch_index"] for r in abandoned.values()) > max(indices)
         c = q.counters()
         assert c["trained_batches"] == STEPS
         # the learner's ledger counted what the actors pushed, across every kill

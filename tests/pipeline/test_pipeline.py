@@ -105,10 +105,11 @@ def test_admission_control_holds_an_actor_max_staleness_batches_ahead(
         return await actor
 
     assert asyncio.run(main()) == ["batch-0", "batch-1", "batch-2"]
-    # Stopped while waiting, the actor gave batch 3 up: it counts as finished.
-    assert learner_q.counters()["abandoned_claims"] == 1
-    assert learner_q.finished_batches() == 2
-    with pytest.raises(AdmissionTimeoutError, match=r"batch 4 waits for the learner to finish 3"):
+    # Stopped while waiting, the actor keeps its claim on batch 3: restarted under its id
+    # it makes batch 3 (its prompts are a function of the index), none is skipped.
+    assert learner_q.counters()["abandoned_claims"] == 0
+    assert learner_q.finished_batches() == 1
+    with pytest.raises(AdmissionTimeoutError, match=r"batch 3 waits for the learner to finish 2"):
         asyncio.run(
             run_pipeline_actor(
                 rollout_source(), actor_q, actor_id="a", max_staleness=1, admission_timeout_s=0.2
@@ -134,6 +135,7 @@ def test_an_actor_whose_source_runs_out_gives_up_its_claim(redis_server) -> None
     pushed = asyncio.run(run_pipeline_actor(TwoBatches(), q, actor_id="a", max_staleness=None))
     assert pushed == ["batch-0", "batch-1"]
     assert q.counters()["abandoned_claims"] == 1
+    assert q.records("abandoned")["batch-2"]["reason"] == "the actor's data ran out"
     assert q.client.hlen(q.keys.claims) == 0
     assert q.claim_index("a") == 3
 

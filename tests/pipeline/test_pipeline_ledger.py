@@ -79,6 +79,8 @@ def test_the_ledger_closes_on_the_actors_counts_across_a_crash(
     fourth = asyncio.run(trainer.train_step())
     assert _closes(third) and _closes(fourth)
     assert fourth["tokens/dropped_stale"] == stale and fourth["tokens/in_flight"] == 0
+    # the learner's source dropped S before the Trainer saw it: the bias audit has it
+    assert fourth["audit/dropped_samples"] == 2 and fourth["audit/trained_samples"] == 8
 
     # SIGKILL-like: the learner's process is gone; a new one resumes from step 2
     q2 = new_queue(redis_server, prefix=q.keys.prefix, max_queued=8)

@@ -80,6 +80,9 @@ def test_actors_waiting_for_admission_or_room_stop_when_the_learner_ends_the_run
     pushed = asyncio.run(main())
     assert sorted(len(p) for p in pushed) == [0, 1]
     assert q.client.hlen(q.keys.claims) == 0  # the waiting actor abandoned its claim
+    abandoned = q.records("abandoned")  # batches 1 and 2, each with its reason
+    assert sorted(abandoned) == ["batch-1", "batch-2"]
+    assert {r["reason"] for r in abandoned.values()} == {"the run ended before the batch was made"}
     assert set(q.records("unused")) == {"batch-0"}
 
 

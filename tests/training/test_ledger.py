@@ -102,3 +102,22 @@ def test_a_source_whose_figures_do_not_add_up_stops_the_step_naming_the_gap(tiny
     trainer = Trainer(tiny_model, _algorithm(), source, TrainerConfig(lr=1e-3))
     with pytest.raises(LedgerError, match="step 1: the token ledger does not close.*5 tokens"):
         asyncio.run(trainer.train_step())
+
+
+def test_items_whose_reward_failed_are_dropped_reward_in_the_ledger_and_the_audit(
+    tiny_model,
+) -> None:
+    """The reward loop drops a group whose reward failed: its items go through the update
+    with weight 0; the ledger counts their tokens as dropped_reward, the audit as dropped."""
+    from tests.training.test_trainer import ListSource
+
+    from ludic.training.types import SAWBatch, SAWItem
+
+    ok = SAWItem((1, 2, 3, 4), (0, 0, 1, 1), 1.0, meta={"reward": 1.0})
+    failed = SAWItem((5, 6, 7), (0, 1, 1), 0.0, meta={"reward": 0.0, "reward_dropped": True})
+    batch = SAWBatch([ok, failed], meta={GENERATED: 4})
+    trainer = Trainer(tiny_model, _algorithm(), ListSource(batch), TrainerConfig(lr=1e-3))
+    metrics = asyncio.run(trainer.train_step())
+    assert _closes(metrics)
+    assert (metrics["tokens/trained"], metrics["tokens/dropped_reward"]) == (2, 2)
+    assert (metrics["audit/trained_samples"], metrics["audit/dropped_samples"]) == (1, 1)

@@ -29,9 +29,11 @@ staler than ``max_staleness`` before the Trainer sees them and counts them in
 ``batch.meta["pipeline_dropped_stale"]`` (logged by the Trainer as
 ``batch/pipeline_dropped_stale``). Admission control makes such drops rare: actor ``k``
 starts only once the learner has finished ``k - max_staleness`` batches. It counts
-finished batch indices (trained, dropped, dead, or claims abandoned by a stopping actor)
-rather than versions, so that a batch that is dropped, rejected or never made cannot stall
-the actors forever.
+finished batch indices (trained, dropped, dead, or claims given up for good: the run
+ended, an actor's data ran out) rather than versions, so that a batch that is dropped,
+rejected or never made cannot stall the actors forever. An actor that is stopped or
+killed keeps its claim: restarted under its id it makes that batch, so no index (and no
+prompt: an actor's problems are a function of the batch index) is skipped.
 
 **After a resume.** A learner resumed from a checkpoint of version ``c`` may take items
 sampled by a newer version (the crashed learner's, published before the crash, lost with
@@ -77,6 +79,7 @@ from ludic.training.batching.wire import (
     encode_batch,
 )
 from ludic.training.ledger import ABORTED, DROPPED_STALE, GENERATED, SOURCE_KEYS, batch_tokens
+from ludic.training.sample_audit import DROPPED_BY_SOURCE, SampleAudit
 from ludic.training.types import BatchSource, DataExhausted, SAWBatch, SAWItem
 
 __all__ = [
@@ -150,6 +153,7 @@ class PipelineBatchSource:
         # batches a crash left unaccounted for, carried into the next one handed out
         self._carried = dict.fromkeys(SOURCE_KEYS, 0)
         self._carried_ids: list[str] = []
+        self._carried_audit: dict[str, float] = {}  # the stale items' totals, likewise
 
     @property
     def version(self) -> int:
@@ -272,16 +276,16 @@ class PipelineBatchSource:
         record for the queue."""
         version, producer = self.version, wire.producer
         fresh: list[SAWItem] = []
+        stale: list[SAWItem] = []
         staleness: list[int] = []
         lost = 0  # items sampled by a version newer than ours: weights a crash lost
-        stale_tokens = 0
         for item in wire.batch.items:
             item_version = item.policy_version
             if item_version is None:
                 item_version = producer.policy_version
             lag = None if item_version is None else version - item_version
             if lag is not None and self.max_staleness is not None and lag > self.max_staleness:
-                stale_tokens += item.num_action_tokens
+                stale.append(item)
                 continue
             fresh.append(item)
             if lag is not None:
@@ -297,16 +301,20 @@ class PipelineBatchSource:
         }
         tokens = batch_tokens(wire.batch.meta)
         if tokens is not None:
-            tokens[DROPPED_STALE] += stale_tokens
+            tokens[DROPPED_STALE] += sum(item.num_action_tokens for item in stale)
             for key, value in tokens.items():
                 self._carried[key] += value
+        for key, value in SampleAudit.totals_of(stale).items():  # for the bias audit
+            self._carried_audit[key] = self._carried_audit.get(key, 0) + value
         if not fresh:
             return None, record
         self._in_flight[producer.batch_id] = _InFlight(producer, len(fresh), dropped)
         carried, self._carried = self._carried, dict.fromkeys(SOURCE_KEYS, 0)
+        audit, self._carried_audit = self._carried_audit, {}
         meta = {
             **wire.batch.meta,
             **(carried if tokens is not None else {}),
+            **({DROPPED_BY_SOURCE: audit} if audit.get("samples") else {}),
             META_BATCH_ID: producer.batch_id,
             META_ACTOR_ID: producer.actor_id,
             "pipeline_batch_index": producer.batch_index,
@@ -363,6 +371,9 @@ class PipelineBatchSource:
 
 
 # ------------------------------------------------------------------------------- actor
+RUN_ENDED = "the run ended before the batch was made"
+
+
 async def run_pipeline_actor(
     source: BatchSource,
     queue: RedisBatchQueue,
@@ -382,8 +393,9 @@ async def run_pipeline_actor(
     ids (each push confirmed by Redis).
 
     * ``actor_id``: unique among running actors; an actor restarted with the same id
-      regenerates the batch index it had claimed. An actor that stops (``stop``, the
-      source's ``DataExhausted``) abandons its claim so it does not hold others back.
+      regenerates the batch index it had claimed (``stop`` keeps the claim for it).
+      Claims are given up for good (``P:abandoned``, with the reason) when the source
+      raises ``DataExhausted`` or the learner ended the run.
     * ``max_staleness``: must equal the learner's (checked against ``P:max_staleness``);
       batch ``k`` starts once the learner has finished ``k - max_staleness`` batches.
     * ``policy_version``: the version the actor's inference runs (e.g. the client's
@@ -426,15 +438,19 @@ async def _push_batches(
     while num_batches is None or len(pushed) < num_batches:
         if stop_set() or await asyncio.to_thread(_queue_ended, queue):
             break
+        # A claim is given up only for good (the run ended, the data ran out). An actor
+        # stopped or killed keeps it: restarted under its id, it makes that batch, so no
+        # batch index (a function of which its prompts are) is skipped.
         index = await asyncio.to_thread(queue.claim_index, actor_id)
         if not await _admitted(queue, index, max_staleness, stop_set, admission_timeout_s, poll_s):
-            await asyncio.to_thread(queue.abandon_claim, actor_id)
+            if await asyncio.to_thread(queue.is_done):
+                await asyncio.to_thread(queue.abandon_claim, actor_id, RUN_ENDED)
             break
         version = policy_version() if policy_version is not None else None
         try:
             batch = await source.next_batch()
         except DataExhausted:
-            await asyncio.to_thread(queue.abandon_claim, actor_id)
+            await asyncio.to_thread(queue.abandon_claim, actor_id, "the actor's data ran out")
             break
         producer = Producer(f"batch-{index}", actor_id, index, _producer_version(batch, version))
         payload = encode_batch(_stamp_versions(batch, version), producer)
@@ -449,8 +465,10 @@ async def _push_batches(
                 tokens=int(batch.meta.get(GENERATED, 0)),
                 stop=stop_set,
             )
-        except (RunFinishedError, PushStopped):
-            await asyncio.to_thread(queue.abandon_claim, actor_id)
+        except RunFinishedError:
+            await asyncio.to_thread(queue.abandon_claim, actor_id, RUN_ENDED)
+            break
+        except PushStopped:  # the actor stops: its restart makes this batch again
             break
         pushed.append(producer.batch_id)
     return pushed

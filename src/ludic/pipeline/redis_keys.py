@@ -26,6 +26,8 @@ their prefixes. Keys (``P`` = prefix)::
     P:done                   set by the learner when the run is over: actors stop, pushes
                              are refused, what was still queued moved to P:unused
     P:unused                 hash id -> JSON: batches queued when the run ended (never trained)
+    P:abandoned              hash batch-<index> -> JSON {actor_id, batch_index, reason}: claimed
+                             indices given up for good (the run ended, an actor's data ran out)
     P:learner                JSON: the running learner's announcement (version, weights
                              channel, inference URL); actors wait for it before starting
     P:weights                the policy weights published through Redis (safetensors bytes;
@@ -77,7 +79,8 @@ COUNTERS = (
 )
 """Names in ``P:stats``. ``dropped_items`` counts stale items, whether their whole batch was
 dropped or only part of it (the rest trained). ``abandoned_claims``: batch indices an actor
-claimed and gave up (it stopped, or its source ran out) without pushing. ``unused_batches``:
+claimed and gave up for good without pushing (the run ended, or its source ran out;
+recorded in ``P:abandoned``); an actor that is stopped or killed keeps its claim. ``unused_batches``:
 batches still queued when the learner ended the run (:meth:`RedisBatchQueue.finish_run`).
 ``generated_tokens``: completion tokens of the batches pushed (the token ledger's
 ``generated``, see :mod:`ludic.pipeline.redis_tokens`).
@@ -137,6 +140,7 @@ class RedisKeys:
     closed = property(lambda self: self._key("closed"))
     done = property(lambda self: self._key("done"))
     unused = property(lambda self: self._key("unused"))
+    abandoned = property(lambda self: self._key("abandoned"))
     learner = property(lambda self: self._key("learner"))
     weights = property(lambda self: self._key("weights"))
     weights_version = property(lambda self: self._key("weights_version"))

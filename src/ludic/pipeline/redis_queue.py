@@ -255,20 +255,25 @@ class RedisBatchQueue:
                 raise self._interrupted(f"push of {batch_id} to a full queue")
             delay = min(delay * 2, 0.25)
 
-    def abandon_claim(self, actor_id: str) -> bool:
-        """Give up ``actor_id``'s claimed batch index without pushing it (the actor stops);
-        admission control then counts it as finished, so later indices are not held back
-        by a batch that will never come. Returns False if the actor held no claim. (An
-        actor killed outright keeps its claim: restart it under the same id, or call this.)
+    def abandon_claim(self, actor_id: str, reason: str) -> bool:
+        """Give up ``actor_id``'s claimed batch index for good, without pushing it (the
+        run ended, the actor's data ran out): recorded in ``P:abandoned`` as
+        ``batch-<index>`` with ``reason``, and admission control counts it as finished, so
+        later indices are not held back by a batch that will never come. Returns False if
+        the actor held no claim. (An actor stopped or killed keeps its claim: restarted
+        under the same id, it makes that batch; call this to retire the id instead.)
         """
         k = self.keys
 
         def attempt(pipe: Any) -> bool:
             pipe.watch(k.claims)
-            if pipe.hget(k.claims, actor_id) is None:
+            index = pipe.hget(k.claims, actor_id)
+            if index is None:
                 return False
+            record = {"actor_id": actor_id, "batch_index": int(index), "reason": reason}
             pipe.multi()
             pipe.hdel(k.claims, actor_id)
+            pipe.hset(k.abandoned, f"batch-{int(index)}", json.dumps({**record, "at": time.time()}))
             pipe.hincrby(k.stats, "abandoned_claims", 1)
             pipe.execute()
             return True
@@ -596,9 +601,9 @@ class RedisBatchQueue:
         return int(self._retry("read the queue length", lambda: self.client.llen(self.keys.queue)))
 
     def records(self, which: str) -> dict[str, dict[str, Any]]:
-        """``which`` in ``produced``, ``trained``, ``dropped``, ``dead``, ``unused``: id ->
-        record."""
-        if which not in {"produced", "trained", "dropped", "dead", "unused"}:
+        """``which`` in ``produced``, ``trained``, ``dropped``, ``dead``, ``unused``,
+        ``abandoned``: id -> record."""
+        if which not in {"produced", "trained", "dropped", "dead", "unused", "abandoned"}:
             raise ValueError(f"records(): unknown record {which!r}")
         raw = self._retry(f"read {which}", lambda: self.client.hgetall(getattr(self.keys, which)))
         return {key.decode(): json.loads(value) for key, value in raw.items()}

@@ -4,8 +4,9 @@ Dropping stale or filtered samples is not neutral: long completions take longer 
 generate, so they are the ones most likely to go stale, and a run that drops them trains
 on a population shifted toward short answers without saying so. :class:`SampleAudit`
 keeps, cumulatively over the run, the count and the mean prompt length, completion length
-and reward of the items the Trainer trained on and of those it dropped (stale or by the
-sample filter), logged every step as ``audit/<trained|dropped>_<field>``, and says when
+and reward of the items the Trainer trained on and of those dropped (stale, by the
+sample filter, by a batch source before the Trainer saw them, or trained with weight 0
+because their reward failed), logged every step as ``audit/<trained|dropped>_<field>``, and says when
 dropped completions are on average more than :data:`LONGER_DROPS` times longer than
 trained ones (:meth:`SampleAudit.warning`; the rule, on the logged metrics, is
 :func:`longer_drops`, which the run's plot shares).
@@ -19,7 +20,12 @@ from typing import Any
 
 from ludic.training.types import SAWItem
 
-__all__ = ["LONGER_DROPS", "MIN_DROPPED", "SampleAudit", "longer_drops"]
+__all__ = ["DROPPED_BY_SOURCE", "LONGER_DROPS", "MIN_DROPPED", "SampleAudit", "longer_drops"]
+
+DROPPED_BY_SOURCE = "audit_dropped"
+"""``batch.meta`` key: the totals (:meth:`SampleAudit.totals_of`) of the items a batch
+source dropped before the Trainer saw them (a pipeline learner's stale items); the
+Trainer adds them to its dropped side."""
 
 LONGER_DROPS = 1.5
 """Dropped completions this many times longer than trained ones, on average, are reported."""
@@ -81,6 +87,21 @@ class SampleAudit:
         totals = self.dropped if dropped else self.trained
         for item in items:
             totals.add(item)
+
+    @staticmethod
+    def totals_of(items: Iterable[SAWItem]) -> dict[str, float]:
+        """The totals of ``items``, for :data:`DROPPED_BY_SOURCE`."""
+        totals = _Totals()
+        for item in items:
+            totals.add(item)
+        return asdict(totals)
+
+    def add_dropped_totals(self, totals: Mapping[str, float]) -> None:
+        """Add what a batch source dropped (:data:`DROPPED_BY_SOURCE`)."""
+        self.dropped.samples += int(totals.get("samples", 0))
+        self.dropped.prompt_tokens += int(totals.get("prompt_tokens", 0))
+        self.dropped.completion_tokens += int(totals.get("completion_tokens", 0))
+        self.dropped.reward += float(totals.get("reward", 0.0))
 
     def metrics(self) -> dict[str, float]:
         return {**self.trained.means("trained"), **self.dropped.means("dropped")}

@@ -78,7 +78,7 @@ from ludic.training.loggers import TrainingLogger
 from ludic.training.logprobs import token_logprobs  # noqa: F401 (re-exported)
 from ludic.training.losses.base import LossInputs, check_loss
 from ludic.training.packing import split_packed_microbatches
-from ludic.training.sample_audit import SampleAudit
+from ludic.training.sample_audit import DROPPED_BY_SOURCE, SampleAudit
 from ludic.training.token_scores import (
     CausalLMParts,
     ScoringOptions,
@@ -292,7 +292,9 @@ class Trainer(HasTrainingCore):
         if made:
             timing["time/generate_s"] = float(sum(made))
         timing["time/idle_fraction"] = waited / max(sum(timing[k] for k in STEP_TIMES), 1e-9)
-        self.audit.add(batch.items, dropped=False)
+        no_reward = [i for i in batch.items if i.meta.get("reward_dropped")]
+        self.audit.add(no_reward, dropped=True)  # trained with weight 0
+        self.audit.add((i for i in batch.items if not i.meta.get("reward_dropped")), dropped=False)
         if self.ranks is None or self.ranks.is_main:  # the rank that saw the batches made
             self._close_ledger(batch.items)
         metrics = self._metrics(batch, result, selection, timing)
@@ -444,6 +446,8 @@ class Trainer(HasTrainingCore):
         if len(fresh) < len(batch.items):
             chosen = {id(i) for i in fresh}
             self.audit.add((i for i in batch.items if id(i) not in chosen), dropped=True)
+        if isinstance(by_source := batch.meta.get(DROPPED_BY_SOURCE), Mapping):
+            self.audit.add_dropped_totals(by_source)
         if self._account_source(batch):
             assert self.ledger is not None
             self.ledger.dropped_filter += _tokens(batch.items) - _tokens(kept)
