@@ -63,11 +63,9 @@ from typing import Protocol
 
 from ludic.pipeline.redis_queue import PushStopped, RedisBatchQueue, RunFinishedError
 from ludic.pipeline.redis_tokens import (
-    batch_tokens as queued_batch_tokens,
-)
-from ludic.pipeline.redis_tokens import (
     commit_accounted,
     mark_accounted,
+    queued_tokens,
     resume_accounting,
     token_totals,
 )
@@ -250,7 +248,7 @@ class PipelineBatchSource:
                     )
             except WireFormatError as err:
                 log.error("rejected batch %s (moved to dead): %s", taken.batch_id, err)
-                tokens = await asyncio.to_thread(queued_batch_tokens, self.queue, taken.batch_id)
+                tokens = await asyncio.to_thread(queued_tokens, self.queue, taken.batch_id)
                 await asyncio.to_thread(self.queue.reject, taken.batch_id, str(err))
                 self._carry_aborted({taken.batch_id: tokens})
                 continue

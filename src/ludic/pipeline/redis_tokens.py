@@ -34,9 +34,9 @@ from typing import Any
 from ludic.pipeline.redis_queue import RedisBatchQueue
 
 __all__ = [
-    "batch_tokens",
     "commit_accounted",
     "mark_accounted",
+    "queued_tokens",
     "resume_accounting",
     "token_totals",
 ]
@@ -46,7 +46,7 @@ def _tokens(raw: dict[bytes, bytes]) -> dict[str, int]:
     return {key.decode(errors="replace"): int(value) for key, value in raw.items()}
 
 
-def batch_tokens(queue: RedisBatchQueue, batch_id: str) -> int:
+def queued_tokens(queue: RedisBatchQueue, batch_id: str) -> int:
     """The completion tokens generated for ``batch_id`` (0 when not recorded)."""
     raw = queue.call(
         f"read the tokens of {batch_id}", lambda c: c.hget(queue.keys.batch_tokens, batch_id)

@@ -296,7 +296,7 @@ class Trainer(HasTrainingCore):
         self.audit.add(no_reward, dropped=True)  # trained with weight 0
         self.audit.add((i for i in batch.items if not i.meta.get("reward_dropped")), dropped=False)
         if self.ranks is None or self.ranks.is_main:  # the rank that saw the batches made
-            self._close_ledger(batch.items)
+            self._close_ledger(batch.items, no_reward)
         metrics = self._metrics(batch, result, selection, timing)
         self.logger.log(self.step, metrics)
         if not self._audit_warned and (warning := self.audit.warning()) is not None:
@@ -474,13 +474,12 @@ class Trainer(HasTrainingCore):
             self.ledger.generated += tokens[GENERATED]
         return True
 
-    def _close_ledger(self, items: Sequence[SAWItem]) -> None:
-        """The step's trained (or reward-dropped) tokens, the source's totals, and the
-        check that the ledger closes."""
+    def _close_ledger(self, items: Sequence[SAWItem], no_reward: Sequence[SAWItem]) -> None:
+        """The step's trained tokens and those of ``no_reward`` (reward failed), the
+        source's totals, and the check that the ledger closes."""
         ledger = self.ledger
         if ledger is None:
             return
-        no_reward = [i for i in items if i.meta.get("reward_dropped")]
         ledger.dropped_reward += _tokens(no_reward)
         ledger.trained += _tokens(items) - _tokens(no_reward)
         if isinstance(self.batch_source, LedgerSource):

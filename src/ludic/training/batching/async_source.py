@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Iterable
 from typing import Any
 
 from ludic.training.ledger import GENERATED
@@ -142,12 +143,7 @@ class AsyncBatchSource:
         while generating was never made: its tokens are in neither."""
         if self._closed:
             return self._generated, self._discarded
-        waiting = sum(
-            int(t.result()[0].meta.get(GENERATED, 0))
-            for t in self._pending
-            if t.done() and not t.cancelled() and t.exception() is None
-        )
-        return self._generated, waiting
+        return self._generated, _made_tokens(self._pending)
 
     async def aclose(self) -> None:
         """Stop generating: cancel the producer and every batch in progress (the batches
@@ -158,12 +154,7 @@ class AsyncBatchSource:
         if self._producer is not None:
             self._producer.cancel()
             await asyncio.gather(self._producer, return_exceptions=True)
-        tasks = await self._cancel_pending()
-        self._discarded = sum(
-            int(t.result()[0].meta.get(GENERATED, 0))
-            for t in tasks
-            if not t.cancelled() and t.exception() is None
-        )
+        self._discarded = _made_tokens(await self._cancel_pending())
 
     # ---------------------------------------------------------------- the producer
     def _admitted(self) -> bool:
@@ -208,3 +199,13 @@ class AsyncBatchSource:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         return tasks
+
+
+def _made_tokens(tasks: Iterable[asyncio.Task[tuple[SAWBatch, list[Any]]]]) -> int:
+    """Completion tokens of the batches among ``tasks`` that were made (done, neither
+    cancelled nor failed)."""
+    return sum(
+        int(t.result()[0].meta.get(GENERATED, 0))
+        for t in tasks
+        if t.done() and not t.cancelled() and t.exception() is None
+    )
