@@ -35,25 +35,21 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     pytest.importorskip("vllm", reason="vLLM is not installed")
     import psutil
     import torch
-    from tests.vllm.helpers import API_KEY, ServedPolicy, assert_all_gone
+    from tests.vllm.helpers import ServedPolicy, assert_all_gone
     from transformers import AutoModelForCausalLM
 
-    from ludic.inference.vllm.client import VLLMChatClient
-    from ludic.inference.vllm.process import start_vllm_server
     from ludic.models.tiny import build_tiny_tokenizer, save_tiny_model
 
     root = tmp_path_factory.mktemp("vllm")
     model_dir = save_tiny_model(root / "model")
-    started = time.monotonic()
-    server = start_vllm_server(model_dir, api_key=API_KEY, log_path=root / "server.log")
-    print(f"vLLM server up in {time.monotonic() - started:.1f}s ({server.log_path})")
-    client = VLLMChatClient(server.url, api_key=API_KEY, timeout_s=60.0)
-    mirror = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    served = ServedPolicy(None, None, None, build_tiny_tokenizer(), model_dir, root=root)
+    served.start()
+    served.mirror = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     try:
-        client.init_weight_sync(master_port=server.group_port)
-        yield ServedPolicy(server, client, mirror, build_tiny_tokenizer(), model_dir)
+        yield served
     finally:
-        client.close()
+        served.client.close()
+        server = served.server
         pids = [server.pid, *(p.pid for p in psutil.Process(server.pid).children(recursive=True))]
         server.stop()
         assert_all_gone(pids)

@@ -257,3 +257,42 @@ def test_gradient_checkpointing_with_a_shared_prefix_is_refused_by_name() -> Non
         load_config(None, ["model.gradient_checkpointing=true"])
     with pytest.raises(ConfigError, match="logprobs"):
         load_config(None, ["trainer.logprobs=dense"])
+
+
+GSM8K_LINE = '{"question": "What is 2 + 3?", "answer": "2 + 3 = 5\\n#### 5"}\n'
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_every_shipped_config_passes_preflight_with_only_its_model_path_replaced(
+    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each shipped config, with its real settings, passes every check made before a run
+    (``ludic.run.preflight.check_config``: the env and its data, the parser, the algorithm,
+    the trainer settings, the weight-sync combination). Only ``model.path`` is replaced (by
+    the tiny model), the data files the GPU recipes name are small stand-ins in GSM8K's
+    format, and a CUDA device is taken as present where this machine has none."""
+    import torch
+
+    from ludic.models.tiny import save_tiny_model
+    from ludic.run import preflight
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    for split in ("train", "test"):
+        (tmp_path / "data" / f"gsm8k_{split}.jsonl").write_text(GSM8K_LINE * 8)
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(preflight, "check_device", lambda field, device: torch.device(device))
+    config = load_config(path)
+    overrides = []
+    if config.model.path is not None:
+        overrides.append(f"model.path={save_tiny_model(tmp_path / 'model')}")
+    preflight.check_config(load_config(path, overrides))
+
+
+def test_nccl_to_a_server_on_the_trainers_own_gpu_is_refused_naming_the_fix() -> None:
+    recipe = ROOT / "examples/configs/gsm8k_qwen2.5_0.5b_vllm.yaml"
+    broadcast = ["inference.vllm.sync_strategy=broadcast", "inference.vllm.sleep_level=0"]
+    with pytest.raises(ConfigError, match="NCCL refuses two ranks on one GPU.*packed_cuda_ipc"):
+        load_config(recipe, broadcast)
+    load_config(recipe, [*broadcast, "model.device=cuda:1"])
+    load_config(recipe, [*broadcast, "inference.vllm.start_server=false"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -11,6 +12,16 @@ from pathlib import Path
 from typing import Any
 
 API_KEY = "ludic-test-key"
+FAULT_ENV = "LUDIC_TEST_LOAD_FAULT"  # tests.vllm.fault_worker reads it
+FAULT_WORKER = "tests.vllm.fault_worker.FaultInjectingWorker"
+
+
+def python_path() -> str:
+    """``$PYTHONPATH`` with the repository first: a server's workers import ``tests.*``."""
+    repo = str(Path(__file__).resolve().parents[2])
+    return os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
+
+
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PROMPT = (72, 101, 108, 108, 111, 256, 257)  # "Hello" + two control tokens
 MAX_ABS_LOGPROB_DIFF = 1e-4
@@ -18,7 +29,10 @@ MAX_ABS_LOGPROB_DIFF = 1e-4
 
 @dataclass
 class ServedPolicy:
-    """The session server, a client with a weight-sync group, and the mirror model."""
+    """The session server, a client with a weight-sync group, and the mirror model.
+
+    The server runs the tests' worker extension (``tests.vllm.fault_worker``): ludic's own
+    with a switch for load faults, off unless a test writes ``fault_file``."""
 
     server: Any  # VLLMServerProcess
     client: Any  # VLLMChatClient
@@ -27,6 +41,39 @@ class ServedPolicy:
     model_dir: Path
     logprob_tol: float = MAX_ABS_LOGPROB_DIFF
     """Largest server vs mirror logprob difference :meth:`assert_parity` accepts."""
+    root: Path | None = None
+
+    @property
+    def fault_file(self) -> Path:
+        assert self.root is not None
+        return self.root / "load_fault"
+
+    def start(self, port: int | None = None) -> None:
+        """Start the server (on ``port``, default a free one) and a client with a group."""
+        self.start_server(port)
+        self.connect()
+
+    def start_server(self, port: int | None = None) -> None:
+        from ludic.inference.vllm.process import start_vllm_server
+
+        assert self.root is not None
+        started = time.monotonic()
+        self.server = start_vllm_server(
+            self.model_dir,
+            port=port,
+            api_key=API_KEY,
+            log_path=self.root / f"server-{int(started)}.log",
+            extra_args=["--worker-extension-cls", FAULT_WORKER],
+            env={FAULT_ENV: str(self.fault_file), "PYTHONPATH": python_path()},
+        )
+        print(f"vLLM server up in {time.monotonic() - started:.1f}s ({self.server.log_path})")
+
+    def connect(self) -> None:
+        """A new client, with a new weight-sync group, to the server."""
+        from ludic.inference.vllm.client import VLLMChatClient
+
+        self.client = VLLMChatClient(self.server.url, api_key=API_KEY, timeout_s=60.0)
+        self.client.init_weight_sync(master_port=self.server.group_port)
 
     def complete(self, prompt=PROMPT, **spec_kwargs: Any):
         from ludic.inference.request import CompletionRequest, InferenceSpec, SamplingSpec

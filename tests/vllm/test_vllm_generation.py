@@ -97,7 +97,9 @@ def test_policy_version_comes_from_the_server(served):
     response = served.complete()
     assert response.trace.policy_version == served.client.get_policy_version()
     health = httpx.get(f"{served.server.url}/health").json()
+    boot_id = health.pop("boot_id")  # fresh at every start: a restart shows in it
     assert health == {"status": "ok", "type": "policy", "version": response.policy_version}
+    assert len(boot_id) == 32
 
 
 def test_max_think_forces_think_end_after_n_thinking_tokens(served):

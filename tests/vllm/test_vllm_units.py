@@ -175,3 +175,20 @@ def test_invalid_timeout_or_retries_are_refused():
         VLLMControlPlane("http://127.0.0.1:1", timeout_s=0)
     with pytest.raises(ValueError, match="max_retries"):
         VLLMControlPlane("http://127.0.0.1:1", max_retries=-1)
+
+
+def test_an_untested_vllm_is_refused_at_start_naming_the_tested_range():
+    import tomllib
+    from pathlib import Path
+
+    import vllm
+
+    from ludic.inference.vllm.versions import TESTED_VLLM, check_vllm_version
+
+    check_vllm_version(vllm.__version__)  # the installed one is tested
+    for untested in ("0.31.2", "0.33.0", "not-a-version"):
+        with pytest.raises(SystemExit, match=f"vllm{TESTED_VLLM}.*--allow-untested-vllm"):
+            check_vllm_version(untested)
+    check_vllm_version("0.12.0", allow_untested=True)  # warns, starts
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert pyproject["project"]["optional-dependencies"]["vllm"] == [f"vllm{TESTED_VLLM}"]

@@ -27,6 +27,7 @@ TEXTS = [
 def test_health_reports_a_reward_model_and_its_version(served_reward):
     health = httpx.get(f"{served_reward.url}/health").json()
     version = httpx.get(f"{served_reward.url}/runtime_version", headers=AUTH).json()["version"]
+    assert len(health.pop("boot_id")) == 32
     assert health == {"status": "ok", "type": "reward_model", "version": version}
 
 

@@ -42,6 +42,13 @@ def test_head_only_then_full_sync_update_the_scores(served_reward):
         assert max_abs_diff(after_head, before) > 1e-2  # the head really changed
         assert max_abs_diff(after_head, served_reward.reference(TEXTS)) <= MAX_ABS_SCORE_DIFF
         assert client.control.runtime_version() == 7
+        # verified (the default): the server's report covers the head as received and loaded
+        assert client.weight_sync.verified == 1
+        (report,) = client.control.weight_report()["workers"]
+        assert set(report["received"]) == {"score.weight"}
+        assert report["loaded"]["score.weight"]["sums"] == pytest.approx(
+            report["loaded"]["score.weight"]["expected"], rel=1e-9
+        )
 
         _perturb(list(mirror.parameters()), scale=0.02, seed=2)
         client.sync_weights(mirror.state_dict(), version=8, training_mode="full")
@@ -51,5 +58,9 @@ def test_head_only_then_full_sync_update_the_scores(served_reward):
         assert max_abs_diff(scores, served_reward.reference(TEXTS)) <= MAX_ABS_SCORE_DIFF
         assert response.headers["x-ludic-policy-version"] == "8"
         assert httpx.get(f"{served_reward.url}/health").json()["version"] == 8
+        assert client.weight_sync.verified == 2
+        (report,) = client.control.weight_report()["workers"]
+        loaded_parts = {p for entry in report["loaded"].values() for p in entry["parts"]}
+        assert loaded_parts == set(mirror.state_dict()) - set(report["unverified"])
     finally:
         client.close()

@@ -21,6 +21,7 @@ from ludic.distributed.weight_transfer.extractor import (
     gather_full_tensors,
     is_dtensor,
 )
+from ludic.distributed.weight_transfer.verify import SentSums
 from ludic.distributed.weights import check_finite
 
 
@@ -30,6 +31,9 @@ class BroadcastPolicyPublisher:
     Refuses NaN/inf weights before announcing anything (weights that must first be
     gathered from shards are checked chunk by chunk, as they are gathered). Raises if the
     transfer fails or the servers do not apply it within ``apply_timeout_s``.
+
+    With ``record_sums`` on, the checksums of every tensor sent are kept in ``last_sent``
+    (``ludic.distributed.weight_transfer.verify``) for the caller to verify the sync.
     """
 
     def __init__(
@@ -45,12 +49,17 @@ class BroadcastPolicyPublisher:
         self.extractor = extractor if extractor is not None else ModelWeightExtractor()
         self.apply_timeout_s = apply_timeout_s
         self.last_version: int | None = None
+        self.record_sums = False
+        self.last_sent = SentSums()
 
     def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         check_finite({name: t for name, t in state_dict.items() if not is_dtensor(t)})
         chunks = self.extractor.extract_state_dict(state_dict)
         if any(is_dtensor(t) for t in state_dict.values()):
             chunks = _checked(chunks)
+        self.last_sent = SentSums()
+        if self.record_sums:
+            chunks = _recorded(chunks, self.last_sent)
         self.sender.send(chunks, self.control, version=version)
         self.control.wait_until_applied(self.apply_timeout_s)
         self.last_version = version
@@ -75,6 +84,12 @@ class Rank0OnlyPublisher:
             self.inner.publish(state_dict, version)
         else:
             gather_full_tensors(state_dict)
+
+
+def _recorded(chunks: Iterator[WeightChunk], sent: SentSums) -> Iterator[WeightChunk]:
+    for chunk in chunks:
+        sent.record(chunk.names, chunk.tensors)
+        yield chunk
 
 
 def _checked(chunks: Iterator[WeightChunk]) -> Iterator[WeightChunk]:

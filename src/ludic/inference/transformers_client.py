@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ludic._async import on_compute_thread, raise_if_abandoned
+from ludic.distributed.weight_transfer.verify import check_copy
 from ludic.inference.batch_sampling import RowSampling, sample_next_tokens
 from ludic.inference.request import CompletionRequest
 from ludic.types import ChatResponse, TokenTrace
@@ -40,6 +41,9 @@ class TransformersChatClient:
         eos_token_ids: token ids that end a completion (default: the tokenizer's EOS).
         max_batch_size: most requests sampled together.
         policy_version: the version reported until the first ``sync_weights``.
+        verify_sync: read the weights back after ``sync_weights`` and check their
+            checksums against the trainer's (``ludic.distributed.weight_transfer.verify``):
+            ``"every"`` sync (default), the ``"first"`` only, or ``"off"``.
     """
 
     def __init__(
@@ -50,7 +54,10 @@ class TransformersChatClient:
         eos_token_ids: Sequence[int] | None = None,
         max_batch_size: int = 32,
         policy_version: int = 0,
+        verify_sync: str = "every",
     ) -> None:
+        if verify_sync not in ("every", "first", "off"):
+            raise ValueError(f"verify_sync={verify_sync!r}; expected 'every', 'first' or 'off'")
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model
@@ -66,6 +73,8 @@ class TransformersChatClient:
         )
         self.max_batch_size = max_batch_size
         self.policy_version = policy_version
+        self.verify_sync = verify_sync
+        self.syncs = 0
         self._lock = threading.Lock()
         self._pending: list[tuple[CompletionRequest, asyncio.Future[ChatResponse]]] = []
         self._worker: asyncio.Task[None] | None = None
@@ -97,6 +106,9 @@ class TransformersChatClient:
         with self._lock, torch.no_grad():
             for name, tensor in params.items():
                 own[name].copy_(tensor.to(own[name].device, own[name].dtype))
+            if self.verify_sync == "every" or (self.verify_sync == "first" and not self.syncs):
+                check_copy(params, own, where="the in-process inference model", version=version)
+            self.syncs += 1
             self.policy_version = version
         return f"synced {len(params)} tensors as version {version}"
 

@@ -147,7 +147,10 @@ def _inference(
 
         policy, tokenizer = load_policy(config, run.model_dir)
         client = TransformersChatClient(
-            serving_copy(policy), tokenizer, max_batch_size=config.inference.max_batch_size
+            serving_copy(policy),
+            tokenizer,
+            max_batch_size=config.inference.max_batch_size,
+            verify_sync=config.inference.vllm.verify_sync,
         )
         del policy  # the serving copy is all this actor samples from
         subscriber = RedisWeightSubscriber(queue, client)
@@ -174,6 +177,7 @@ def _inference(
             api_key=v.api_key or os.environ.get(API_KEY_ENV),
             timeout_s=v.timeout_s,
             partial_rollouts=v.partial_rollouts,
+            verify_sync=v.verify_sync,
         )
         for url in urls
     ]

@@ -169,6 +169,18 @@ class VLLMConfig(Section):
     gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
     extra_args: list[str] = []
     timeout_s: float = Field(120.0, gt=0)
+    verify_sync: Literal["every", "first", "off"] = "every"
+    """Verify weight syncs: each server's workers report the checksums of every tensor as
+    received and of every served parameter as loaded, and the trainer checks them against
+    what it sent; a mismatch (or a server restarted since the group formed) stops the run
+    with an error naming the server, the tensor and the step. every (the default): each
+    sync; first: the first only; off: never (``ludic.distributed.weight_transfer.verify``).
+    The policy's setting also applies to the in-process backend (``inference.backend:
+    transformers``), whose copy is read back after each sync."""
+    canary_every: int = Field(10, ge=0)
+    """Policy servers, while verification is on: after the first sync and every this many
+    syncs, the server's logprobs of a fixed token sequence are checked against the
+    trainer's (``ludic.inference.vllm.canary``); 0: never. Not run for a sharded trainer."""
     api_key: str | None = Field(None, exclude=True, repr=False)
     """The server's API key (every route but /health needs it). null: $LUDIC_API_KEY if
     set, else a fresh random key for a server ludic starts (none for a running one).

@@ -216,7 +216,9 @@ def _reward_server(config: RunConfig, run: RunDirectory) -> Iterator[Any]:
         model=rm.path or run.model_dir,
         cuda=rm.device.startswith("cuda"),
         log_dir=run.path,
-        connect=lambda url, timeout_s, key: VLLMRewardClient(url, timeout_s=timeout_s, api_key=key),
+        connect=lambda url, timeout_s, key: VLLMRewardClient(
+            url, timeout_s=timeout_s, api_key=key, verify_sync=rm.server.verify_sync
+        ),
     ) as client:
         yield client
 

@@ -35,19 +35,39 @@ def inference_backend(
     backend = config.inference.backend
     if backend == "transformers":
         yield TransformersChatClient(
-            serving_copy(policy), tokenizer, max_batch_size=config.inference.max_batch_size
+            serving_copy(policy),
+            tokenizer,
+            max_batch_size=config.inference.max_batch_size,
+            verify_sync=config.inference.vllm.verify_sync,
         )
         return
-    yield from _vllm_backend(config, model_dir=model_dir, log_dir=log_dir)
+    yield from _vllm_backend(config, policy, model_dir=model_dir, log_dir=log_dir)
 
 
-def _vllm_backend(config: RunConfig, *, model_dir: Path, log_dir: Path) -> Iterator[ChatClient]:
+def arm_canary(client: Any, policy: torch.nn.Module, config: RunConfig) -> None:
+    """Give the client the trainer's model for the canary (``ludic.inference.vllm.canary``)
+    unless verification is off. A sharded trainer (``trainer.world_size`` > 1) has no
+    canary: its forward pass needs every rank, and only rank 0 publishes; its syncs are
+    checked by the checksums alone."""
+    v = config.inference.vllm
+    if v.verify_sync == "off" or v.canary_every == 0 or config.trainer.world_size > 1:
+        return
+    from ludic.inference.vllm.canary import ModelCanary
+
+    client.set_canary(ModelCanary(policy), every=v.canary_every)
+
+
+def _vllm_backend(
+    config: RunConfig, policy: torch.nn.Module, *, model_dir: Path, log_dir: Path
+) -> Iterator[ChatClient]:
     try:
         from ludic.inference.vllm.client import VLLMChatClient
     except ImportError as e:
         raise RunError(_NEEDS_VLLM.format(field="inference.backend=vllm", error=e)) from None
     if config.inference.vllm.urls or config.inference.vllm.num_servers > 1:
-        yield from _vllm_pool(config, model_dir=model_dir, log_dir=log_dir)
+        for pool in _vllm_pool(config, model_dir=model_dir, log_dir=log_dir):
+            arm_canary(pool, policy, config)
+            yield pool
         return
     with vllm_server_client(
         config.inference.vllm,
@@ -61,9 +81,11 @@ def _vllm_backend(config: RunConfig, *, model_dir: Path, log_dir: Path) -> Itera
             timeout_s=timeout_s,
             api_key=key,
             partial_rollouts=config.inference.vllm.partial_rollouts,
+            verify_sync=config.inference.vllm.verify_sync,
         ),
         cpu_cores=config.inference.vllm.cpu_cores[0] if config.inference.vllm.cpu_cores else None,
     ) as client:
+        arm_canary(client, policy, config)
         yield client
 
 
@@ -106,7 +128,11 @@ def _vllm_pool(config: RunConfig, *, model_dir: Path, log_dir: Path) -> Iterator
             urls = [server.url for server in servers]
         clients = [
             VLLMChatClient(
-                url, timeout_s=v.timeout_s, api_key=api_key, partial_rollouts=v.partial_rollouts
+                url,
+                timeout_s=v.timeout_s,
+                api_key=api_key,
+                partial_rollouts=v.partial_rollouts,
+                verify_sync=v.verify_sync,
             )
             for url in urls
         ]

@@ -36,6 +36,7 @@ import torch
 
 from ludic.inference.request import CompletionRequest
 from ludic.inference.sampling import to_openai_params
+from ludic.inference.vllm.canary import ModelCanary
 from ludic.inference.vllm.http import (  # noqa: F401 (re-exported)
     KEEPALIVE_EXPIRY_S,
     VERSION_END_HEADER,
@@ -53,7 +54,7 @@ from ludic.inference.vllm.partial import (
     next_request,
     stitch,
 )
-from ludic.inference.vllm.weight_sync import VLLMConnection
+from ludic.inference.vllm.weight_sync import VerifySync, VLLMConnection
 from ludic.types import FINISH_REASONS, ChatResponse
 
 FINISH_REASON_MAP: dict[str, str] = {
@@ -86,6 +87,9 @@ class VLLMChatClient:
             the server by default.
         max_continuations: aborts one completion may go through before
             ``PartialRolloutError``.
+        verify_sync: which syncs are verified against the server's report of what it
+            received and loaded: ``"every"`` (default), ``"first"``, ``"off"``
+            (``ludic.distributed.weight_transfer.verify``).
 
     ``TokenTrace.policy_version`` is the version at which the server admitted the request
     (``x-ludic-policy-version``); a continued completion carries one version per token
@@ -106,6 +110,7 @@ class VLLMChatClient:
         max_connections: int = 256,
         partial_rollouts: PartialRollouts = "off",
         max_continuations: int = DEFAULT_MAX_CONTINUATIONS,
+        verify_sync: VerifySync = "every",
     ) -> None:
         check_partial_rollouts(partial_rollouts, "VLLMChatClient.partial_rollouts")
         if max_continuations < 0:
@@ -124,6 +129,7 @@ class VLLMChatClient:
             timeout_s=timeout_s,
             max_retries=max_retries,
             max_connections=max_connections,
+            verify_sync=verify_sync,
         )
         self.http = self.connection.http
         self.control = self.connection.control
@@ -271,21 +277,30 @@ class VLLMChatClient:
                 torch.cuda.empty_cache()
             self.control.wake_up(["kv_cache"])
             self.asleep = False
+            self.weight_sync.run_canary()
             return f"synced {len(params)} tensors to {self.base_url} as version {version} (woken)"
         if pause is None:
             pause = self.partial_rollouts != "off"
         if not pause:
             self.weight_sync.publish(params, version=version)
+            self.weight_sync.run_canary()
             return f"synced {len(params)} tensors to {self.base_url} as version {version}"
         try:
             self.control.pause("abort")
             self.weight_sync.publish(params, version=version)
         finally:  # a failed pause or push must not leave the server paused
             self.control.resume()
+        self.weight_sync.run_canary()
         return (
             f"synced {len(params)} tensors to {self.base_url} as version {version} "
             "(paused: in-flight requests aborted)"
         )
+
+    def set_canary(self, canary: ModelCanary | None, *, every: int = 10) -> None:
+        """Check the server's logprobs of ``canary``'s fixed tokens against the trainer's
+        (``canary``: a ``ModelCanary`` of the trainer's model) after the first verified
+        sync and every ``every`` syncs (``ludic.inference.vllm.canary``)."""
+        self.weight_sync.canary, self.weight_sync.canary_every = canary, every
 
     def get_policy_version(self) -> int:
         """The server's runtime version (bumped by every completed sync)."""

@@ -1,5 +1,6 @@
 """ludic's control plane on a vLLM server (policy and reward): health, runtime version,
-weight sync (``/init_communicator``, ``/update_param_batch``, ``/close_communicator``),
+weight sync (``/init_communicator``, ``/update_param_batch``, ``/close_communicator``,
+``/weight_report`` for the trainer's verification),
 prefix cache, pause/resume and, for a trainer sharing the GPU, sleep/wake-up. The route table is in ``ludic.inference.vllm.server``.
 
 ``/pause`` closes the admission gate (``ludic.inference.vllm.admission``) before it pauses
@@ -26,6 +27,7 @@ import json
 import logging
 import time
 import traceback
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from http import HTTPStatus
@@ -87,6 +89,9 @@ class ControlState:
     """The control plane's state (lives in the API-server process)."""
 
     version: int = 0
+    boot_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    """Fresh at every start: a trainer that sees it change knows the server restarted (and
+    lost the weights it synced)."""
     communicator: bool = False  # init_communicator requested and not closed
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one background task at a time
@@ -198,11 +203,32 @@ def make_control_router(
                 {"status": "control_plane_stuck", "operation": what, "busy_for_s": busy_for},
                 HTTPStatus.SERVICE_UNAVAILABLE,
             )
-        return JSONResponse({"status": "ok", "type": server_type, "version": state.version})
+        return JSONResponse(
+            {
+                "status": "ok",
+                "type": server_type,
+                "version": state.version,
+                "boot_id": state.boot_id,
+            }
+        )
 
     @router.get("/runtime_version")
     async def runtime_version() -> dict[str, int]:
         return {"version": state.version}
+
+    @router.get("/weight_report")
+    async def weight_report() -> dict[str, Any]:
+        """Each worker's report of the last sync it loaded (the sums of what it received
+        and of what it loaded; ``ludic.inference.vllm.load_report``), with the runtime
+        version and this server's boot id."""
+        workers = await bounded(state, "weight_report", engine.collective_rpc("weight_report"), cap)
+        dtype = str(engine.vllm_config.model_config.dtype).removeprefix("torch.")
+        return {
+            "version": state.version,
+            "boot_id": state.boot_id,
+            "dtype": dtype,
+            "workers": workers,
+        }
 
     @router.get("/get_world_size")
     async def get_world_size() -> dict[str, int]:
@@ -286,7 +312,12 @@ def make_control_router(
         return {"status": "ok", "error_count": state.error_count, "timeout_s": cap}
 
     @router.post("/update_param_batch")
-    async def update_param_batch(request: Request, first: bool = Query(False)) -> dict[str, Any]:
+    async def update_param_batch(
+        request: Request, first: bool = Query(False), record: bool = Query(True)
+    ) -> dict[str, Any]:
+        """Receive and load one announced chunk (in the background). ``first`` starts a
+        sync; ``record=false`` (with ``first``): the workers take no checksums of this
+        sync (its trainer does not verify it)."""
         body = await json_body(request)
         try:
             update = request_from_dict(body)
@@ -302,7 +333,7 @@ def make_control_router(
             if first:
                 state.sync_failed = False
             try:
-                await engine.collective_rpc("update_param_batch", args=(payload, first))
+                await engine.collective_rpc("update_param_batch", args=(payload, first, record))
             except Exception:
                 state.sync_failed = True
                 raise

@@ -146,12 +146,15 @@ class VLLMControlPlane:
         )
         self.poll_s = poll_s
         self._errors_before: int | None = None  # server error_count when this sync began
+        self.record = True  # the workers record the next sync's checksums (verification)
 
     # ---- ControlPlane -------------------------------------------------------------
     def announce(self, request: WeightUpdateRequest) -> None:
         """POST the chunk's metadata; the server's workers start receiving it."""
         first = self._errors_before is None  # the first chunk of a sync
-        path = "/update_param_batch?first=true" if first else "/update_param_batch"
+        path = "/update_param_batch"
+        if first:
+            path += "?first=true" + ("" if self.record else "&record=false")
         reply = self.post(path, request.to_dict())
         if first:
             self._errors_before = int(reply["error_count"])
@@ -213,6 +216,10 @@ class VLLMControlPlane:
 
     def health(self) -> dict[str, Any]:
         return self.get("/health")
+
+    def weight_report(self) -> dict[str, Any]:
+        """``{"version", "boot_id", "workers": [each worker's report of the last sync]}``."""
+        return self.get("/weight_report")
 
     def pause(self, mode: str = "abort") -> None:
         self.post(f"/pause?mode={mode}")

@@ -171,6 +171,7 @@ class VLLMClientPool:
         self._probes: set[asyncio.Task[None]] = set()
         self._sync: _SyncSettings | None = None
         self._group: WeightSyncSession | None = None  # one_group: spans self._grouped
+        self._canary: tuple[Any, int] = (None, 10)  # set_canary: (ModelCanary, every)
         self._grouped: list[PoolServer] = []
 
     @classmethod
@@ -275,6 +276,14 @@ class VLLMClientPool:
                 )  # fmt: skip
 
     # ---- ChatClient: weights -------------------------------------------------------
+    def set_canary(self, canary: Any, *, every: int = 10) -> None:
+        """Every server's canary (``VLLMChatClient.set_canary``), for either publish mode."""
+        self._canary = (canary, every)
+        for server in self.servers:
+            server.client.set_canary(canary, every=every)
+        if self._group is not None:
+            self._group.canary, self._group.canary_every = canary, every
+
     def init_weight_sync(
         self,
         *,
@@ -349,6 +358,7 @@ class VLLMClientPool:
                 server.client.init_weight_sync(**settings.for_server(server.index))
             with _paused([server] if pause else []):
                 session.publish(params, version=version)
+            session.run_canary()
 
         return self._settle(targets, run_each(push, targets))
 
@@ -368,6 +378,7 @@ class VLLMClientPool:
             try:
                 with _paused(targets if pause else []):
                     group.publish(params, version=version)
+                group.run_canary()
                 return targets
             except Exception as e:
                 dead = [s for s in targets if not answers(s.client)]
@@ -389,13 +400,18 @@ class VLLMClientPool:
             self._group.close()
             self._group, self._grouped = None, []
         timeout_s = min(s.client.timeout_s for s in servers)
-        group = WeightSyncSession([s.client.control for s in servers], timeout_s=timeout_s)
+        group = WeightSyncSession(
+            [s.client.control for s in servers],
+            timeout_s=timeout_s,
+            verify_sync=servers[0].client.weight_sync.verify_sync,
+        )
         group.init(
             backend=settings.backend,
             master_addr=settings.master_addr,
             master_port=settings.master_port,
             extractor=settings.extractor,
         )
+        group.canary, group.canary_every = self._canary
         self._group, self._grouped = group, list(servers)
 
     def _settle(

@@ -33,7 +33,7 @@ from ludic.inference.reward_client import (
     ScoringResponse,
 )
 from ludic.inference.vllm.http import VERSION_HEADER, VLLMServerError
-from ludic.inference.vllm.weight_sync import VLLMConnection
+from ludic.inference.vllm.weight_sync import VerifySync, VLLMConnection
 
 
 class VLLMRewardClient:
@@ -51,6 +51,8 @@ class VLLMRewardClient:
         head_modules: module names of the classification head (for mode checks).
         check_server: ask ``/health`` at construction and refuse a server that is not a
             reward server (or a ``ludic serve router`` in front of reward servers).
+        verify_sync: which syncs are verified (``"every"``, ``"first"``, ``"off"``), as
+            for :class:`~ludic.inference.vllm.client.VLLMChatClient`.
     """
 
     def __init__(
@@ -66,6 +68,7 @@ class VLLMRewardClient:
         max_connections: int = 64,
         head_modules: Sequence[str] = HEAD_MODULES,
         check_server: bool = True,
+        verify_sync: VerifySync = "every",
     ) -> None:
         self.base_url = (base_url or f"http://{host}:{port}").rstrip("/")
         self.model = model
@@ -77,6 +80,7 @@ class VLLMRewardClient:
             timeout_s=timeout_s,
             max_retries=max_retries,
             max_connections=max_connections,
+            verify_sync=verify_sync,
         )
         self.http = self.connection.http
         self.control = self.connection.control

@@ -101,6 +101,7 @@ from ludic.inference.vllm.security import (
     check_bind,
     start_parent_watchdog,
 )
+from ludic.inference.vllm.versions import TESTED_VLLM, check_vllm_version
 
 __all__ = [
     "API_KEY_ENV",
@@ -183,6 +184,9 @@ def prepare_args(args: Namespace) -> Namespace:
         )
     if args.worker_extension_cls in (None, ""):
         args.worker_extension_cls = WORKER_EXTENSION
+    import vllm
+
+    check_vllm_version(vllm.__version__, allow_untested=getattr(args, "allow_untested_vllm", False))
     return args
 
 
@@ -229,6 +233,11 @@ def add_ludic_args(parser: Any) -> None:
         action="store_true",
         help="serve on a non-loopback --host without an API key (a loud warning instead of "
         "a refusal)",
+    )
+    group.add_argument(
+        "--allow-untested-vllm",
+        action="store_true",
+        help=f"start on a vLLM release outside the tested range ({TESTED_VLLM}), with a warning",
     )
     group.add_argument(
         "--weight-sync-hosts",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -20,7 +20,14 @@ from ludic.distributed.weight_transfer.base import (
     TorchDistributedWeightSyncInfo,
     WeightUpdateRequest,
 )
+from ludic.distributed.weight_transfer.verify import SyncVerificationError, check_reports
+from ludic.inference.vllm.canary import ModelCanary, check_canary, server_canary
 from ludic.inference.vllm.http import AsyncHTTP, VLLMControlPlane, VLLMServerError
+
+VerifySync = Literal["every", "first", "off"]
+VERIFY_SYNC: tuple[str, ...] = ("every", "first", "off")
+"""When a sync is verified (``ludic.distributed.weight_transfer.verify``): after every
+sync (the default), after the first only, or never."""
 
 
 class WeightSyncSession:
@@ -32,19 +39,38 @@ class WeightSyncSession:
             worker; see :class:`FanOutControlPlane`).
         timeout_s: bound on joining, on each collective and on waiting for a sync to be
             applied.
+        verify_sync: check each server's report of a sync against what was sent
+            (:data:`VERIFY_SYNC`): ``"every"`` sync (the default), the ``"first"`` only, or
+            ``"off"``. A server restarted since the group formed is named before any sync,
+            whatever this says.
     """
 
     def __init__(
-        self, control: VLLMControlPlane | Sequence[VLLMControlPlane], *, timeout_s: float
+        self,
+        control: VLLMControlPlane | Sequence[VLLMControlPlane],
+        *,
+        timeout_s: float,
+        verify_sync: VerifySync = "every",
     ) -> None:
         controls = [control] if isinstance(control, VLLMControlPlane) else list(control)
         if not controls:
             raise ValueError("WeightSyncSession needs at least one server's control plane")
+        if verify_sync not in VERIFY_SYNC:
+            raise ValueError(f"verify_sync={verify_sync!r}; expected one of {VERIFY_SYNC}")
         self.controls = controls
         self.control = FanOutControlPlane(controls) if len(controls) > 1 else controls[0]
         self.timeout_s = timeout_s
+        self.verify_sync = verify_sync
         self.sender: Any = None  # the weight-transfer sender after init
         self.publisher: Any = None  # BroadcastPolicyPublisher after init
+        self.boot_ids: list[str | None] = []  # each server's boot id when the group formed
+        self.syncs = 0  # syncs published through this group
+        self.verified = 0  # syncs verified through this group
+        self.canary: ModelCanary | None = None  # the trainer's model, for the canary
+        self.canary_every = 10
+        self.canary_diffs: list[tuple[int | None, float]] = []  # (version, largest |diff|)
+        self.canary_version: int | None = None  # a sync whose canary is due (run_canary)
+        self.served_dtypes: dict[str, str] = {}  # server -> its model's dtype
 
     @property
     def base_url(self) -> str:
@@ -90,6 +116,7 @@ class WeightSyncSession:
                 backend = "nccl" if torch.cuda.is_available() else "gloo"
             strategy = BroadcastTransferStrategy(backend=backend, timeout_s=self.timeout_s)
         workers = [c.world_size() for c in self.controls]
+        self.boot_ids = [c.health().get("boot_id") for c in self.controls]
         info = strategy.create_sync_info(
             master_addr=master_addr, master_port=master_port, world_size=1 + sum(workers)
         )
@@ -132,12 +159,72 @@ class WeightSyncSession:
                 f"weight sync with {self.base_url} needs a group: call "
                 "client.init_weight_sync() once before the first sync"
             )
+        self._check_not_restarted(version)
+        verify = self.verify_sync == "every" or (self.verify_sync == "first" and not self.syncs)
+        self.publisher.record_sums = verify
+        for control in self.controls:
+            control.record = verify
         self.control.begin_sync()
         try:
             self.publisher.publish(params, version)
         except Exception as e:
             self._note_server_error(e)
             raise
+        self.syncs += 1
+        if not verify:
+            return
+        for control in self.controls:
+            report = control.weight_report()
+            self.served_dtypes[control.policy.base_url] = str(report.get("dtype", ""))
+            check_reports(
+                self.publisher.last_sent,
+                report["workers"],
+                server=control.policy.base_url,
+                version=version,
+            )
+        self.verified += 1
+        if self._canary_due():
+            self.canary_version = version
+
+    def run_canary(self) -> None:
+        """Score the canary on every server if the last sync asked for it (its first, and
+        every ``canary_every`` syncs after it); raise :class:`SyncVerificationError` on a
+        mismatch. Called once the servers serve again (after ``/resume``): a paused server
+        would hold the canary's request."""
+        canary, version, self.canary_version = self.canary, self.canary_version, None
+        if canary is None or version is None:
+            return
+        trained = canary.logprobs()
+        for control in self.controls:
+            server = control.policy.base_url
+            served = server_canary(control, canary.ids)
+            dtypes = [canary.dtype, self.served_dtypes.get(server) or canary.dtype]
+            worst = check_canary(
+                served, trained, canary.ids, dtypes=dtypes, server=server, version=version
+            )
+            self.canary_diffs.append((version, worst))
+
+    def _canary_due(self) -> bool:
+        """The canary runs on the first sync and every ``canary_every`` syncs after it."""
+        if self.canary is None or self.canary_every <= 0:
+            return False
+        return (self.syncs - 1) % self.canary_every == 0
+
+    def _check_not_restarted(self, version: int | None) -> None:
+        """Raise :class:`SyncVerificationError` naming a server whose boot id changed since
+        the group formed: it restarted, lost every weight synced to it and left the group."""
+        for control, boot_id in zip(self.controls, self.boot_ids):
+            try:
+                now = control.health().get("boot_id")
+            except (ConnectionError, TimeoutError, VLLMServerError):
+                continue  # a dead server: the sync itself fails, naming it
+            if boot_id is not None and now != boot_id:
+                raise SyncVerificationError(
+                    f"the vLLM server at {control.policy.base_url} restarted since the "
+                    f"weight-sync group formed (boot id {boot_id[:8]} -> {str(now)[:8]}): it "
+                    "serves its checkpoint's weights, not the trainer's, and left the group; "
+                    f"stopping before sync of version {version}"
+                )
 
     def close(self) -> None:
         """Leave the group (telling the servers, if they still answer)."""
@@ -209,6 +296,7 @@ class VLLMConnection:
         timeout_s: float = 60.0,
         max_retries: int = 3,
         max_connections: int = 256,
+        verify_sync: VerifySync = "every",
     ) -> None:
         self.http = AsyncHTTP(
             base_url,
@@ -223,7 +311,9 @@ class VLLMConnection:
             timeout_s=timeout_s,
             max_retries=max_retries,
         )
-        self.weight_sync = WeightSyncSession(self.control, timeout_s=timeout_s)
+        self.weight_sync = WeightSyncSession(
+            self.control, timeout_s=timeout_s, verify_sync=verify_sync
+        )
 
     def close(self) -> None:
         """Leave the weight-sync group (telling the server, if it still answers) and close

@@ -23,6 +23,9 @@ This module adds what a live server needs around the loader:
   CUDA workers load each chunk as it arrives.
 * If a load still fails, the layers are put back to their previous weights (best effort)
   so the server keeps serving.
+* **A report of every sync** (``weight_report``, served at ``GET /weight_report``): the
+  sums of each tensor as received and of each served parameter as loaded
+  (``ludic.inference.vllm.load_report``), which the trainer checks against what it sent.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import logging
 import os
 import struct
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -49,6 +53,7 @@ from ludic.distributed.weight_transfer import (
     create_strategy,
     sync_info_from_dict,
 )
+from ludic.inference.vllm.load_report import LoadRecorder
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +70,8 @@ class WeightSyncWorkerExtension:
     ludic_pending: dict[str, torch.Tensor] | None = None  # CPU: chunks of the current sync
     ludic_sync_failed: bool = False  # a chunk of the current sync failed: load nothing
     ludic_checkpoint: dict[str, list[int]] | None = None  # served checkpoint: name -> shape
+    ludic_recorder: LoadRecorder | None = None  # sums of the current sync (verification)
+    ludic_report: dict[str, Any] | None = None  # the last loaded sync's report
 
     def init_communicator(
         self, sync_info: dict[str, Any], rank_offset: int, strategy: str = "broadcast"
@@ -107,18 +114,25 @@ class WeightSyncWorkerExtension:
             self._joined_receiver()
         return status
 
-    def update_param_batch(self, request: dict[str, Any], first: bool = False) -> int:
+    def update_param_batch(
+        self, request: dict[str, Any], first: bool = False, record: bool = True
+    ) -> int:
         """Receive the announced chunk and load it (CPU: with the sync's ``last`` chunk).
 
-        ``first`` marks the first chunk of a sync (drops what a failed sync left behind).
+        ``first`` marks the first chunk of a sync (drops what a failed sync left behind);
+        with ``record`` false the sync's checksums are not taken (nothing verifies it).
         Returns the number of tensors loaded by this call.
         """
         receiver = self._joined_receiver()
         if first or self.ludic_pending is None:
             self.ludic_pending, self.ludic_sync_failed = {}, False
+            self.ludic_recorder = self._new_recorder() if record else None
+        recorder = self.ludic_recorder
         parsed = receiver.parse_request(request)
         try:
             named = receiver.receive(parsed)
+            if recorder is not None:
+                recorder.receive(named)
         except Exception:
             self.ludic_sync_failed = True
             raise
@@ -126,6 +140,8 @@ class WeightSyncWorkerExtension:
             self._load(named)
             if parsed.kind != "broadcast":  # IPC tensors alias the trainer's memory:
                 torch.cuda.current_stream().synchronize()  # copied before it may reuse it
+            if parsed.last and recorder is not None:
+                self._finish_sync(recorder, parsed.version)
             return len(named)
         if not self.ludic_sync_failed:
             self.ludic_pending.update(named)
@@ -134,9 +150,20 @@ class WeightSyncWorkerExtension:
         pending, self.ludic_pending = self.ludic_pending, {}
         failed, self.ludic_sync_failed = self.ludic_sync_failed, False
         if failed:
+            self.ludic_recorder = None
             raise RuntimeError("nothing loaded: an earlier chunk of this sync failed")
-        self._load(pending)
+        if recorder is None:
+            self._load(pending)
+            return len(pending)
+        with recorder.capturing():  # reads each layer before vLLM pre-packs it
+            self._load(pending)
+        self._finish_sync(recorder, parsed.version)
         return len(pending)
+
+    def weight_report(self) -> dict[str, Any] | None:
+        """The report of the last sync this worker loaded (``verify.make_report``): the
+        sums of what it received and of what it loaded; ``None`` before the first."""
+        return self.ludic_report
 
     def close_communicator(self) -> None:
         """Leave the group, or abandon a join still in progress (its thread closes the
@@ -159,6 +186,23 @@ class WeightSyncWorkerExtension:
         if self.ludic_receiver is None:
             raise RuntimeError("no weight-sync group on this worker: POST /init_communicator first")
         return self.ludic_receiver
+
+    def _new_recorder(self) -> LoadRecorder:
+        hf_config = self.model_runner.vllm_config.model_config.hf_config  # type: ignore[attr-defined]
+        tp_rank, tp_size = tensor_parallel_place()
+        return LoadRecorder(
+            self.model_runner.model,  # type: ignore[attr-defined]
+            keep_tensors=self._is_cpu(),
+            tied_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+        )
+
+    def _finish_sync(self, recorder: LoadRecorder, version: int | None) -> None:
+        self.ludic_recorder = None
+        started = time.perf_counter()
+        self.ludic_report = recorder.report(version)
+        self.ludic_report["seconds"] = recorder.seconds + time.perf_counter() - started
 
     def _is_cpu(self) -> bool:
         return torch.device(self.model_runner.device).type == "cpu"  # type: ignore[attr-defined]
@@ -329,6 +373,17 @@ def _safetensors_files(model: str, revision: str | None) -> list[Path]:
     except Exception:
         return []
     return sorted(Path(local).glob("*.safetensors"))
+
+
+def tensor_parallel_place() -> tuple[int, int]:
+    """This worker's (rank, size) in vLLM's tensor-parallel group; (0, 1) outside one."""
+    try:
+        from vllm.distributed.parallel_state import get_tp_group
+
+        group = get_tp_group()
+        return int(group.rank_in_group), int(group.world_size)
+    except Exception:  # no vLLM parallel state (e.g. a unit test's fake worker)
+        return 0, 1
 
 
 def restore_after_failed_reload(model: torch.nn.Module) -> None:

@@ -1,0 +1,214 @@
+"""A vLLM worker's side of sync verification: the sums of what it received and of what it
+loaded (see ``ludic.distributed.weight_transfer.verify`` for the checksum and the check).
+
+One :class:`LoadRecorder` lives for one sync. ``receive`` records each chunk's tensors as
+they arrive; on a CPU worker the load runs inside ``capturing()``, which reads each layer's
+parameters after vLLM's weight loaders wrote them and just before vLLM pre-packs them for
+its CPU kernels (a pre-packed weight cannot be read back); ``report`` reads the other
+parameters the sync wrote (all of them on CUDA, where nothing is pre-packed) and builds
+the report.
+
+Served parameter names come from the HF names through the model's own
+``hf_to_vllm_mapper`` (if any) and ``packed_modules_mapping`` (``q_proj`` -> ``qkv_proj``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from ludic.distributed.weight_transfer.verify import (
+    TIED,
+    Sums,
+    add_sums,
+    make_report,
+    tensor_sums,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class LoadRecorder:
+    """Sums of one sync's received tensors and of the served parameters it wrote.
+
+    Args:
+        model: the worker's model (``model_runner.model``).
+        keep_tensors: keep the received tensors until :meth:`report` (a CPU worker keeps
+            them anyway until its one load); without, the sums in the parameters' dtypes
+            are taken as each tensor arrives.
+        tied_embeddings: the served model ties ``lm_head`` to the embeddings.
+        tp_rank, tp_size: this worker's tensor-parallel place.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        keep_tensors: bool,
+        tied_embeddings: bool,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+    ) -> None:
+        self.model = model
+        self.keep_tensors = keep_tensors
+        self.tied_embeddings = tied_embeddings
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.part_to_fused = {
+            part: fused
+            for fused, parts in getattr(model, "packed_modules_mapping", {}).items()
+            if len(parts) > 1
+            for part in parts
+        }
+        self.mapper = getattr(model, "hf_to_vllm_mapper", None)
+        self.received: dict[str, Sums] = {}
+        self.numel: dict[str, int] = {}
+        self.cast: dict[tuple[str, torch.dtype], Sums] = {}  # (HF name, dtype) -> sums
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.captured: dict[str, tuple[Sums, torch.dtype, int]] = {}  # served name -> ...
+        self.seconds = 0.0  # spent taking sums (the cost of verification on this worker)
+
+    # ---------------------------------------------------------------- while receiving
+    def receive(self, named: Mapping[str, torch.Tensor]) -> None:
+        started = time.perf_counter()
+        try:
+            self._receive(named)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def _receive(self, named: Mapping[str, torch.Tensor]) -> None:
+        names, tensors = list(named), list(named.values())
+        for name, t, s in zip(names, tensors, tensor_sums(tensors)):
+            self.received[name] = s
+            self.numel[name] = int(t.numel())
+            self.cast[(name, t.dtype)] = s
+        params = dict(self.model.named_parameters())
+        if self.keep_tensors:
+            self.tensors.update(named)
+            return
+        for name, t in named.items():
+            param = params.get(self.served_name(name) or "")
+            if param is not None and param.dtype != t.dtype:
+                (self.cast[(name, param.dtype)],) = tensor_sums([t.to(param.dtype)])
+
+    @contextlib.contextmanager
+    def capturing(self) -> Iterator[None]:
+        """While a CPU reload runs: record each processed layer's parameters just before
+        ``quant_method.process_weights_after_loading`` (vLLM's pre-packing) runs."""
+        prefixes = {id(m): name for name, m in self.model.named_modules()}
+        patched: list[tuple[Any, Any]] = []
+        for module in self.model.modules():
+            qm = getattr(module, "quant_method", None)
+            original = getattr(qm, "process_weights_after_loading", None)
+            if original is None or any(qm is q for q, _ in patched):
+                continue
+            patched.append((qm, qm.__dict__.get("process_weights_after_loading")))
+            qm.process_weights_after_loading = self._capture_then(original, prefixes)
+        try:
+            yield
+        finally:
+            for qm, own in patched:
+                if own is None:
+                    del qm.process_weights_after_loading
+                else:
+                    qm.process_weights_after_loading = own
+
+    def _capture_then(self, original: Any, prefixes: Mapping[int, str]) -> Any:
+        def process(layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            prefix = prefixes.get(id(layer))
+            started = time.perf_counter()
+            if prefix is not None:
+                named = [(n, p) for n, p in layer.named_parameters(recurse=False) if p.numel()]
+                sums = tensor_sums([p for _, p in named])
+                for (n, p), s in zip(named, sums):
+                    full = f"{prefix}.{n}" if prefix else n
+                    self.captured[full] = (s, p.dtype, int(p.numel()))
+            self.seconds += time.perf_counter() - started
+            return original(layer, *args, **kwargs)
+
+        return process
+
+    # ---------------------------------------------------------------- after the load
+    def served_name(self, hf_name: str) -> str | None:
+        name = hf_name
+        if self.mapper is not None:
+            mapped = self.mapper._map_name(name)  # vLLM's WeightsMapper
+            if mapped is None:
+                return None
+            name = mapped
+        pieces = name.split(".")
+        for i in range(len(pieces) - 1, -1, -1):
+            if pieces[i] in self.part_to_fused:
+                pieces[i] = self.part_to_fused[pieces[i]]
+                break
+        return ".".join(pieces)
+
+    def report(self, version: int | None) -> dict[str, Any]:
+        params = dict(self.model.named_parameters())
+        groups: dict[str, list[str]] = {}
+        unverified: dict[str, str] = {}
+        for name in self.received:
+            served = self.served_name(name)
+            if served is not None and (served in params or served in self.captured):
+                groups.setdefault(served, []).append(name)
+            elif self.tied_embeddings and name.endswith("lm_head.weight"):
+                unverified[name] = TIED
+            else:
+                unverified[name] = (
+                    f"the served model has no parameter {served!r} for it (vLLM names: e.g. "
+                    f"{sorted(params)[:3]}); set inference.vllm.verify_sync: off only if "
+                    "the canary passes"
+                )
+        loaded: dict[str, dict[str, Any]] = {}
+        partial: list[str] = []
+        for served, parts in groups.items():
+            fused = served not in parts  # q_proj -> qkv_proj
+            if fused and not self._complete(served, parts):
+                partial.extend(parts)  # a fused layer written in part (CUDA only)
+                continue
+            if served in self.captured:
+                sums, dtype, numel = self.captured[served]
+            else:
+                param = params[served]
+                (sums,), dtype, numel = tensor_sums([param]), param.dtype, int(param.numel())
+            full = sum(self.numel[p] for p in parts)
+            loaded[served] = {
+                "parts": sorted(parts),
+                "sums": list(sums),
+                "expected": list(add_sums(self._cast_sums(p, dtype) for p in parts)),
+                "numel": full,
+                "sharded": self.tp_size > 1 and numel < full,
+            }
+        report = make_report(
+            version=version,
+            tp_rank=self.tp_rank,
+            tp_size=self.tp_size,
+            received=self.received,
+            loaded=loaded,
+            unverified=unverified,
+        )
+        report["partial"] = sorted(partial)
+        return report
+
+    def _complete(self, served: str, parts: list[str]) -> bool:
+        """Whether every HF part of the fused parameter ``served`` was received."""
+        fused = set(self.part_to_fused.values())
+        leaf = next((p for p in reversed(served.split(".")) if p in fused), None)
+        wanted = [k for k, v in self.part_to_fused.items() if v == leaf]
+        return len(parts) == len(wanted)
+
+    def _cast_sums(self, name: str, dtype: torch.dtype) -> Sums:
+        key = (name, dtype)
+        if key not in self.cast:
+            tensor = self.tensors.get(name)
+            if tensor is None:
+                raise RuntimeError(
+                    f"no sums of {name!r} in {dtype} (the tensor was not kept); a bug in "
+                    "ludic's load report"
+                )
+            (self.cast[key],) = tensor_sums([tensor.to(dtype)])
+        return self.cast[key]
