@@ -5,18 +5,19 @@ defaults serve it).
 
     .venv/bin/python benchmarks/sync_verify.py [--rounds 5] [--models tiny,qwen0.5b]
 
-Per model it prints the median seconds of a sync with verification off and on, their
-ratio, and the cost's parts: the trainer's checksums of what it sends, the workers' of
+Per model it prints the median seconds of a sync with verification off and on, the
+median (and range) over rounds of their ratio within a round, and the cost's parts: the trainer's checksums of what it sends, the workers' of
 what they receive and load (reported by the worker), and fetching and checking the
 report. The canary (one forward of 24 tokens on each side, run on the first sync and
 every ``canary_every`` = 10 syncs) is timed apart and given per sync at that rate.
-One trainer process (this one) and one vLLM server share the machine's cores; nothing
-else should run.
+The trainer (this process, one thread) is pinned to core 0 and the vLLM server to core 1
+(``--cores`` changes them), so neither stalls the other; nothing else should run.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ludic.distributed.weight_transfer.verify import SentSums, check_reports
+from ludic.distributed.weight_transfer.verify import SentChecksums, check_reports
 from ludic.inference.vllm.canary import ModelCanary, server_canary
 from ludic.inference.vllm.client import VLLMChatClient
 from ludic.inference.vllm.process import start_vllm_server
@@ -61,12 +62,14 @@ def save_qwen05_shape(path: Path) -> Path:
     return path
 
 
-def measure(model_dir: Path, rounds: int, log: Path) -> dict[str, float]:
+def measure(model_dir: Path, rounds: int, log: Path, server_cores: str) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
 
     trainer = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     params = dict(trainer.state_dict())
-    with start_vllm_server(model_dir, api_key="bench", log_path=log) as server:
+    with start_vllm_server(
+        model_dir, api_key="bench", log_path=log, cpu_cores=server_cores
+    ) as server:
         client = VLLMChatClient(server.url, api_key="bench", timeout_s=600.0)
         client.init_weight_sync(master_port=server.group_port)
         session = client.weight_sync
@@ -88,7 +91,7 @@ def measure(model_dir: Path, rounds: int, log: Path) -> dict[str, float]:
         trainer_sums, check = [], []
         for _ in range(rounds):
             started = time.perf_counter()
-            sent = SentSums()
+            sent = SentChecksums()
             sent.record(list(params), list(params.values()))
             trainer_sums.append(time.perf_counter() - started)
             started = time.perf_counter()
@@ -103,9 +106,12 @@ def measure(model_dir: Path, rounds: int, log: Path) -> dict[str, float]:
             server_canary(client.control, canary.ids)
             canary_s.append(time.perf_counter() - started)
         client.close()
+    paired = [e / o - 1 for e, o in zip(times["every"], times["off"])]  # same round
     return {
         "off": statistics.median(times["off"]),
         "every": statistics.median(times["every"]),
+        "paired": statistics.median(paired),
+        "paired_range": (min(paired), max(paired)),
         "trainer_sums": statistics.median(trainer_sums),
         "worker_sums": statistics.median(worker_s),
         "report_and_check": statistics.median(check),
@@ -118,7 +124,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--models", default="tiny,qwen0.5b")
+    parser.add_argument("--cores", default="0,1", help="trainer core, server core(s)")
     args = parser.parse_args()
+    trainer_core, server_cores = args.cores.split(",", 1)
+    os.sched_setaffinity(0, {int(trainer_core)})
+    torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for name in args.models.split(","):
@@ -128,12 +138,13 @@ def main() -> None:
                 model_dir = save_qwen05_shape(root / name)
             else:
                 raise SystemExit(f"--models: unknown {name!r}; expected tiny, qwen0.5b")
-            m = measure(model_dir, args.rounds, root / f"{name}.log")
-            overhead = m["every"] / m["off"] - 1
+            m = measure(model_dir, args.rounds, root / f"{name}.log", server_cores)
+            low, high = m["paired_range"]
             print(
                 f"{name}: {m['bytes'] / 2**20:.0f} MiB, sync {m['off']:.3f} s with "
-                f"verify_sync=off, {m['every']:.3f} s with every: +{100 * overhead:.1f}% "
-                f"(median of {args.rounds})"
+                f"verify_sync=off, {m['every']:.3f} s with every (medians of {args.rounds}); "
+                f"every/off - 1 within a round: median {100 * m['paired']:+.1f}% "
+                f"(from {100 * low:+.1f}% to {100 * high:+.1f}%)"
             )
             print(
                 f"  parts: trainer checksums {m['trainer_sums']:.3f} s, worker checksums "

@@ -8,23 +8,23 @@ import pytest
 import torch
 
 from ludic.distributed.weight_transfer.verify import (
-    SentSums,
+    SentChecksums,
     SyncVerificationError,
+    add_checksums,
     check_reports,
+    checksums,
     make_report,
-    sums_match,
-    tensor_sums,
 )
 
 
-def _sent(tensors: dict[str, torch.Tensor]) -> SentSums:
-    sent = SentSums()
+def _sent(tensors: dict[str, torch.Tensor]) -> SentChecksums:
+    sent = SentChecksums()
     sent.record(list(tensors), list(tensors.values()))
     return sent
 
 
 def _report(received: dict[str, torch.Tensor], loaded: dict[str, dict], version=3, **kw):
-    sums = dict(zip(received, tensor_sums(list(received.values()))))
+    sums = dict(zip(received, checksums(list(received.values()))))
     return make_report(
         version=version,
         tp_rank=kw.get("tp_rank", 0),
@@ -36,26 +36,39 @@ def _report(received: dict[str, torch.Tensor], loaded: dict[str, dict], version=
 
 
 def _entry(parts, loaded: torch.Tensor, expected: list[torch.Tensor], sharded=False) -> dict:
-    (got,) = tensor_sums([loaded])
-    want = [sum(s) for s in zip(*tensor_sums(expected))]
-    numel = sum(t.numel() for t in expected)
-    return {"parts": parts, "sums": got, "expected": want, "numel": numel, "sharded": sharded}
+    (got,) = checksums([loaded])
+    size = loaded.element_size()
+    want = add_checksums(checksums(expected), size)
+    return {
+        "parts": parts,
+        "checksum": got,
+        "expected": want,
+        "element_size": size,
+        "sharded": sharded,
+    }
 
 
-def test_sums_do_not_depend_on_layout_and_see_a_one_element_change():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_checksums_do_not_depend_on_layout_and_see_any_one_bit(dtype):
+    """Fused, padded and sharded layouts keep the checksum, exactly (the sums wrap around
+    in the element's width, here many times over); flipping the lowest bit of one element
+    changes it."""
     g = torch.Generator().manual_seed(0)
-    q, k = torch.randn(64, 32, generator=g), torch.randn(16, 32, generator=g)
+    q = (torch.randn(64, 32, generator=g) * 1e4).to(dtype)
+    k = (torch.randn(16, 32, generator=g) * 1e4).to(dtype)
     fused = torch.cat([q, k])
-    (whole,) = tensor_sums([fused])
-    parts = tensor_sums([q, k])
-    added = (parts[0][0] + parts[1][0], parts[0][1] + parts[1][1])
-    assert sums_match(whole, added, fused.numel())
-    (padded,) = tensor_sums([torch.cat([fused, torch.zeros(8, 32)])])  # vocab padding
-    assert sums_match(padded, whole, fused.numel())
-    changed = fused.clone()
-    changed[3, 5] += 1e-3  # about 1e-8 of sum |x| would still be seen
-    (other,) = tensor_sums([changed])
-    assert not sums_match(other, whole, fused.numel())
+    (whole,) = checksums([fused])
+    assert add_checksums(checksums([q, k]), fused.element_size()) == whole
+    assert checksums([torch.cat([fused, torch.zeros(8, 32, dtype=dtype)])])[0] == whole
+    assert add_checksums(checksums(list(fused.chunk(3, dim=1))), fused.element_size()) == whole
+    assert len(whole) == (2 if fused.element_size() < 4 else 1)
+    ints = (
+        fused.clone()
+        .view(-1)
+        .view({2: torch.int16, 4: torch.int32, 8: torch.int64}[fused.element_size()])
+    )
+    ints[77] ^= 1  # the least significant bit of one element
+    assert checksums([ints.view(dtype)])[0] != whole
 
 
 def test_a_report_that_matches_passes_and_each_kind_of_mismatch_is_named():
@@ -73,6 +86,11 @@ def test_a_report_that_matches_passes_and_each_kind_of_mismatch_is_named():
     bent = {**w, "b.weight": w["b.weight"] + 1}
     with pytest.raises(SyncVerificationError, match="'b.weight' arrived changed"):
         check_reports(sent, [_report(bent, loaded)], server="S", version=3)
+    off_by_one_ulp = w["a.weight"].clone()
+    off_by_one_ulp.view(-1).view(torch.int32)[5] += 1
+    stale = {**loaded, "a.weight": _entry(["a.weight"], off_by_one_ulp, [w["a.weight"]])}
+    with pytest.raises(SyncVerificationError, match="'a.weight' .* does not hold the received"):
+        check_reports(sent, [_report(w, stale)], server="S", version=3)
     stale = {**loaded, "a.weight": _entry(["a.weight"], torch.zeros(8, 4), [w["a.weight"]])}
     with pytest.raises(
         SyncVerificationError, match="server S, version 3, worker 0: served parameter 'a.weight'"

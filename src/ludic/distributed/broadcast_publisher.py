@@ -21,7 +21,7 @@ from ludic.distributed.weight_transfer.extractor import (
     gather_full_tensors,
     is_dtensor,
 )
-from ludic.distributed.weight_transfer.verify import SentSums
+from ludic.distributed.weight_transfer.verify import SentChecksums
 from ludic.distributed.weights import check_finite
 
 
@@ -32,7 +32,7 @@ class BroadcastPolicyPublisher:
     gathered from shards are checked chunk by chunk, as they are gathered). Raises if the
     transfer fails or the servers do not apply it within ``apply_timeout_s``.
 
-    With ``record_sums`` on, the checksums of every tensor sent are kept in ``last_sent``
+    With ``record_checksums`` on, the checksums of every tensor sent are kept in ``last_sent``
     (``ludic.distributed.weight_transfer.verify``) for the caller to verify the sync.
     """
 
@@ -49,16 +49,16 @@ class BroadcastPolicyPublisher:
         self.extractor = extractor if extractor is not None else ModelWeightExtractor()
         self.apply_timeout_s = apply_timeout_s
         self.last_version: int | None = None
-        self.record_sums = False
-        self.last_sent = SentSums()
+        self.record_checksums = False
+        self.last_sent = SentChecksums()
 
     def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         check_finite({name: t for name, t in state_dict.items() if not is_dtensor(t)})
         chunks = self.extractor.extract_state_dict(state_dict)
         if any(is_dtensor(t) for t in state_dict.values()):
             chunks = _checked(chunks)
-        self.last_sent = SentSums()
-        if self.record_sums:
+        self.last_sent = SentChecksums()
+        if self.record_checksums:
             chunks = _recorded(chunks, self.last_sent)
         self.sender.send(chunks, self.control, version=version)
         self.control.wait_until_applied(self.apply_timeout_s)
@@ -86,7 +86,7 @@ class Rank0OnlyPublisher:
             gather_full_tensors(state_dict)
 
 
-def _recorded(chunks: Iterator[WeightChunk], sent: SentSums) -> Iterator[WeightChunk]:
+def _recorded(chunks: Iterator[WeightChunk], sent: SentChecksums) -> Iterator[WeightChunk]:
     for chunk in chunks:
         sent.record(chunk.names, chunk.tensors)
         yield chunk

@@ -1,27 +1,27 @@
 """Verifying a weight sync: every server holds, as loaded, what the trainer sent.
 
-The checksum of a tensor is the pair of float64 sums ``(Σ x, Σ x²)`` over its elements,
-computed where the tensor lives (on the GPU for a CUDA worker). The pair does not depend on
-where an element sits, so it survives the loader's own transforms: vLLM fuses
-``q_proj``/``k_proj``/``v_proj`` into one ``qkv_proj`` (the fused sums are the parts'
-sums added), pads the vocabulary with zero rows (zeros add nothing) and, with tensor
-parallelism, splits a tensor over workers (the shards' sums add up to the tensor's). What
-it cannot see, a permutation inside a tensor, is what the canary (a fixed prompt's
-logprobs, ``ludic.inference.vllm.canary``) is for.
+The checksum of a tensor is the sum of its elements read as signed integers of the
+element's own width (a float32 as an int32, a bfloat16 as an int16), added with wrap-around
+in that width; for 1- and 2-byte dtypes also the sum of their squares, so that a checksum
+always holds at least 32 bits. It is exact (no tolerance: any changed bit shows, but for
+changes that cancel) and it does not depend on where an element sits, so it survives the
+loader's own transforms: vLLM fuses ``q_proj``/``k_proj``/``v_proj`` into one
+``qkv_proj`` (the fused checksum is the parts' added), pads the vocabulary with zero rows
+(zeros add nothing) and, with tensor parallelism, splits a tensor over workers (the
+shards' checksums add up to the tensor's). What it cannot see, a permutation inside a
+tensor, is what the canary (a fixed prompt's logprobs, ``ludic.inference.vllm.canary``) is
+for. Each sum reads the tensor once where it lives, at memory speed (about 30 GB/s on
+this machine's CPU for float32; ``benchmarks/sync_verify.py``).
 
 A sync is checked at two points:
 
-* **received**: each worker's sums of every tensor it received (on the wire, in the wire
-  dtype) against the trainer's sums of what it sent. A tensor sent and not received, or
-  received different, fails here.
-* **loaded**: each worker's sums of each served parameter the sync wrote, read back after
-  the load (on a CPU worker: just before vLLM pre-packs it), against the sums of the
-  received parts cast to the parameter's dtype. A loader that changes a value or skips a
-  tensor fails here.
-
-Two sums of the same values added in another order differ by about ``n · 1e-16 · Σ|x|``;
-:data:`RTOL` (1e-8 of ``sqrt(n · Σx²)``, which bounds ``Σ|x|``) leaves ample room for that
-and catches a change to any one element larger than about ``1e-8 · Σ|x|``.
+* **received**: each worker's checksum of every tensor it received (in the wire dtype)
+  against the trainer's of what it sent. A tensor sent and not received, or received
+  different, fails here.
+* **loaded**: each worker's checksum of each served parameter the sync wrote, read back
+  after the load (on a CPU worker: just before vLLM pre-packs it), against the checksums of
+  the received parts cast to the parameter's dtype. A loader that changes a value or skips
+  a tensor fails here.
 
 Worker reports are JSON (see :func:`make_report`); :func:`check_reports` raises
 :class:`SyncVerificationError` naming the server, the worker, the tensor and the version.
@@ -29,63 +29,74 @@ Worker reports are JSON (see :func:`make_report`); :func:`check_reports` raises
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-Sums = tuple[float, float]
-"""``(Σ x, Σ x²)`` of a tensor, in float64."""
+Checksum = tuple[int, ...]
+"""A tensor's checksum: the wrapped sum of its elements as integers (and, for 1- and 2-byte
+dtypes, of their squares)."""
 
-RTOL = 1e-8
-"""Relative tolerance of a sums comparison (see the module docstring)."""
+_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class SyncVerificationError(RuntimeError):
     """A server's weights after a sync differ from what the trainer sent."""
 
 
-def tensor_sums(tensors: Sequence[torch.Tensor]) -> list[Sums]:
-    """``(Σ x, Σ x²)`` of each tensor in float64, computed on its device, fetched at once."""
-    if not tensors:
-        return []
-    rows = []
-    for t in tensors:
-        flat = t.detach().reshape(-1)
-        s1 = torch.sum(flat, dtype=torch.float64)
-        s2 = torch.linalg.vector_norm(flat, dtype=torch.float64).square()
-        rows.append(torch.stack([s1, s2]).cpu())
-    return [(float(a), float(b)) for a, b in torch.stack(rows).tolist()]
+def checksums(tensors: Sequence[torch.Tensor]) -> list[Checksum]:
+    """The checksum of each tensor, computed on its device, fetched at once."""
+    return fetch_checksums([checksum_tensors(t) for t in tensors])
 
 
-def add_sums(parts: Iterable[Sums]) -> Sums:
-    s1 = s2 = 0.0
-    for a, b in parts:
-        s1, s2 = s1 + a, s2 + b
-    return s1, s2
+def checksum_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """``t``'s checksum as 0-d int64 tensors on its device (not fetched yet)."""
+    ints = t.detach().reshape(-1).view(_INT_OF_SIZE[t.element_size()])
+    sums = [ints.sum(dtype=ints.dtype)]
+    if t.element_size() < 4:
+        sums.append((ints * ints).sum(dtype=ints.dtype))
+    return [s.to(torch.int64) for s in sums]
 
 
-def sums_match(got: Sums, expected: Sums, numel: int) -> bool:
-    """Whether ``got`` and ``expected`` are the sums of the same values (see :data:`RTOL`)."""
-    scale2 = max(abs(expected[1]), abs(got[1]))
-    tol1 = RTOL * math.sqrt(max(numel, 1) * scale2) + 1e-30
-    tol2 = RTOL * scale2 + 1e-30
-    return abs(got[0] - expected[0]) <= tol1 and abs(got[1] - expected[1]) <= tol2
+def fetch_checksums(pending: Sequence[Sequence[torch.Tensor]]) -> list[Checksum]:
+    """The checksums of :func:`checksum_tensors` results, in one device-to-host copy."""
+    parts = [p for row in pending for p in row]
+    if not parts:
+        return [() for _ in pending]
+    device = parts[0].device
+    flat = torch.stack([p.to(device) for p in parts]).tolist()
+    out, i = [], 0
+    for row in pending:
+        out.append(tuple(flat[i : i + len(row)]))
+        i += len(row)
+    return out
 
 
-class SentSums:
-    """The trainer's side: sums (and element counts) of every tensor it sent in one sync,
-    recorded as the chunks go out."""
+def add_checksums(parts: Iterable[Sequence[int]], element_size: int) -> Checksum:
+    """The checksum of the concatenation of tensors (of one dtype) with checksums ``parts``."""
+    bits = 8 * element_size
+    total: list[int] = []
+    for part in parts:
+        total = list(part) if not total else [a + b for a, b in zip(total, part)]
+    return tuple(_wrap(v, bits) for v in total)
+
+
+def _wrap(value: int, bits: int) -> int:
+    """``value`` as a signed ``bits``-bit integer (two's complement wrap-around)."""
+    half = 1 << (bits - 1)
+    return (value + half) % (1 << bits) - half
+
+
+class SentChecksums:
+    """The trainer's side: the checksum of every tensor it sent in one sync, recorded as
+    the chunks go out."""
 
     def __init__(self) -> None:
-        self.sums: dict[str, Sums] = {}
-        self.numel: dict[str, int] = {}
+        self.checksums: dict[str, Checksum] = {}
 
     def record(self, names: Sequence[str], tensors: Sequence[torch.Tensor]) -> None:
-        for name, t, s in zip(names, tensors, tensor_sums(tensors)):
-            self.sums[name] = s
-            self.numel[name] = int(t.numel())
+        self.checksums.update(zip(names, checksums(tensors)))
 
 
 # ------------------------------------------------------------------------------ worker side
@@ -94,17 +105,18 @@ def make_report(
     version: int | None,
     tp_rank: int,
     tp_size: int,
-    received: Mapping[str, Sums],
+    received: Mapping[str, Checksum],
     loaded: Mapping[str, dict[str, Any]],
     unverified: Mapping[str, str],
 ) -> dict[str, Any]:
     """A worker's report of one sync (JSON-shaped).
 
-    ``received``: HF name -> sums as received. ``loaded``: served parameter name ->
-    ``{"parts": [HF names], "sums": [..], "expected": [..], "numel": n, "sharded": bool}``
-    (``expected``: the received parts' sums in the parameter's dtype; ``sharded``: this
-    worker holds one tensor-parallel shard). ``unverified``: HF name -> why its load
-    cannot be read back (``"tied"``: an alias vLLM skips; anything else fails the check).
+    ``received``: HF name -> checksum as received. ``loaded``: served parameter name ->
+    ``{"parts": [HF names], "checksum": [..], "expected": [..], "element_size": n,
+    "sharded": bool}`` (``expected``: the received parts' checksum in the parameter's
+    dtype; ``sharded``: this worker holds one tensor-parallel shard). ``unverified``: HF
+    name -> why its load cannot be read back (``"tied"``: an alias vLLM skips; anything
+    else fails the check).
     """
     return {
         "version": version,
@@ -123,7 +135,7 @@ skips on load: its values are the embeddings', checked under their own name."""
 
 # ------------------------------------------------------------------------------ trainer side
 def check_reports(
-    sent: SentSums,
+    sent: SentChecksums,
     reports: Sequence[Mapping[str, Any]],
     *,
     server: str,
@@ -150,27 +162,27 @@ def check_reports(
     _check_loaded(reports, where)
 
 
-def _check_received(sent: SentSums, report: Mapping[str, Any], where: str) -> None:
+def _check_received(sent: SentChecksums, report: Mapping[str, Any], where: str) -> None:
     received = report.get("received", {})
-    for name, expected in sent.sums.items():
+    for name, expected in sent.checksums.items():
         got = received.get(name)
         if got is None:
             raise SyncVerificationError(
                 f"{where}: tensor {name!r} was sent but not received "
-                f"({len(received)} of {len(sent.sums)} tensors received)"
+                f"({len(received)} of {len(sent.checksums)} tensors received)"
             )
-        if not sums_match(tuple(got), expected, sent.numel[name]):
+        if tuple(got) != tuple(expected):
             raise SyncVerificationError(
-                f"{where}: tensor {name!r} arrived changed: (sum, sum of squares) "
-                f"{_fmt(got)} received, {_fmt(expected)} sent"
+                f"{where}: tensor {name!r} arrived changed: checksum {list(got)} received, "
+                f"{list(expected)} sent"
             )
-    extra = sorted(set(received) - set(sent.sums))
+    extra = sorted(set(received) - set(sent.checksums))
     if extra:
         raise SyncVerificationError(f"{where}: received tensors that were not sent: {extra[:3]}")
 
 
 def _check_loaded(reports: Sequence[Mapping[str, Any]], where: str) -> None:
-    """Each served parameter's sums as loaded against its expected sums: replicated
+    """Each served parameter's checksum as loaded against its expected one: replicated
     parameters worker by worker, tensor-parallel shards added up over the workers."""
     shards: dict[str, list[tuple[int, Mapping[str, Any]]]] = {}
     for i, report in enumerate(reports):
@@ -178,21 +190,22 @@ def _check_loaded(reports: Sequence[Mapping[str, Any]], where: str) -> None:
             if entry.get("sharded"):
                 shards.setdefault(name, []).append((i, entry))
             else:
-                _compare_loaded(name, entry["sums"], entry, f"{where}, worker {i}")
+                _compare_loaded(name, entry["checksum"], entry, f"{where}, worker {i}")
     for name, entries in shards.items():
-        total = add_sums(tuple(e["sums"]) for _, e in entries)
+        size = int(entries[0][1]["element_size"])
+        total = add_checksums((e["checksum"] for _, e in entries), size)
         workers = ", ".join(str(i) for i, _ in entries)
         _compare_loaded(name, total, entries[0][1], f"{where}, workers {workers} (shards)")
 
 
-def _compare_loaded(name: str, got: Sequence[float], entry: Mapping[str, Any], where: str) -> None:
+def _compare_loaded(name: str, got: Sequence[int], entry: Mapping[str, Any], where: str) -> None:
     expected = tuple(entry["expected"])
-    if not sums_match(tuple(got), expected, int(entry.get("numel", 1))):
+    if tuple(got) != expected:
         parts = entry.get("parts") or [name]
         raise SyncVerificationError(
             f"{where}: served parameter {name!r} (from {', '.join(parts)}) does not hold the "
-            f"received values after the load: (sum, sum of squares) {_fmt(got)} loaded, "
-            f"{_fmt(expected)} expected"
+            f"received values after the load: checksum {list(got)} loaded, {list(expected)} "
+            "expected"
         )
 
 
@@ -207,17 +220,13 @@ def check_copy(
     :class:`SyncVerificationError` unless every target holds its source's values (in the
     target's dtype). Catches, e.g., a tied alias overwritten by a later copy."""
     names = list(sources)
-    expected = tensor_sums(
+    expected = checksums(
         [sources[n].detach().to(targets[n].device, targets[n].dtype) for n in names]
     )
-    got = tensor_sums([targets[n] for n in names])
+    got = checksums([targets[n] for n in names])
     for name, e, g in zip(names, expected, got):
-        if not sums_match(g, e, int(targets[name].numel())):
+        if g != e:
             raise SyncVerificationError(
                 f"{where}, version {version}: tensor {name!r} does not hold the synced values "
-                f"after the copy: (sum, sum of squares) {_fmt(g)} held, {_fmt(e)} sent"
+                f"after the copy: checksum {list(g)} held, {list(e)} sent"
             )
-
-
-def _fmt(sums: Sequence[float]) -> str:
-    return f"({sums[0]:.9g}, {sums[1]:.9g})"

@@ -54,11 +54,17 @@ class ModelCanary:
         model, ids = self.model, self.ids
         device = next(model.parameters()).device
         was_training = model.training
+        threads = torch.get_num_threads()
         model.eval()
         try:
+            if device.type == "cpu":
+                # a few dozen tokens: one thread, so that a busy server sharing the cores
+                # (vLLM's CPU workers spin after each request) cannot stall the others
+                torch.set_num_threads(1)
             with torch.no_grad():
                 logits = model(torch.tensor([ids], device=device)).logits[0, :-1]
         finally:
+            torch.set_num_threads(threads)
             model.train(was_training)
         logp = torch.log_softmax(logits.float(), dim=-1)
         return logp.gather(-1, torch.tensor(ids[1:], device=device)[:, None])[:, 0].tolist()

@@ -373,8 +373,14 @@ def make_control_router(
         return {"status": "ok"}
 
     @router.post("/get_num_background_tasks")
-    async def get_num_background_tasks() -> dict[str, Any]:
-        return state.status()
+    async def get_num_background_tasks(report: bool = Query(False)) -> dict[str, Any]:
+        """The control plane's status; with ``report=true`` and no task left, also the
+        weight report (``/weight_report``): a trainer waiting for a sync to be applied gets
+        it with its last poll."""
+        status = state.status()
+        if report and not state.tasks:
+            status["report"] = await weight_report()
+        return status
 
     @router.post("/reset_prefix_cache")
     async def reset_prefix_cache() -> dict[str, bool]:

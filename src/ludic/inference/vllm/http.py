@@ -147,6 +147,7 @@ class VLLMControlPlane:
         self.poll_s = poll_s
         self._errors_before: int | None = None  # server error_count when this sync began
         self.record = True  # the workers record the next sync's checksums (verification)
+        self.last_report: dict[str, Any] | None = None  # fetched with the last applied poll
 
     # ---- ControlPlane -------------------------------------------------------------
     def announce(self, request: WeightUpdateRequest) -> None:
@@ -164,9 +165,12 @@ class VLLMControlPlane:
         during this sync (since the first :meth:`announce` / :meth:`init_communicator`)."""
         deadline = time.monotonic() + timeout_s
         before, self._errors_before = self._errors_before, None
+        path = "/get_num_background_tasks" + ("?report=true" if self.record else "")
+        self.last_report = None
         while True:
-            status = self.post("/get_num_background_tasks")
+            status = self.post(path)
             if int(status["num_background_tasks"]) == 0:
+                self.last_report = status.get("report")
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(
@@ -218,8 +222,11 @@ class VLLMControlPlane:
         return self.get("/health")
 
     def weight_report(self) -> dict[str, Any]:
-        """``{"version", "boot_id", "workers": [each worker's report of the last sync]}``."""
-        return self.get("/weight_report")
+        """``{"version", "boot_id", "dtype", "workers": [each worker's report of the last
+        sync]}``: the one fetched with the last poll of :meth:`wait_until_applied`, if any
+        (taken: it is returned once), else asked for."""
+        report, self.last_report = self.last_report, None
+        return report if report is not None else self.get("/weight_report")
 
     def pause(self, mode: str = "abort") -> None:
         self.post(f"/pause?mode={mode}")

@@ -1,5 +1,6 @@
-"""A vLLM worker's side of sync verification: the sums of what it received and of what it
-loaded (see ``ludic.distributed.weight_transfer.verify`` for the checksum and the check).
+"""A vLLM worker's side of sync verification: the checksums of what it received and of
+what it loaded (see ``ludic.distributed.weight_transfer.verify`` for the checksum and the
+check).
 
 One :class:`LoadRecorder` lives for one sync. ``receive`` records each chunk's tensors as
 they arrive; on a CPU worker the load runs inside ``capturing()``, which reads each layer's
@@ -24,23 +25,25 @@ import torch
 
 from ludic.distributed.weight_transfer.verify import (
     TIED,
-    Sums,
-    add_sums,
+    Checksum,
+    add_checksums,
+    checksum_tensors,
+    checksums,
+    fetch_checksums,
     make_report,
-    tensor_sums,
 )
 
 logger = logging.getLogger(__name__)
 
 
 class LoadRecorder:
-    """Sums of one sync's received tensors and of the served parameters it wrote.
+    """Checksums of one sync's received tensors and of the served parameters it wrote.
 
     Args:
         model: the worker's model (``model_runner.model``).
         keep_tensors: keep the received tensors until :meth:`report` (a CPU worker keeps
-            them anyway until its one load); without, the sums in the parameters' dtypes
-            are taken as each tensor arrives.
+            them anyway until its one load); without, the checksums in the parameters'
+            dtypes are taken as each tensor arrives.
         tied_embeddings: the served model ties ``lm_head`` to the embeddings.
         tp_rank, tp_size: this worker's tensor-parallel place.
     """
@@ -65,12 +68,13 @@ class LoadRecorder:
             for part in parts
         }
         self.mapper = getattr(model, "hf_to_vllm_mapper", None)
-        self.received: dict[str, Sums] = {}
+        self.received: dict[str, Checksum] = {}
         self.numel: dict[str, int] = {}
-        self.cast: dict[tuple[str, torch.dtype], Sums] = {}  # (HF name, dtype) -> sums
+        self.cast: dict[tuple[str, torch.dtype], Checksum] = {}  # (HF name, dtype) -> ...
         self.tensors: dict[str, torch.Tensor] = {}
-        self.captured: dict[str, tuple[Sums, torch.dtype, int]] = {}  # served name -> ...
-        self.seconds = 0.0  # spent taking sums (the cost of verification on this worker)
+        self.captured: dict[str, tuple[list[torch.Tensor], torch.dtype, int]] = {}
+        """Served name -> (checksum tensors, dtype, numel) read before pre-packing."""
+        self.seconds = 0.0  # spent on checksums (the cost of verification on this worker)
 
     # ---------------------------------------------------------------- while receiving
     def receive(self, named: Mapping[str, torch.Tensor]) -> None:
@@ -82,18 +86,18 @@ class LoadRecorder:
 
     def _receive(self, named: Mapping[str, torch.Tensor]) -> None:
         names, tensors = list(named), list(named.values())
-        for name, t, s in zip(names, tensors, tensor_sums(tensors)):
+        for name, t, s in zip(names, tensors, checksums(tensors)):
             self.received[name] = s
             self.numel[name] = int(t.numel())
             self.cast[(name, t.dtype)] = s
-        params = dict(self.model.named_parameters())
         if self.keep_tensors:
             self.tensors.update(named)
             return
+        params = dict(self.model.named_parameters())
         for name, t in named.items():
             param = params.get(self.served_name(name) or "")
             if param is not None and param.dtype != t.dtype:
-                (self.cast[(name, param.dtype)],) = tensor_sums([t.to(param.dtype)])
+                (self.cast[(name, param.dtype)],) = checksums([t.to(param.dtype)])
 
     @contextlib.contextmanager
     def capturing(self) -> Iterator[None]:
@@ -122,11 +126,10 @@ class LoadRecorder:
             prefix = prefixes.get(id(layer))
             started = time.perf_counter()
             if prefix is not None:
-                named = [(n, p) for n, p in layer.named_parameters(recurse=False) if p.numel()]
-                sums = tensor_sums([p for _, p in named])
-                for (n, p), s in zip(named, sums):
-                    full = f"{prefix}.{n}" if prefix else n
-                    self.captured[full] = (s, p.dtype, int(p.numel()))
+                for n, p in layer.named_parameters(recurse=False):
+                    if p.numel():  # fetched with the others in report()
+                        full = f"{prefix}.{n}" if prefix else n
+                        self.captured[full] = (checksum_tensors(p), p.dtype, int(p.numel()))
             self.seconds += time.perf_counter() - started
             return original(layer, *args, **kwargs)
 
@@ -163,24 +166,29 @@ class LoadRecorder:
                     f"{sorted(params)[:3]}); set inference.vllm.verify_sync: off only if "
                     "the canary passes"
                 )
-        loaded: dict[str, dict[str, Any]] = {}
         partial: list[str] = []
+        read: dict[str, tuple[list[torch.Tensor], torch.dtype, int]] = {}
         for served, parts in groups.items():
             fused = served not in parts  # q_proj -> qkv_proj
             if fused and not self._complete(served, parts):
                 partial.extend(parts)  # a fused layer written in part (CUDA only)
-                continue
-            if served in self.captured:
-                sums, dtype, numel = self.captured[served]
+            elif served in self.captured:
+                read[served] = self.captured[served]
             else:
                 param = params[served]
-                (sums,), dtype, numel = tensor_sums([param]), param.dtype, int(param.numel())
+                read[served] = (checksum_tensors(param), param.dtype, int(param.numel()))
+        fetched = dict(zip(read, fetch_checksums([r[0] for r in read.values()])))
+        loaded: dict[str, dict[str, Any]] = {}
+        for served, (_, dtype, numel) in read.items():
+            parts, checksum = groups[served], fetched[served]
             full = sum(self.numel[p] for p in parts)
+            size = torch.empty((), dtype=dtype).element_size()
+            expected = add_checksums((self._cast_checksum(p, dtype) for p in parts), size)
             loaded[served] = {
                 "parts": sorted(parts),
-                "sums": list(sums),
-                "expected": list(add_sums(self._cast_sums(p, dtype) for p in parts)),
-                "numel": full,
+                "checksum": list(checksum),
+                "expected": list(expected),
+                "element_size": size,
                 "sharded": self.tp_size > 1 and numel < full,
             }
         report = make_report(
@@ -201,14 +209,14 @@ class LoadRecorder:
         wanted = [k for k, v in self.part_to_fused.items() if v == leaf]
         return len(parts) == len(wanted)
 
-    def _cast_sums(self, name: str, dtype: torch.dtype) -> Sums:
+    def _cast_checksum(self, name: str, dtype: torch.dtype) -> Checksum:
         key = (name, dtype)
         if key not in self.cast:
             tensor = self.tensors.get(name)
             if tensor is None:
                 raise RuntimeError(
-                    f"no sums of {name!r} in {dtype} (the tensor was not kept); a bug in "
+                    f"no checksum of {name!r} in {dtype} (the tensor was not kept); a bug in "
                     "ludic's load report"
                 )
-            (self.cast[key],) = tensor_sums([tensor.to(dtype)])
+            (self.cast[key],) = checksums([tensor.to(dtype)])
         return self.cast[key]

@@ -32,6 +32,9 @@ the reward server (``ludic.inference.vllm.reward_server``: ``make_control_router
 ``POST /close_communicator``    leave the group (abandons a join still waiting)
 ``POST /get_num_background_tasks``  ``{"num_background_tasks", "error_count", "last_error",
                                 "version"}``: poll until 0, then compare ``error_count``
+                                (``?report=true``: with the weight report once 0)
+``GET /weight_report``          each worker's checksums of the last sync, as received and
+                                as loaded, with the version, dtype and boot id
 ``POST /reset_prefix_cache``    drop cached KV blocks
 ``POST /pause``                 close the admission gate, wait (at most the cap) until every
                                 admitted request is in the engine, then pause it: abort

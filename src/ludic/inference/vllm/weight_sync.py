@@ -41,8 +41,8 @@ class WeightSyncSession:
             applied.
         verify_sync: check each server's report of a sync against what was sent
             (:data:`VERIFY_SYNC`): ``"every"`` sync (the default), the ``"first"`` only, or
-            ``"off"``. A server restarted since the group formed is named before any sync,
-            whatever this says.
+            ``"off"``. A sync that fails because a server restarted since the group formed
+            names the restart, whatever this says.
     """
 
     def __init__(
@@ -159,22 +159,28 @@ class WeightSyncSession:
                 f"weight sync with {self.base_url} needs a group: call "
                 "client.init_weight_sync() once before the first sync"
             )
-        self._check_not_restarted(version)
         verify = self.verify_sync == "every" or (self.verify_sync == "first" and not self.syncs)
-        self.publisher.record_sums = verify
+        self.publisher.record_checksums = verify
         for control in self.controls:
             control.record = verify
         self.control.begin_sync()
         try:
             self.publisher.publish(params, version)
         except Exception as e:
+            self._check_not_restarted(version, e)
             self._note_server_error(e)
             raise
         self.syncs += 1
         if not verify:
             return
-        for control in self.controls:
+        for control, boot_id in zip(self.controls, self.boot_ids):
             report = control.weight_report()
+            if boot_id is not None and report.get("boot_id") != boot_id:
+                raise SyncVerificationError(
+                    f"the vLLM server at {control.policy.base_url} restarted during the sync "
+                    f"of version {version} (boot id {boot_id[:8]} -> "
+                    f"{str(report.get('boot_id'))[:8]}): it serves its checkpoint's weights"
+                )
             self.served_dtypes[control.policy.base_url] = str(report.get("dtype", ""))
             check_reports(
                 self.publisher.last_sent,
@@ -210,9 +216,11 @@ class WeightSyncSession:
             return False
         return (self.syncs - 1) % self.canary_every == 0
 
-    def _check_not_restarted(self, version: int | None) -> None:
-        """Raise :class:`SyncVerificationError` naming a server whose boot id changed since
-        the group formed: it restarted, lost every weight synced to it and left the group."""
+    def _check_not_restarted(self, version: int | None, error: Exception) -> None:
+        """After a failed sync (a restarted server refuses the first chunk: it has no
+        group): raise :class:`SyncVerificationError` from ``error`` naming a server whose
+        boot id changed since the group formed. It restarted, lost every weight synced to
+        it and left the group."""
         for control, boot_id in zip(self.controls, self.boot_ids):
             try:
                 now = control.health().get("boot_id")
@@ -223,8 +231,9 @@ class WeightSyncSession:
                     f"the vLLM server at {control.policy.base_url} restarted since the "
                     f"weight-sync group formed (boot id {boot_id[:8]} -> {str(now)[:8]}): it "
                     "serves its checkpoint's weights, not the trainer's, and left the group; "
-                    f"stopping before sync of version {version}"
-                )
+                    f"the sync of version {version} did not reach it ({type(error).__name__}: "
+                    f"{error})"
+                ) from error
 
     def close(self) -> None:
         """Leave the group (telling the servers, if they still answer)."""
