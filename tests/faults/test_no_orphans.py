@@ -55,32 +55,51 @@ def _read_ready(process: subprocess.Popen[str], timeout_s: float) -> int:
     raise AssertionError(f"the trainer did not start a server within {timeout_s:.0f}s")
 
 
-@pytest.mark.parametrize("started_from", ["main", "thread"])
-def test_server_and_its_workers_die_with_a_sigkilled_trainer(tmp_path, started_from):
+def test_servers_and_their_workers_die_with_a_sigkilled_trainer(tmp_path):
+    """Two trainers at once (one start-up's time): one starts its server from the main
+    thread (the kernel's parent-death signal ends it), one from another thread (only the
+    server's watchdog can)."""
     from ludic.models.tiny import save_tiny_model
 
     model_dir = save_tiny_model(tmp_path / "model")
-    log = tmp_path / "server.log"
-    trainer = subprocess.Popen(
-        [sys.executable, "-c", TRAINER, str(model_dir), str(log), started_from],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    server_pid = None
+    trainers = {
+        started_from: subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                TRAINER,
+                str(model_dir),
+                str(tmp_path / f"{started_from}.log"),
+                started_from,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )  # fmt: skip
+        for started_from in ("main", "thread")
+    }
+    servers: dict[str, int] = {}
     try:
-        server_pid = _read_ready(trainer, 300)
-        pids = [server_pid, *(p.pid for p in psutil.Process(server_pid).children(recursive=True))]
-        assert len(pids) >= 3  # API server, engine core, worker(s)
-        os.kill(trainer.pid, signal.SIGKILL)
-        trainer.wait(timeout=10)
-        started = time.monotonic()
-        assert_all_gone(pids, timeout_s=30)
-        print(f"server tree of {len(pids)} processes gone {time.monotonic() - started:.1f}s")
-    finally:
-        if trainer.poll() is None:
-            trainer.kill()
+        for started_from, trainer in trainers.items():
+            servers[started_from] = _read_ready(trainer, 300)
+        trees = {
+            name: [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
+            for name, pid in servers.items()
+        }
+        assert all(len(pids) >= 3 for pids in trees.values())  # API, engine core, worker(s)
+        for trainer in trainers.values():
+            os.kill(trainer.pid, signal.SIGKILL)
             trainer.wait(timeout=10)
-        if server_pid is not None:  # never leave a server behind, even when failing
+        started = time.monotonic()
+        for name, pids in trees.items():
+            assert_all_gone(pids, timeout_s=30)
+            print(f"{name}: server tree of {len(pids)} processes gone "
+                  f"{time.monotonic() - started:.1f}s")  # fmt: skip
+    finally:
+        for trainer in trainers.values():
+            if trainer.poll() is None:
+                trainer.kill()
+                trainer.wait(timeout=10)
+        for server_pid in servers.values():  # never leave a server behind, even when failing
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(server_pid, signal.SIGKILL)

@@ -70,10 +70,12 @@ class ServedPolicy:
 
     def connect(self) -> None:
         """A new client, with a new weight-sync group, to the server."""
+        from ludic.distributed.weight_transfer import free_port
         from ludic.inference.vllm.client import VLLMChatClient
 
         self.client = VLLMChatClient(self.server.url, api_key=API_KEY, timeout_s=60.0)
-        self.client.init_weight_sync(master_port=self.server.group_port)
+        # a fresh port each time: a closed group's store may hold the last one a while
+        self.client.init_weight_sync(master_port=free_port())
 
     def complete(self, prompt=PROMPT, **spec_kwargs: Any):
         from ludic.inference.request import CompletionRequest, InferenceSpec, SamplingSpec

@@ -11,13 +11,21 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed")
 
 import torch  # noqa: E402
-from tests.vllm.helpers import API_KEY, PROMPT, perturb  # noqa: E402
+from tests.vllm.helpers import (  # noqa: E402
+    API_KEY,
+    FAULT_ENV,
+    FAULT_WORKER,
+    PROMPT,
+    perturb,
+    python_path,
+)
 
 from ludic.inference.request import CompletionRequest, InferenceSpec, SamplingSpec  # noqa: E402
 from ludic.inference.vllm.pool import NoServerAvailableError, VLLMClientPool  # noqa: E402
@@ -43,6 +51,8 @@ class Pair:
                 log_path=root / f"server{i}.log",
                 wait=False,
                 cpu_cores=str(i % (os.cpu_count() or 1)),  # one core each, as ludic train does
+                extra_args=["--worker-extension-cls", FAULT_WORKER],  # off unless fault{i}
+                env={FAULT_ENV: str(root / f"fault{i}"), "PYTHONPATH": python_path()},
             )
             for i in range(2)
         ]
@@ -201,6 +211,40 @@ def test_a_rejected_update_fails_the_publish_and_takes_nothing_out(pair):
             pool.sync_weights(bad, version=99)
         assert all(s["live"] and not s["stale"] for s in pool.status())
         assert [s.client.get_policy_version() for s in pool.servers] == before
+
+
+def test_a_server_that_fails_verification_is_taken_out_until_a_verified_sync(pair):
+    """B's loader corrupts one value: the publish reaches A, and B (which still answers) is
+    taken out rather than left serving other weights. Once back, the next publish forms
+    its group again, syncs and verifies it, and only then does it serve again."""
+    with pair.pool(timeout_s=30.0, probe_interval_s=0.2) as pool:
+        pool.init_weight_sync()
+        fault = pair.root / "fault1"
+        fault.write_text("corrupt model.norm.weight")
+        try:
+            perturb(pair.mirror, seed=21)
+            status = pool.sync_weights(pair.mirror.state_dict(), version=21)
+        finally:
+            fault.unlink()
+        assert "1/2 server(s) as version 21" in status
+        a, b = pool.status()
+        assert a["live"] and not b["live"] and b["stale"]
+        assert "SyncVerificationError" in b["last_error"] and "norm" in b["last_error"]
+        for response in complete_all(pool, [CompletionRequest(PROMPT, GREEDY)] * 4):
+            assert response.meta["server"] == pair.urls[0]
+            pair.assert_mirrored(response)
+        for _ in range(50):  # each request gives B's probe a chance; B answers again
+            complete_all(pool, [CompletionRequest(PROMPT, GREEDY)])
+            if pool.servers[1].live:
+                break
+            time.sleep(0.1)
+        assert pool.status()[1]["live"] and pool.status()[1]["stale"]  # answers, not serving
+        status = pool.sync_weights(pair.mirror.state_dict(), version=22)
+        assert "2/2 server(s) as version 22" in status
+        responses = complete_all(pool, [CompletionRequest(PROMPT, GREEDY) for _ in range(4)])
+        assert {r.meta["server"] for r in responses} == set(pair.urls)
+        for r in responses:
+            pair.assert_mirrored(r)
 
 
 def test_no_server_left_raises_a_clear_error(pair):

@@ -2,8 +2,8 @@
 workers report the sums of each tensor as received and of each served parameter as loaded
 (a CPU worker reads a layer just before vLLM pre-packs it), and the trainer checks them
 against what it sent. Faults: a loader that changes one value, one that skips a tensor,
-and a server killed mid-sync then restarted each fail the sync with an error naming the
-server, the tensor (or the restart) and the version. The session server runs the tests' worker
+and a worker killed mid-sync, then its server restarted, each fail the sync with an error
+naming the server, the tensor (or the stage, or the restart) and the version. The session server runs the tests' worker
 extension (``tests.vllm.fault_worker``), whose fault switch is off outside these tests."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed")
 
 import asyncio  # noqa: E402
+import contextlib  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 import threading  # noqa: E402
@@ -24,7 +25,8 @@ from tests.vllm.helpers import API_KEY, assert_all_gone, perturb  # noqa: E402
 from ludic.distributed.weight_transfer import ModelWeightExtractor  # noqa: E402
 from ludic.distributed.weight_transfer.verify import SyncVerificationError  # noqa: E402
 from ludic.inference.request import CompletionRequest  # noqa: E402
-from ludic.inference.vllm.client import VLLMChatClient  # noqa: E402
+from ludic.inference.vllm.client import VLLMChatClient, VLLMServerError  # noqa: E402
+from ludic.inference.vllm.weight_sync import SyncStageError  # noqa: E402
 
 
 def test_every_sync_is_verified_and_the_report_covers_every_tensor(served):
@@ -86,17 +88,18 @@ def test_verify_sync_first_and_off_check_no_later_sync(served):
     served.assert_parity()
 
 
-def test_a_server_killed_mid_sync_then_restarted_fails_each_sync_naming_the_cause(served):
-    """The session server's API process is SIGKILLed after the trainer announced three
-    chunks: the sync raises within the client's timeout and ``stop()`` reaps the engine
-    and worker processes the dead API process left behind. The server then starts again
-    on its port, with its checkpoint's weights: the trainer's next sync stops before
-    sending anything, naming the server and the restart. (The session server is the
-    restarted one afterwards, with a new group and the mirror's weights.)"""
+def test_a_worker_killed_mid_sync_then_a_restart_fail_each_sync_naming_the_cause(served):
+    """The session server's worker process (the one holding the model) is SIGKILLed after
+    the trainer announced three chunks: the sync raises within
+    the client's timeout, naming the stage, the server and its rank, and ``stop()`` reaps
+    what is left. The server then starts again on its port, with its checkpoint's weights:
+    the trainer's next sync fails naming the server and the restart. (The session server
+    is the restarted one afterwards, with a new group and the mirror's weights.)"""
     served.client.close()
     server = served.server
     pids = [server.pid, *(p.pid for p in psutil.Process(server.pid).children(recursive=True))]
-    assert len(pids) >= 3  # API server, engine core, worker(s)
+    assert len(pids) >= 2  # API server, engine core (the worker, on CPU)
+    worker = _worker(server.pid)
     timeout_s = 20.0
     client = VLLMChatClient(server.url, api_key=API_KEY, timeout_s=timeout_s, max_retries=2)
     try:
@@ -113,7 +116,7 @@ def test_a_server_killed_mid_sync_then_restarted_fails_each_sync_naming_the_caus
                 inner.announce(request)
                 self.count += 1
                 if self.count == 3:
-                    os.kill(server.pid, signal.SIGKILL)  # only the API server process
+                    os.kill(worker, signal.SIGKILL)
                     announced.set()
 
             def wait_until_applied(self, timeout_s):
@@ -122,12 +125,14 @@ def test_a_server_killed_mid_sync_then_restarted_fails_each_sync_naming_the_caus
         publisher.control = KillAfterThirdAnnounce()
         perturb(served.mirror, seed=46)
         started = time.monotonic()
-        with pytest.raises((ConnectionError, TimeoutError, RuntimeError)):
+        with pytest.raises(SyncStageError) as caught:
             client.sync_weights(served.mirror.state_dict(), version=46)
         assert announced.is_set()
         assert time.monotonic() - started < timeout_s + 10
+        assert caught.value.stage in ("announce", "broadcast", "load")
+        assert f"{server.url} (rank 1)" in str(caught.value) and "version 46" in str(caught.value)
         started = time.monotonic()
-        with pytest.raises(ConnectionError):
+        with pytest.raises((ConnectionError, VLLMServerError)):
             asyncio.run(client.complete(CompletionRequest((1, 2, 3))))
         assert time.monotonic() - started < timeout_s
         server.stop()
@@ -143,6 +148,18 @@ def test_a_server_killed_mid_sync_then_restarted_fails_each_sync_naming_the_caus
         served.connect()
     served.client.sync_weights(served.mirror.state_dict(), version=47)
     served.assert_parity()
+
+
+def _worker(api_pid: int) -> int:
+    """The pid of the server's worker process (``VLLM::Worker``; where vLLM runs the worker
+    inside its engine core, that one)."""
+    children = psutil.Process(api_pid).children(recursive=True)
+    for title in ("Worker", "EngineCore"):
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                if title in child.name() + " ".join(child.cmdline()):
+                    return child.pid
+    raise AssertionError(f"no worker among {[c.name() for c in children]}")
 
 
 def test_the_canary_catches_what_the_checksums_cannot_see(served):

@@ -16,6 +16,7 @@ import torch
 
 from ludic.distributed.interfaces import PolicyPublisher
 from ludic.distributed.weight_transfer.base import ControlPlane, WeightChunk, WeightTransferSender
+from ludic.distributed.weight_transfer.deadlines import SyncProgress, stage_deadline
 from ludic.distributed.weight_transfer.extractor import (
     ModelWeightExtractor,
     gather_full_tensors,
@@ -32,8 +33,12 @@ class BroadcastPolicyPublisher:
     gathered from shards are checked chunk by chunk, as they are gathered). Raises if the
     transfer fails or the servers do not apply it within ``apply_timeout_s``.
 
-    With ``record_checksums`` on, the checksums of every tensor sent are kept in ``last_sent``
-    (``ludic.distributed.weight_transfer.verify``) for the caller to verify the sync.
+    With ``record_checksums`` on, the checksums of every tensor sent are kept in
+    ``last_sent`` (``ludic.distributed.weight_transfer.verify``) for the caller to verify
+    the sync. ``progress`` says which stage the publish is in and how many bytes went out
+    (``ludic.distributed.weight_transfer.deadlines``); the servers get
+    ``apply_timeout_s`` plus the time the sync's bytes take at the floor rate to load
+    them.
     """
 
     def __init__(
@@ -51,17 +56,25 @@ class BroadcastPolicyPublisher:
         self.last_version: int | None = None
         self.record_checksums = False
         self.last_sent = SentChecksums()
+        self.progress = SyncProgress()  # of the publish in progress, or the last one
 
     def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         check_finite({name: t for name, t in state_dict.items() if not is_dtensor(t)})
+        total = sum(t.numel() * t.element_size() for t in state_dict.values())
+        self.progress = progress = SyncProgress(version=version, bytes_total=total)
+        start = getattr(self.sender, "bytes_moved", None)  # a broadcast sender counts them
+        if start is not None:
+            progress.moved = lambda: self.sender.bytes_moved - start
         chunks = self.extractor.extract_state_dict(state_dict)
         if any(is_dtensor(t) for t in state_dict.values()):
             chunks = _checked(chunks)
         self.last_sent = SentChecksums()
-        if self.record_checksums:
-            chunks = _recorded(chunks, self.last_sent)
+        chunks = _counted(chunks, progress, self.last_sent if self.record_checksums else None)
+        progress.enter("broadcast")
         self.sender.send(chunks, self.control, version=version)
-        self.control.wait_until_applied(self.apply_timeout_s)
+        progress.enter("load")
+        # the servers load what they received: the deadline grows with the bytes sent
+        self.control.wait_until_applied(stage_deadline(self.apply_timeout_s, total))
         self.last_version = version
 
 
@@ -86,10 +99,16 @@ class Rank0OnlyPublisher:
             gather_full_tensors(state_dict)
 
 
-def _recorded(chunks: Iterator[WeightChunk], sent: SentChecksums) -> Iterator[WeightChunk]:
+def _counted(
+    chunks: Iterator[WeightChunk], progress: SyncProgress, sent: SentChecksums | None
+) -> Iterator[WeightChunk]:
+    """The chunks, counted into ``progress`` (and their checksums recorded into ``sent``)
+    as the sender takes them."""
     for chunk in chunks:
-        sent.record(chunk.names, chunk.tensors)
+        if sent is not None:
+            sent.record(chunk.names, chunk.tensors)
         yield chunk
+        progress.bytes_handed += chunk.total_size_bytes
 
 
 def _checked(chunks: Iterator[WeightChunk]) -> Iterator[WeightChunk]:

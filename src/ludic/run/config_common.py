@@ -169,6 +169,9 @@ class VLLMConfig(Section):
     gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
     extra_args: list[str] = []
     timeout_s: float = Field(120.0, gt=0)
+    """Bound on every call to the server, and the base of each weight-sync stage's deadline:
+    a stage that moves bytes (broadcast, load) gets this plus their time at 20 MB/s. A stage
+    past its deadline stops the run naming the stage, the server and the bytes sent."""
     verify_sync: Literal["every", "first", "off"] = "every"
     """Verify weight syncs: each server's workers report the checksums of every tensor as
     received and of every served parameter as loaded, and the trainer checks them against

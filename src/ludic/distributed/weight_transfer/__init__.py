@@ -41,6 +41,7 @@ _EXPORTS: dict[str, str] = {
     "request_from_dict": "ludic.distributed.weight_transfer.base",
     "BroadcastTransferReceiver": "ludic.distributed.weight_transfer.broadcast",
     "BroadcastTransferSender": "ludic.distributed.weight_transfer.broadcast",
+    "GroupFailureError": "ludic.distributed.weight_transfer.broadcast",
     "WeightTransferError": "ludic.distributed.weight_transfer.broadcast",
     "CudaIpcTransferReceiver": "ludic.distributed.weight_transfer.cuda_ipc",
     "CudaIpcTransferSender": "ludic.distributed.weight_transfer.cuda_ipc",

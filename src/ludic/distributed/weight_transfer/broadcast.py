@@ -119,6 +119,7 @@ class BroadcastTransferSender(WeightTransferSender):
         self.src = src
         # Two pack buffers: the next chunk is packed while the previous one moves.
         self._pack_buffers = PackBuffers(self.device)
+        self.bytes_moved = 0  # payload bytes every worker has received, over all syncs
         # Layouts announced over this group; known ones travel by id (see layout.py).
         self.layouts = SentLayouts()
 
@@ -215,7 +216,8 @@ class BroadcastTransferSender(WeightTransferSender):
             layout = out.layout
             if not layout.packed:
                 self._agreed(handshake, block=True)
-                return _InFlight([self._start(as_bytes(t)) for t in out.tensors], out.where)
+                works = [self._start(as_bytes(t)) for t in out.tensors]
+                return _InFlight(works, out.where, sum(out.layout.sizes))
             buf: torch.Tensor | None = None
             works: list[torch.distributed.Work | None] = []
             packed: list[torch.Tensor] = []  # packed, not yet started
@@ -234,7 +236,8 @@ class BroadcastTransferSender(WeightTransferSender):
                     works += [self._start(p) for p in packed]
                     packed = []
             self._agreed(handshake, block=True)
-            return _InFlight(works + [self._start(p) for p in packed], out.where)
+            works += [self._start(p) for p in packed]
+            return _InFlight(works, out.where, sum(out.layout.sizes))
         except RuntimeError as e:
             if isinstance(e, WeightTransferError):
                 raise
@@ -274,6 +277,7 @@ class BroadcastTransferSender(WeightTransferSender):
                     wait(work, self.timeout_s)
         except RuntimeError as e:
             raise _group_failure("sending", in_flight.where, e) from e
+        self.bytes_moved += in_flight.nbytes
 
     def _start(self, tensor: torch.Tensor) -> torch.distributed.Work | None:
         return start_payload(self.pg, tensor, self.src, self.timeout_s)
@@ -301,6 +305,7 @@ class _Handshake:
 class _InFlight:
     works: list[torch.distributed.Work | None]  # they hold the tensors they move
     where: str
+    nbytes: int = 0
 
 
 class BroadcastTransferReceiver(WeightTransferReceiver):
@@ -440,11 +445,22 @@ def check_request_describes(
     )
 
 
-def _group_failure(stage: str, where: str, error: Exception) -> WeightTransferError:
-    return WeightTransferError(
-        f"weight sync failed while {stage} ({where}): {error}. A peer died, or did not take "
+class GroupFailureError(WeightTransferError):
+    """A collective of the weight-sync group did not complete: a peer died or stalled past
+    the timeout (``timed_out``); the group is no longer usable."""
+
+    def __init__(self, message: str, *, timed_out: bool) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+def _group_failure(stage: str, where: str, error: Exception) -> GroupFailureError:
+    text = str(error)
+    return GroupFailureError(
+        f"weight sync failed while {stage} ({where}): {text}. A peer died, or did not take "
         "part within the group timeout; the process group is no longer usable, rebuild the "
-        "sender and receivers (TorchDistributedWeightSyncInfo.timeout_s sets the timeout)"
+        "sender and receivers (TorchDistributedWeightSyncInfo.timeout_s sets the timeout)",
+        timed_out="timed out" in text.lower() or "timeout" in text.lower(),
     )
 
 

@@ -270,27 +270,35 @@ class VLLMChatClient:
         whatever happened before it. Without a pause, requests in flight may straddle the
         update (their ``x-ludic-policy-version-end`` shows it).
         """
+        sync = self.weight_sync
         if self.asleep:  # colocated: wake the weights, write them, then the KV cache
-            self.control.wake_up(["weights"])
-            self.weight_sync.publish(params, version=version)
+            with sync.stage("wake", version):
+                self.control.wake_up(["weights"])
+            sync.publish(params, version=version)
             if torch.cuda.is_available():  # the trainer's cached blocks back to the GPU
                 torch.cuda.empty_cache()
-            self.control.wake_up(["kv_cache"])
+            with sync.stage("wake"):
+                self.control.wake_up(["kv_cache"])
             self.asleep = False
-            self.weight_sync.run_canary()
+            with sync.stage("canary"):
+                sync.run_canary()
             return f"synced {len(params)} tensors to {self.base_url} as version {version} (woken)"
         if pause is None:
             pause = self.partial_rollouts != "off"
         if not pause:
-            self.weight_sync.publish(params, version=version)
-            self.weight_sync.run_canary()
+            sync.publish(params, version=version)
+            with sync.stage("canary"):
+                sync.run_canary()
             return f"synced {len(params)} tensors to {self.base_url} as version {version}"
         try:
-            self.control.pause("abort")
-            self.weight_sync.publish(params, version=version)
+            with sync.stage("pause", version):
+                self.control.pause("abort")
+            sync.publish(params, version=version)
         finally:  # a failed pause or push must not leave the server paused
-            self.control.resume()
-        self.weight_sync.run_canary()
+            with sync.stage("resume"):
+                self.control.resume()
+        with sync.stage("canary"):
+            sync.run_canary()
         return (
             f"synced {len(params)} tensors to {self.base_url} as version {version} "
             "(paused: in-flight requests aborted)"
@@ -312,7 +320,8 @@ class VLLMChatClient:
         keeps the weights in CPU memory, level 2 drops them (a sync must follow). Requests
         wait at the server until it wakes. The next :meth:`sync_weights` wakes it (weights
         first, so the update lands before the KV cache takes its memory back)."""
-        self.control.sleep(level)
+        with self.weight_sync.stage("sleep"):
+            self.control.sleep(level)
         self.asleep = True
 
     def wake_up(self) -> None:

@@ -40,6 +40,7 @@ from ludic.distributed.weight_transfer.base import (
     TorchDistributedWeightSyncInfo,
     request_from_dict,
 )
+from ludic.distributed.weight_transfer.deadlines import stage_deadline
 from ludic.inference.vllm.admission import AdmissionGate
 from ludic.inference.vllm.security import (
     DEFAULT_SYNC_TIMEOUT_CAP_S,
@@ -98,6 +99,7 @@ class ControlState:
     error_count: int = 0
     last_error: str | None = None
     sync_failed: bool = False  # a chunk of the current sync failed: no version bump
+    sync_bytes: int = 0  # bytes of the current sync (its trainer says so in the first chunk)
     join_task: asyncio.Task[None] | None = None  # a pending /init_communicator
     busy: dict[object, tuple[str, float, float]] = field(default_factory=dict)
     """Operations in flight: token -> (what, started (monotonic), cap_s)."""
@@ -313,11 +315,16 @@ def make_control_router(
 
     @router.post("/update_param_batch")
     async def update_param_batch(
-        request: Request, first: bool = Query(False), record: bool = Query(True)
+        request: Request,
+        first: bool = Query(False),
+        record: bool = Query(True),
+        nbytes: int = Query(0, alias="bytes", ge=0),
     ) -> dict[str, Any]:
         """Receive and load one announced chunk (in the background). ``first`` starts a
-        sync; ``record=false`` (with ``first``): the workers take no checksums of this
-        sync (its trainer does not verify it)."""
+        sync of ``bytes`` bytes: each of its chunks may take the cap plus the time those
+        bytes take at the floor rate (a CPU worker loads them all with the last one);
+        ``record=false``: the workers take no checksums of this sync (its trainer does not
+        verify it)."""
         body = await json_body(request)
         try:
             update = request_from_dict(body)
@@ -328,6 +335,9 @@ def make_control_router(
                 HTTPStatus.CONFLICT, "no weight-sync group: POST /init_communicator first"
             )
         payload = update.to_dict()
+
+        if first:
+            state.sync_bytes = nbytes
 
         async def work() -> None:
             if first:
@@ -348,7 +358,8 @@ def make_control_router(
 
         by_id = getattr(update, "is_reference", False)  # broadcast requests only
         what = f"layout {update.layout}" if by_id else f"{len(update.names)} tensors"
-        start_background(state, f"update_param_batch({what})", work, cap)
+        deadline = stage_deadline(cap, state.sync_bytes)
+        start_background(state, f"update_param_batch({what})", work, deadline)
         return {"status": "ok", "error_count": state.error_count}
 
     @router.post("/close_communicator")

@@ -147,6 +147,7 @@ class VLLMControlPlane:
         self.poll_s = poll_s
         self._errors_before: int | None = None  # server error_count when this sync began
         self.record = True  # the workers record the next sync's checksums (verification)
+        self.sync_bytes = 0  # bytes of the next sync: the server's deadlines grow with them
         self.last_report: dict[str, Any] | None = None  # fetched with the last applied poll
 
     # ---- ControlPlane -------------------------------------------------------------
@@ -155,7 +156,8 @@ class VLLMControlPlane:
         first = self._errors_before is None  # the first chunk of a sync
         path = "/update_param_batch"
         if first:
-            path += "?first=true" + ("" if self.record else "&record=false")
+            path += f"?first=true&bytes={int(self.sync_bytes)}"
+            path += "" if self.record else "&record=false"
         reply = self.post(path, request.to_dict())
         if first:
             self._errors_before = int(reply["error_count"])

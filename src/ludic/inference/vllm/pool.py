@@ -53,6 +53,7 @@ from typing import Any, Literal, get_args
 
 import torch
 
+from ludic.distributed.weight_transfer.verify import SyncVerificationError
 from ludic.inference.request import CompletionRequest
 from ludic.inference.vllm.client import VLLMChatClient
 from ludic.inference.vllm.http import VLLMServerError
@@ -417,13 +418,18 @@ class VLLMClientPool:
     def _settle(
         self, targets: list[PoolServer], errors: list[BaseException | None]
     ) -> list[PoolServer]:
-        """The servers reached; a failed server that no longer answers is taken out, one
-        that answers fails the publish (raised, after every push has ended)."""
+        """The servers reached; a failed server that no longer answers, or whose sync
+        failed verification, is taken out; one that answers fails the publish (raised,
+        after every push has ended)."""
         reached, raised = [], []
         for server, error in zip(targets, errors):
             if error is None:
                 reached.append(server)
-            elif isinstance(error, Exception) and not answers(server.client):
+            elif isinstance(error, SyncVerificationError) or (
+                isinstance(error, Exception) and not answers(server.client)
+            ):
+                # dead, or holding weights other than the trainer's: out until a later
+                # publish forms its group again, syncs it and verifies it
                 self._take_out(server, error)
                 close_weight_sync(server.client)
             else:

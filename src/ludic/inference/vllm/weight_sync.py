@@ -10,7 +10,7 @@ weight-transfer layer's (``ludic.distributed.weight_transfer``), shared, not cop
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -20,9 +20,35 @@ from ludic.distributed.weight_transfer.base import (
     TorchDistributedWeightSyncInfo,
     WeightUpdateRequest,
 )
+from ludic.distributed.weight_transfer.broadcast import GroupFailureError
+from ludic.distributed.weight_transfer.deadlines import SyncProgress
 from ludic.distributed.weight_transfer.verify import SyncVerificationError, check_reports
 from ludic.inference.vllm.canary import ModelCanary, check_canary, server_canary
 from ludic.inference.vllm.http import AsyncHTTP, VLLMControlPlane, VLLMServerError
+
+
+class SyncStageError(RuntimeError):
+    """A stage of a weight sync did not finish (a server or worker died, or stalled past
+    the stage's deadline): names the stage, the servers and their ranks in the group, and
+    the bytes sent so far (``ludic.distributed.weight_transfer.deadlines``)."""
+
+    def __init__(self, message: str, *, stage: str, progress: SyncProgress) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.progress = progress
+
+
+class SyncStageTimeout(SyncStageError, TimeoutError):
+    """A sync stage ran past its deadline."""
+
+
+class SyncStageConnectionError(SyncStageError, ConnectionError):
+    """A peer of a sync stage went away (a server, or a worker of its group)."""
+
+
+STALLS = (TimeoutError, ConnectionError, GroupFailureError)
+"""What a sync stage that did not finish raises (the others are refusals, named already)."""
+
 
 VerifySync = Literal["every", "first", "off"]
 VERIFY_SYNC: tuple[str, ...] = ("every", "first", "off")
@@ -64,6 +90,7 @@ class WeightSyncSession:
         self.sender: Any = None  # the weight-transfer sender after init
         self.publisher: Any = None  # BroadcastPolicyPublisher after init
         self.boot_ids: list[str | None] = []  # each server's boot id when the group formed
+        self.ranks: list[tuple[int, int]] = []  # each server's first and last rank
         self.syncs = 0  # syncs published through this group
         self.verified = 0  # syncs verified through this group
         self.canary: ModelCanary | None = None  # the trainer's model, for the canary
@@ -127,14 +154,17 @@ class WeightSyncSession:
                 f"{len(self.controls)} servers need the broadcast strategy"
             )
         offset = 1
+        self.ranks = []
         for control, n in zip(self.controls, workers):
+            self.ranks.append((offset, offset + n - 1))
             # the workers join in the background; rank 0 joining below completes the group
             spanning = isinstance(info, TorchDistributedWeightSyncInfo)
             info_here = replace(info, rank_offset=offset) if spanning else info
             control.init_communicator(info_here, strategy=name)
             offset += n
         try:
-            sender = strategy.create_sender(info)  # blocks until every rank has joined
+            with self.stage("group init"):
+                sender = strategy.create_sender(info)  # blocks until every rank has joined
         except Exception as e:
             self._note_server_error(e)
             raise
@@ -144,12 +174,13 @@ class WeightSyncSession:
             close_quietly(sender)
             raise
         self.sender = sender
-        self.publisher = BroadcastPolicyPublisher(
+        self.publisher = publisher = BroadcastPolicyPublisher(
             sender,
             self.control,
             extractor or ModelWeightExtractor(),
             apply_timeout_s=self.timeout_s,
         )
+        publisher.control = StageTracking(self.control, lambda: publisher.progress)
 
     def publish(self, params: Mapping[str, torch.Tensor], *, version: int | None) -> None:
         """Push ``params`` (served names -> tensors; a subset is fine); returns once every
@@ -161,20 +192,23 @@ class WeightSyncSession:
             )
         verify = self.verify_sync == "every" or (self.verify_sync == "first" and not self.syncs)
         self.publisher.record_checksums = verify
+        nbytes = sum(t.numel() * t.element_size() for t in params.values())
         for control in self.controls:
-            control.record = verify
+            control.record, control.sync_bytes = verify, nbytes
         self.control.begin_sync()
         try:
             self.publisher.publish(params, version)
         except Exception as e:
             self._check_not_restarted(version, e)
             self._note_server_error(e)
+            self._raise_stage_error(e)
             raise
         self.syncs += 1
         if not verify:
             return
         for control, boot_id in zip(self.controls, self.boot_ids):
-            report = control.weight_report()
+            with self.stage("report"):
+                report = control.weight_report()
             if boot_id is not None and report.get("boot_id") != boot_id:
                 raise SyncVerificationError(
                     f"the vLLM server at {control.policy.base_url} restarted during the sync "
@@ -209,6 +243,43 @@ class WeightSyncSession:
                 served, trained, canary.ids, dtypes=dtypes, server=server, version=version
             )
             self.canary_diffs.append((version, worst))
+
+    @contextlib.contextmanager
+    def stage(self, name: str, version: int | None = None) -> Iterator[None]:
+        """Run a stage of the current sync (``pause``, ``resume``, ``report``, ...): a stall
+        or a dead peer raises :class:`SyncStageError` naming it."""
+        progress = self.publisher.progress if self.publisher is not None else SyncProgress()
+        if version is not None and progress.version != version:
+            progress = SyncProgress(version=version)  # a stage before the publish
+            if self.publisher is not None:
+                self.publisher.progress = progress
+        progress.enter(name)
+        try:
+            yield
+        except Exception as e:
+            self._raise_stage_error(e, progress)
+            raise
+
+    def _raise_stage_error(self, error: Exception, progress: SyncProgress | None = None) -> None:
+        """Raise :class:`SyncStageError` from ``error`` if it is a stall or a dead peer."""
+        if not isinstance(error, STALLS) or isinstance(error, SyncStageError):
+            return
+        if progress is None:
+            progress = self.publisher.progress if self.publisher is not None else SyncProgress()
+        if isinstance(error, GroupFailureError):
+            kind = SyncStageTimeout if error.timed_out else SyncStageConnectionError
+        else:
+            kind = SyncStageTimeout if isinstance(error, TimeoutError) else SyncStageConnectionError
+        servers = ", ".join(
+            f"{c.policy.base_url} (ranks {a}..{b})" if b > a else f"{c.policy.base_url} (rank {a})"
+            for c, (a, b) in zip(self.controls, self.ranks or [(1, 1)] * len(self.controls))
+        )
+        raise kind(
+            f"weight sync with {servers} stopped in {progress.describe()}: "
+            f"{type(error).__name__}: {error}",
+            stage=progress.stage,
+            progress=progress,
+        ) from error
 
     def _canary_due(self) -> bool:
         """The canary runs on the first sync and every ``canary_every`` syncs after it."""
@@ -252,6 +323,23 @@ class WeightSyncSession:
             server_error = control.settle(self.timeout_s)
             if server_error:
                 error.add_note(f"vLLM server at {control.policy.base_url} reported: {server_error}")
+
+
+class StageTracking:
+    """The publisher's control plane with the sync's stage kept current: ``announce``
+    while a chunk is announced, ``broadcast`` after it (the sender moves the bytes)."""
+
+    def __init__(self, inner: Any, progress: Callable[[], SyncProgress]) -> None:
+        self.inner = inner
+        self.progress = progress
+
+    def announce(self, request: WeightUpdateRequest) -> None:
+        self.progress().enter("announce")
+        self.inner.announce(request)
+        self.progress().enter("broadcast")
+
+    def wait_until_applied(self, timeout_s: float) -> None:
+        self.inner.wait_until_applied(timeout_s)
 
 
 class FanOutControlPlane:
