@@ -20,7 +20,7 @@ from pathlib import Path
 from ludic.pipeline.launch import launch_pipeline
 from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
-from ludic.run.preflight import check_config
+from ludic.run.preflight import check_config, check_local_servers
 from ludic.run.reward_job import evaluate_reward_model, train_reward_model
 from ludic.run.rl_job import evaluate_rl, train_rl
 from ludic.run.signals import terminate_as_interrupt
@@ -34,6 +34,7 @@ def train(config: RunConfig, *, resume: str | Path | None = None) -> Path:
         if config.task == "reward_model":
             return train_reward_model(config, resume=resume)
         check_config(config)  # every part buildable before the run directory or a step
+        check_local_servers(config)
         if config.trainer.mode == "pipeline":
             return launch_pipeline(config, resume=resume)
         return train_rl(config, resume=resume)

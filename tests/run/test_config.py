@@ -286,13 +286,21 @@ def test_every_shipped_config_passes_preflight_with_only_its_model_path_replaced
     overrides = []
     if config.model.path is not None:
         overrides.append(f"model.path={save_tiny_model(tmp_path / 'model')}")
-    preflight.check_config(load_config(path, overrides))
+    config = load_config(path, overrides)
+    preflight.check_config(config)
+    preflight.check_local_servers(config)
 
 
 def test_nccl_to_a_server_on_the_trainers_own_gpu_is_refused_naming_the_fix() -> None:
+    """A server ``ludic train`` starts shares the trainer's GPU (``ludic launch`` places
+    servers on GPUs of their own: not refused there)."""
+    from ludic.run.errors import RunError
+    from ludic.run.preflight import check_local_servers
+
     recipe = ROOT / "examples/configs/gsm8k_qwen2.5_0.5b_vllm.yaml"
     broadcast = ["inference.vllm.sync_strategy=broadcast", "inference.vllm.sleep_level=0"]
-    with pytest.raises(ConfigError, match="NCCL refuses two ranks on one GPU.*packed_cuda_ipc"):
-        load_config(recipe, broadcast)
-    load_config(recipe, [*broadcast, "model.device=cuda:1"])
-    load_config(recipe, [*broadcast, "inference.vllm.start_server=false"])
+    with pytest.raises(RunError, match="NCCL refuses two ranks on one GPU.*packed_cuda_ipc"):
+        check_local_servers(load_config(recipe, broadcast))
+    check_local_servers(load_config(recipe, [*broadcast, "model.device=cuda:1"]))
+    check_local_servers(load_config(recipe, [*broadcast, "inference.vllm.start_server=false"]))
+    check_local_servers(load_config(recipe))  # the recipe itself: packed CUDA IPC

@@ -148,6 +148,23 @@ def _generation_tokens(metrics: str) -> float:
     )
 
 
+class AfterAnnounce:
+    """A publisher's control plane that runs ``action()`` right after the ``n``-th chunk
+    of a sync is announced (the workers wait for its bytes): a fault mid-transfer."""
+
+    def __init__(self, inner: Any, n: int, action: Any) -> None:
+        self.inner, self.n, self.action, self.count = inner, n, action, 0
+
+    def announce(self, request: Any) -> None:
+        self.inner.announce(request)
+        self.count += 1
+        if self.count == self.n:
+            self.action()
+
+    def wait_until_applied(self, timeout_s: float) -> None:
+        self.inner.wait_until_applied(timeout_s)
+
+
 def perturb(module: Any, seed: int, scale: float = 0.05) -> None:
     """Add seeded Gaussian noise to every parameter of ``module`` (a new policy)."""
     import torch

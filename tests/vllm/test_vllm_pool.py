@@ -81,6 +81,17 @@ class Pair:
         completion = list(response.trace.completion_token_ids)
         assert completion == self.greedy(completion), response.meta["server"]
 
+    def publish_to_both(self, pool: VLLMClientPool, version: int) -> list:
+        """Publish the mirror; both servers take it and serve it (their greedy answers are
+        the mirror's); returns their responses."""
+        status = pool.sync_weights(self.mirror.state_dict(), version=version)
+        assert f"2/2 server(s) as version {version}" in status
+        responses = complete_all(pool, [CompletionRequest(PROMPT, GREEDY) for _ in range(4)])
+        assert {r.meta["server"] for r in responses} == set(self.urls)
+        for r in responses:
+            self.assert_mirrored(r)
+        return responses
+
     def stop(self) -> None:
         for server in self.servers:
             server.stop()
@@ -239,12 +250,7 @@ def test_a_server_that_fails_verification_is_taken_out_until_a_verified_sync(pai
                 break
             time.sleep(0.1)
         assert pool.status()[1]["live"] and pool.status()[1]["stale"]  # answers, not serving
-        status = pool.sync_weights(pair.mirror.state_dict(), version=22)
-        assert "2/2 server(s) as version 22" in status
-        responses = complete_all(pool, [CompletionRequest(PROMPT, GREEDY) for _ in range(4)])
-        assert {r.meta["server"] for r in responses} == set(pair.urls)
-        for r in responses:
-            pair.assert_mirrored(r)
+        pair.publish_to_both(pool, version=22)
 
 
 def test_no_server_left_raises_a_clear_error(pair):
@@ -321,12 +327,7 @@ def test_a_killed_server_is_taken_out_and_comes_back_after_a_restart(pair):
             r.meta["server"] for r in complete_all(pool, [CompletionRequest(PROMPT, GREEDY)] * 4)
         } == {pair.urls[0]}
 
-        status = pool.sync_weights(pair.mirror.state_dict(), version=14)
-        assert "2/2 server(s) as version 14" in status
-        responses = complete_all(pool, [CompletionRequest(PROMPT, GREEDY) for _ in range(4)])
-        assert {r.meta["server"] for r in responses} == set(pair.urls)
-        for r in responses:
-            pair.assert_mirrored(r)
+        responses = pair.publish_to_both(pool, version=14)
         assert {r.trace.policy_version for r in responses} == {14}
 
 

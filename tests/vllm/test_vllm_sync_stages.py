@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed")
 
-from tests.vllm.helpers import API_KEY, AUTH  # noqa: E402
+from tests.vllm.helpers import API_KEY, AUTH, AfterAnnounce  # noqa: E402
 
 from ludic.distributed.weight_transfer import ModelWeightExtractor, free_port  # noqa: E402
 from ludic.inference.vllm.client import VLLMChatClient  # noqa: E402
@@ -82,21 +82,7 @@ def test_a_trainer_stalled_mid_transfer_fails_in_the_broadcast_stage(served, sho
     the worker gives up the chunk, and the trainer's own collective then fails naming the
     broadcast stage and the bytes it had sent. The server keeps serving."""
     publisher = short_group.publisher
-    tracking = publisher.control
-
-    class StallAtThirdAnnounce:
-        count = 0
-
-        def announce(self, request):
-            tracking.announce(request)
-            self.count += 1
-            if self.count == 3:
-                time.sleep(TIMEOUT_S + 2)
-
-        def wait_until_applied(self, timeout_s):
-            tracking.wait_until_applied(timeout_s)
-
-    publisher.control = StallAtThirdAnnounce()
+    publisher.control = AfterAnnounce(publisher.control, 3, lambda: time.sleep(TIMEOUT_S + 2))
     started = time.monotonic()
     with pytest.raises(SyncStageError) as caught:
         short_group.sync_weights(served.mirror.state_dict(), version=62)
@@ -113,24 +99,18 @@ from safetensors.torch import load_file
 from ludic.distributed.weight_transfer import ModelWeightExtractor
 from ludic.inference.vllm.client import VLLMChatClient
 
+from tests.vllm.helpers import AfterAnnounce
+
 url, key, port, model = sys.argv[1:5]
 client = VLLMChatClient(url, api_key=key, timeout_s=3.0)
 client.init_weight_sync(master_port=int(port))
 client.publisher.extractor = ModelWeightExtractor(chunk_bytes=200_000)
-tracking = client.publisher.control
 
-class Announced:
-    count = 0
-    def announce(self, request):
-        tracking.announce(request)
-        self.count += 1
-        if self.count == 2:
-            print("announced", flush=True)
-            time.sleep(600)  # SIGKILLed here
-    def wait_until_applied(self, timeout_s):
-        tracking.wait_until_applied(timeout_s)
+def wait_for_the_kill():
+    print("announced", flush=True)
+    time.sleep(600)  # SIGKILLed here
 
-client.publisher.control = Announced()
+client.publisher.control = AfterAnnounce(client.publisher.control, 2, wait_for_the_kill)
 client.sync_weights(load_file(f"{model}/model.safetensors"), version=63)
 """
 

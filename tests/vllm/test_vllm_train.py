@@ -95,48 +95,12 @@ def test_async_train_on_vllm_with_partial_rollouts_stays_within_max_staleness(
     assert all(0 <= span <= 1 for span in spans)  # a completion straddles at most η updates
 
 
-def test_train_over_two_pinned_servers_publishes_to_both(tmp_path: Path) -> None:
-    # inference.vllm.num_servers=2: two servers (one core each) behind a VLLMClientPool,
-    # one weight-sync group spanning both; every step's rollouts come from the version
-    # of the step before, whichever server sampled them, and both servers sample.
-    config = load_config(
-        DEMO,
-        [
-            f"output_dir={tmp_path}",
-            "inference.backend=vllm",
-            "inference.vllm.num_servers=2",
-            "inference.vllm.publish=one_group",
-            "inference.vllm.cpu_cores=[0,1]",
-            "warm_start.steps=0",
-            "trainer.steps=2",
-            "trainer.prompts_per_step=4",
-            "algorithm.group_size=2",
-            "sampling.max_tokens=16",
-            "eval.num_problems=2",
-            "logging.console_every=1",
-            "logging.num_sample_rollouts=8",
-            "env.kwargs.num_problems=8",
-        ],
-    )
-    run_dir = jobs.train(config)
-
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["policy_version"] for r in lines if r["phase"] == "rl"] == [1, 2]
-    samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
-    servers = set()
-    for sample in samples:
-        agent_steps = [s for s in sample["steps"] if s["kind"] == "agent"]
-        assert {s["trace"]["policy_version"] for s in agent_steps} == {sample["step"] - 1}
-        servers |= {s["info"]["server"] for s in agent_steps}
-    assert len(servers) == 2, servers
-    for i, core in enumerate([0, 1]):  # vLLM's worker bound its OpenMP threads there
-        log = (run_dir / f"vllm_server_{i}.log").read_text()
-        assert f"core ids=[{core}]" in log, log[-2000:]
-
-
-def test_two_trainer_ranks_publish_to_two_servers(tmp_path: Path) -> None:
-    # trainer.world_size=2 (FSDP2, gloo) and inference.vllm.num_servers=2: rank 0 gathers
-    # the sharded weights and pushes them to both servers each step (a group per server).
+def test_two_trainer_ranks_publish_to_two_pinned_servers(tmp_path: Path) -> None:
+    # trainer.world_size=2 (FSDP2, gloo) and inference.vllm.num_servers=2 (one core each,
+    # behind a VLLMClientPool): rank 0 gathers the sharded weights and pushes them to both
+    # servers each step through one weight-sync group spanning both; every step's rollouts
+    # come from the version of the step before, whichever server sampled them, and both
+    # servers sample.
     import os
     import subprocess
     import sys
@@ -145,6 +109,8 @@ def test_two_trainer_ranks_publish_to_two_servers(tmp_path: Path) -> None:
     command += [
         "inference.backend=vllm",
         "inference.vllm.num_servers=2",
+        "inference.vllm.publish=one_group",
+        "inference.vllm.cpu_cores=[0,1]",
         "trainer.world_size=2",
         "warm_start.steps=0",
         "trainer.steps=2",
@@ -171,6 +137,9 @@ def test_two_trainer_ranks_publish_to_two_servers(tmp_path: Path) -> None:
         assert {s["trace"]["policy_version"] for s in agent_steps} == {sample["step"] - 1}
         servers |= {s["info"]["server"] for s in agent_steps}
     assert len(servers) == 2, servers
+    for i, core in enumerate([0, 1]):  # vLLM's worker bound its OpenMP threads there
+        log = (run_dir / f"vllm_server_{i}.log").read_text()
+        assert f"core ids=[{core}]" in log, log[-2000:]
 
 
 def test_a_bogus_extra_arg_fails_in_seconds_with_the_servers_own_error_line(

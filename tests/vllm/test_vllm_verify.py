@@ -20,7 +20,7 @@ import threading  # noqa: E402
 import time  # noqa: E402
 
 import psutil  # noqa: E402
-from tests.vllm.helpers import API_KEY, assert_all_gone, perturb  # noqa: E402
+from tests.vllm.helpers import API_KEY, AfterAnnounce, assert_all_gone, perturb  # noqa: E402
 
 from ludic.distributed.weight_transfer import ModelWeightExtractor  # noqa: E402
 from ludic.distributed.weight_transfer.verify import SyncVerificationError  # noqa: E402
@@ -106,23 +106,13 @@ def test_a_worker_killed_mid_sync_then_a_restart_fail_each_sync_naming_the_cause
         client.init_weight_sync(master_port=server.group_port)
         publisher = client.publisher
         publisher.extractor = ModelWeightExtractor(chunk_bytes=20_000)
-        inner = publisher.control
         announced = threading.Event()
 
-        class KillAfterThirdAnnounce:
-            count = 0
+        def kill_the_worker() -> None:
+            os.kill(worker, signal.SIGKILL)
+            announced.set()
 
-            def announce(self, request):
-                inner.announce(request)
-                self.count += 1
-                if self.count == 3:
-                    os.kill(worker, signal.SIGKILL)
-                    announced.set()
-
-            def wait_until_applied(self, timeout_s):
-                inner.wait_until_applied(timeout_s)
-
-        publisher.control = KillAfterThirdAnnounce()
+        publisher.control = AfterAnnounce(publisher.control, 3, kill_the_worker)
         perturb(served.mirror, seed=46)
         started = time.monotonic()
         with pytest.raises(SyncStageError) as caught:

@@ -66,7 +66,7 @@ from ludic.run.phases import (
     warm_start,
 )
 from ludic.run.plot import plot_reward_curve
-from ludic.run.preflight import check_config
+from ludic.run.preflight import check_config, check_local_servers
 from ludic.run.progress import print_summary
 from ludic.run.run_dir import RunDirectory
 from ludic.run.run_loggers import run_loggers
@@ -84,6 +84,7 @@ def run_learner(config: RunConfig, *, run_dir: str | Path | None = None) -> Path
     with terminate_as_interrupt():
         require_pipeline_mode(config, "ludic learner")
         check_config(config)
+        check_local_servers(config)
         require_reward_router(config, "ludic learner")  # the actors score: refused early
         _check_vllm_key(config)
         return _learn(config, run_dir)

@@ -597,28 +597,6 @@ class RunConfig(Section):
             )
         return self
 
-    @model_validator(mode="after")
-    def _nccl_needs_two_gpus(self) -> RunConfig:
-        """A server ludic starts runs on the first visible GPU: a trainer there cannot
-        join it in an NCCL group (NCCL refuses two ranks on one GPU)."""
-        v = self.inference.vllm
-        if (
-            self.inference.backend == "vllm"
-            and v.start_server
-            and v.sync_strategy == "broadcast"
-            and self.sync_backend == "nccl"
-            and self.model.device in ("cuda", "cuda:0")
-        ):
-            raise ValueError(
-                f"inference.vllm.sync_strategy=broadcast over NCCL with model.device="
-                f"{self.model.device}: the server ludic starts runs on the same GPU (the first "
-                "visible one), and NCCL refuses two ranks on one GPU. Use "
-                "inference.vllm.sync_strategy=packed_cuda_ipc (trainer and server share the "
-                "GPU), or model.device=cuda:1, or start the server yourself on another GPU "
-                "(inference.vllm.start_server=false)"
-            )
-        return self
-
     @property
     def sync_backend(self) -> str:
         """The weight-sync backend in effect."""

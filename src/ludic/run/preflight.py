@@ -48,6 +48,29 @@ def check_config(config: RunConfig) -> None:
     check_reward_loop(config)
 
 
+def check_local_servers(config: RunConfig) -> None:
+    """The vLLM servers ludic starts on this machine (``ludic train``, ``ludic learner``;
+    ``ludic launch`` places them on GPUs of their own): one runs on the first visible GPU,
+    so a trainer there cannot join it in an NCCL group (NCCL refuses two ranks on one
+    GPU). Raise :class:`RunError` naming the fix."""
+    v = config.inference.vllm
+    if (
+        config.inference.backend == "vllm"
+        and v.start_server
+        and v.sync_strategy == "broadcast"
+        and config.sync_backend == "nccl"
+        and config.model.device in ("cuda", "cuda:0")
+    ):
+        raise RunError(
+            f"inference.vllm.sync_strategy=broadcast over NCCL with model.device="
+            f"{config.model.device}: the server ludic starts runs on the same GPU (the first "
+            "visible one), and NCCL refuses two ranks on one GPU. Use "
+            "inference.vllm.sync_strategy=packed_cuda_ipc (trainer and server share the "
+            "GPU), or model.device=cuda:1, or start the server yourself on another GPU "
+            "(inference.vllm.start_server=false)"
+        )
+
+
 def check_device(field: str, device: str) -> None:
     """``device`` must be a torch device this machine has."""
     import torch
