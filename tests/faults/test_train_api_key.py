@@ -2,7 +2,8 @@
 field for one, and a key in the environment (``LUDIC_API_KEY``) broke the run with HTTP
 401 after 31 s. Now a server ludic starts gets ``inference.vllm.api_key``, else the
 environment's key, else a fresh random one; the clients send it; it is never written to
-the run directory, the server log or the server's command line."""
+the run directory, the server log or the server's command line. A run with the key in
+the environment is ``tests/vllm/test_vllm_train.py``'s first (one vLLM start-up less)."""
 
 from __future__ import annotations
 
@@ -69,19 +70,3 @@ def test_a_started_server_gets_a_random_key_that_only_the_client_knows(tmp_path,
         server = next(p for p in psutil.Process().children() if "serve" in " ".join(p.cmdline()))
         assert key not in " ".join(server.cmdline())
     assert key not in (tmp_path / "vllm_server.log").read_text(errors="replace")
-
-
-@pytest.mark.vllm
-def test_train_with_the_key_in_the_environment_runs(tmp_path, monkeypatch):
-    """The finding: the server inherited the key, the trainer's clients did not send it."""
-    pytest.importorskip("vllm", reason="vLLM is not installed")
-    from ludic import jobs
-
-    monkeypatch.setenv("LUDIC_API_KEY", "env-key-for-the-faults-test")
-    overrides = [f"output_dir={tmp_path}", "inference.backend=vllm", "warm_start.steps=0"]
-    overrides += ["trainer.steps=1", "trainer.prompts_per_step=2", "algorithm.group_size=2"]
-    overrides += ["eval.num_problems=2", "env.kwargs.num_problems=4"]
-    run_dir = jobs.train(load_config(DEMO, overrides))
-    assert (run_dir / "metrics.jsonl").read_text().strip()
-    for name in ("config.yaml", "vllm_server.log"):
-        assert "env-key-for-the-faults-test" not in (run_dir / name).read_text(errors="replace")

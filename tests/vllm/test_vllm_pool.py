@@ -190,13 +190,8 @@ def test_one_publish_reaches_both_servers(pair, publish):
         pool.init_weight_sync()
         version = 10 if publish == "per_server" else 11
         perturb(pair.mirror, seed=version)
-        status = pool.sync_weights(pair.mirror.state_dict(), version=version)
-        assert f"2/2 server(s) as version {version}" in status
-        responses = complete_all(pool, [CompletionRequest(PROMPT, GREEDY) for _ in range(4)])
-        assert {r.meta["server"] for r in responses} == set(pair.urls)
-        for r in responses:
-            pair.assert_mirrored(r)
-            assert r.trace.policy_version == version
+        responses = pair.publish_to_both(pool, version=version)
+        assert {r.trace.policy_version for r in responses} == {version}
         assert [s.client.get_policy_version() for s in pool.servers] == [version, version]
         assert pool.get_policy_version() == version
 

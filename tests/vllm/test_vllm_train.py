@@ -15,7 +15,11 @@ pytestmark = pytest.mark.vllm
 DEMO = Path(jobs.__file__).parent / "configs" / "arithmetic_demo.yaml"
 
 
-def test_train_with_the_vllm_backend_syncs_every_step(tmp_path: Path) -> None:
+def test_train_with_the_vllm_backend_syncs_every_step(tmp_path: Path, monkeypatch) -> None:
+    """Also issue 9's finding (tests/faults/test_train_api_key.py): with a key in the
+    environment the server inherited it and the trainer's clients did not send it (HTTP
+    401); the run works, and the key is written neither to the run nor to the server log."""
+    monkeypatch.setenv("LUDIC_API_KEY", "env-key-for-the-faults-test")
     config = load_config(
         DEMO,
         [
@@ -43,7 +47,8 @@ def test_train_with_the_vllm_backend_syncs_every_step(tmp_path: Path) -> None:
     for sample in samples:
         versions = {s["trace"]["policy_version"] for s in sample["steps"] if s["kind"] == "agent"}
         assert versions == {sample["step"] - 1}
-    assert (run_dir / "vllm_server.log").is_file()
+    for name in ("config.yaml", "vllm_server.log"):
+        assert "env-key-for-the-faults-test" not in (run_dir / name).read_text(errors="replace")
 
 
 def test_async_train_on_vllm_with_partial_rollouts_stays_within_max_staleness(

@@ -3,14 +3,15 @@ end to end by ``ludic train`` in every mode on a tiny budget, against real vLLM 
 judge servers on CPU: every sample scored by all three components, and nothing the run
 started left running afterwards.
 
-* pipeline: ``ludic train`` starts a DisRM server (one of the example's two, to save a
-  start-up), the GenRM judge and the router once, before the learner and 2 actors, and
-  stops them after the run. Both actors score through that router (neither starts a server of its own),
-  and the learner logs the scores that came with their batches.
+* pipeline: ``ludic train`` starts the GenRM judge and the router once, before the
+  learner and 2 actors, and stops them after the run; the DisRM is the session's
+  ``served_reward`` (one start-up less). Both actors score through that router (neither
+  starts a server of its own), and the learner logs the scores that came with their
+  batches.
 * sync, async: the run starts its router over the session's servers (``served_reward`` as
   the DisRM, the policy server ``served`` as the judge: one API key for both) and stops
   it. Starting vLLM servers is the same code in every mode (``reward_router``), checked
-  by the pipeline run; three more start-ups would cost CI about a minute each.
+  by the pipeline run; more start-ups would cost CI about half a minute each.
 """
 
 from __future__ import annotations
@@ -55,15 +56,21 @@ def _ludic_servers() -> set[int]:
     return found
 
 
-def _session_servers(request: pytest.FixtureRequest) -> list[str]:
-    """Overrides that put the run's router over the session's reward and policy servers."""
+def _session_disrm(request: pytest.FixtureRequest) -> list[str]:
+    """Overrides that put the run's DisRM on the session's reward server."""
     reward = urlsplit(request.getfixturevalue("served_reward").url)
-    judge = urlsplit(request.getfixturevalue("served").server.url)
     return [
         "reward_loop.disrm.num_servers=1",
         "reward_loop.disrm.server.start_server=false",
         f"reward_loop.disrm.server.port={reward.port}",
         f"reward_loop.disrm.server.api_key={API_KEY}",
+    ]
+
+
+def _session_judge(request: pytest.FixtureRequest) -> list[str]:
+    """Overrides that make the session's policy server the run's GenRM judge."""
+    judge = urlsplit(request.getfixturevalue("served").server.url)
+    return [
         "reward_loop.genrm.server.start_server=false",
         f"reward_loop.genrm.server.port={judge.port}",
     ]
@@ -74,13 +81,13 @@ def test_the_hybrid_example_trains_on_rule_disrm_and_genrm(
     tmp_path: Path, request: pytest.FixtureRequest, mode: str
 ) -> None:
     overrides = [f"output_dir={tmp_path}", *TINY, f"trainer.mode={mode}"]
+    overrides += _session_disrm(request)  # the router's balancing is test_router_vllm's
     if mode == "pipeline":
         require_redis_server()
-        # one DisRM server (the example's two: the router's balancing is test_router_vllm's)
-        overrides += ["pipeline.num_actors=2", "reward_loop.disrm.num_servers=1"]
-        started = ["disrm_0", "genrm_0"]
+        overrides += ["pipeline.num_actors=2"]
+        started = ["genrm_0"]
     else:
-        overrides += _session_servers(request)
+        overrides += _session_judge(request)
         started = []
     before = _ludic_servers()  # the session's servers
     run_dir = jobs.train(load_config(EXAMPLE, overrides))
