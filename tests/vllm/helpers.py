@@ -42,6 +42,8 @@ class ServedPolicy:
     logprob_tol: float = MAX_ABS_LOGPROB_DIFF
     """Largest server vs mirror logprob difference :meth:`assert_parity` accepts."""
     root: Path | None = None
+    server_args: tuple[str, ...] = ()
+    """More server flags (e.g. ``--lora-rank 8``)."""
 
     @property
     def fault_file(self) -> Path:
@@ -63,7 +65,7 @@ class ServedPolicy:
             port=port,
             api_key=API_KEY,
             log_path=self.root / f"server-{int(started)}.log",
-            extra_args=["--worker-extension-cls", FAULT_WORKER],
+            extra_args=["--worker-extension-cls", FAULT_WORKER, *self.server_args],
             env={FAULT_ENV: str(self.fault_file), "PYTHONPATH": python_path()},
         )
         print(f"vLLM server up in {time.monotonic() - started:.1f}s ({self.server.log_path})")
@@ -76,6 +78,16 @@ class ServedPolicy:
         self.client = VLLMChatClient(self.server.url, api_key=API_KEY, timeout_s=60.0)
         # a fresh port each time: a closed group's store may hold the last one a while
         self.client.init_weight_sync(master_port=free_port())
+
+    def stop(self) -> None:
+        """Close the client and stop the server: no process of it is left."""
+        import psutil
+
+        self.client.close()
+        server = self.server
+        pids = [server.pid, *(p.pid for p in psutil.Process(server.pid).children(recursive=True))]
+        server.stop()
+        assert_all_gone(pids)
 
     def complete(self, prompt=PROMPT, **spec_kwargs: Any):
         from ludic.inference.request import CompletionRequest, InferenceSpec, SamplingSpec

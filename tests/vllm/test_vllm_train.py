@@ -16,7 +16,12 @@ DEMO = Path(jobs.__file__).parent / "configs" / "arithmetic_demo.yaml"
 
 
 def test_train_with_the_vllm_backend_syncs_every_step(tmp_path: Path, monkeypatch) -> None:
-    """Also issue 9's finding (tests/faults/test_train_api_key.py): with a key in the
+    """A LoRA policy (``model.lora``), published as its adapter alone (the default
+    ``model.lora.sync: adapter``): the server ludic starts takes ``--lora-rank``, every sync
+    is verified (checksums, and the canary on the first) and every sample comes from the
+    adapter of its version.
+
+    Also issue 9's finding (tests/faults/test_train_api_key.py): with a key in the
     environment the server inherited it and the trainer's clients did not send it (HTTP
     401); the run works, and the key is written neither to the run nor to the server log."""
     monkeypatch.setenv("LUDIC_API_KEY", "env-key-for-the-faults-test")
@@ -34,8 +39,10 @@ def test_train_with_the_vllm_backend_syncs_every_step(tmp_path: Path, monkeypatc
             "eval.num_problems=4",
             "logging.console_every=1",
             "env.kwargs.num_problems=8",
+            "model.lora.r=8",
         ],
     )
+    assert config.model.lora is not None and config.model.lora.sync == "adapter"
     run_dir = jobs.train(config)
 
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -49,6 +56,10 @@ def test_train_with_the_vllm_backend_syncs_every_step(tmp_path: Path, monkeypatc
         assert versions == {sample["step"] - 1}
     for name in ("config.yaml", "vllm_server.log"):
         assert "env-key-for-the-faults-test" not in (run_dir / name).read_text(errors="replace")
+    log = (run_dir / "vllm_server.log").read_text(errors="replace")
+    # every publish (after the warm start and each step) an adapter sync: a server without
+    # --lora-rank answers 409
+    assert log.count('"POST /lora_adapter HTTP/1.1" 200') == 4
 
 
 def test_async_train_on_vllm_with_partial_rollouts_stays_within_max_staleness(

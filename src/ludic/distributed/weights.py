@@ -2,7 +2,8 @@
 
 Inference runtimes load plain HF checkpoints, so a LoRA policy is published merged
 (``W + delta``) under the base model's names. The merge is computed out of place: the
-training model (and its adapter) is never modified.
+training model (and its adapter) is never modified. A vLLM server with LoRA support can
+take the adapter alone instead (:func:`adapter_state_dict`, :func:`adapter_config`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,51 @@ def policy_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             continue
         out[_base_name(name)] = merged.get(name, tensor).detach()
     return out
+
+
+def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The LoRA tensors of a peft model's active adapter under peft's saved names
+    (``base_model.model.<module>.lora_A.weight``), detached: what an adapter-only sync
+    publishes (``ludic.inference.vllm.adapter``). ``ValueError`` for a model without one,
+    or an adapter vLLM's LoRA support would not load as trained (see
+    :func:`adapter_config`)."""
+    from peft import get_peft_model_state_dict
+
+    adapter_config(model)  # refuses what vLLM cannot serve
+    state = get_peft_model_state_dict(model)
+    return {name: t.detach() for name, t in state.items()}
+
+
+def adapter_config(model: torch.nn.Module) -> dict[str, object]:
+    """The active adapter's ``r``, ``lora_alpha`` and ``target_modules`` (what a server
+    needs besides the tensors). ``ValueError`` unless the model is a peft LoRA model with
+    one plain LoRA adapter (no DoRA, rsLoRA, LoRA bias or ``modules_to_save``)."""
+    if not _is_peft_model(model):
+        raise ValueError("an adapter-only sync needs a peft LoRA model (model.lora)")
+    active = getattr(model, "active_adapter", "default")
+    peft = model.peft_config[active]  # type: ignore[index]
+    unsupported = {
+        "use_dora": getattr(peft, "use_dora", False),
+        "use_rslora": getattr(peft, "use_rslora", False),
+        "lora_bias": getattr(peft, "lora_bias", False),
+        "modules_to_save": bool(getattr(peft, "modules_to_save", None)),
+    }
+    used = [k for k, v in unsupported.items() if v]
+    if used or len(model.peft_config) != 1:  # type: ignore[arg-type]
+        raise ValueError(
+            f"adapter-only syncs take one plain LoRA adapter, not {used or 'several'}; "
+            "publish the merged weights (model.lora.sync: merged)"
+        )
+    if isinstance(peft.target_modules, str):
+        raise ValueError(
+            f"adapter-only syncs take target_modules as a list of names, not the pattern "
+            f"{peft.target_modules!r}"
+        )
+    return {
+        "r": int(peft.r),
+        "lora_alpha": peft.lora_alpha,
+        "target_modules": sorted(peft.target_modules),
+    }
 
 
 def check_finite(state_dict: Mapping[str, torch.Tensor]) -> None:

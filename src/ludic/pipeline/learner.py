@@ -70,7 +70,7 @@ from ludic.run.preflight import check_config, check_local_servers
 from ludic.run.progress import print_summary
 from ludic.run.run_dir import RunDirectory
 from ludic.run.run_loggers import run_loggers
-from ludic.run.servers import inference_backend
+from ludic.run.servers import inference_backend, published_weights
 from ludic.run.signals import terminate_as_interrupt
 from ludic.run.steps import checkpoint_on_failure
 from ludic.training import Trainer
@@ -167,6 +167,7 @@ def _reinforce_from_queue(
         source,
         rl_trainer_config(config, pad_id(tokenizer)),
         publisher=_publisher(config, client, queue),
+        published_weights=published_weights(config),
         checkpoint=phase_checkpoint_config(config, run, "rl", tokenizer),
         loggers=loggers,
         sample_filter=rl_sample_filter(config),

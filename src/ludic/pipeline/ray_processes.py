@@ -148,14 +148,15 @@ class PlacedProcess:
     def _server_command(self, config: Any, copy: Path) -> tuple[list[str], dict[str, str]]:
         from ludic.inference.vllm.process import server_command
         from ludic.run.models import policy_folder
-        from ludic.run.servers import server_args
+        from ludic.run.servers import policy_lora_rank, server_args
 
         cuda = config.model.device.startswith("cuda")
-        cores = None
+        cores, lora_rank = None, 0
         if self.spec.role == "policy_server":
             kind, model, v = "policy", policy_folder(config, copy / "model"), config.inference.vllm
             index = int(self.spec.name.rsplit("-", 1)[1])
             cores = v.cpu_cores[index] if v.cpu_cores and not cuda else None
+            lora_rank = policy_lora_rank(config)
         else:
             kind, model, v = "reward", config.reward.path, config.reward.server
         self.url = f"http://{_url_host(self.node_ip)}:{self._port}"
@@ -164,7 +165,7 @@ class PlacedProcess:
             kind=kind,
             host=self.node_ip,
             port=self._port,
-            extra_args=[*server_args(v, cuda), *self.spec.overrides],
+            extra_args=[*server_args(v, cuda, lora_rank), *self.spec.overrides],
             cpu=not cuda,
             cpu_cores=cores,
         )

@@ -142,12 +142,18 @@ class TinyModelConfig(Section):
 
 
 class LoraConfig(Section):
-    """peft LoRA adapters on the policy; published weights are merged."""
+    """peft LoRA adapters on the policy."""
 
     r: int = Field(8, ge=1)
     alpha: int = Field(16, ge=1)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     target_modules: list[str] = ["q_proj", "v_proj"]
+    sync: Literal["adapter", "merged"] = "adapter"
+    """What the vLLM backend publishes: ``adapter``, the LoRA tensors alone, loaded by
+    vLLM's LoRA support and serving every request (a server ludic starts gets
+    ``--lora-rank r``; start a running one with it), or ``merged``, ``W + BA`` under the
+    base model's names. The transformers backend and the pipeline's Redis weights take
+    the merged weights; the reward model's ``lora`` ignores it."""
 
 
 class VLLMConfig(Section):

@@ -57,7 +57,7 @@ from ludic.run.progress import print_summary
 from ludic.run.reward_loop import reward_loop_from_config, with_reward_loop
 from ludic.run.run_dir import RunDirectory, open_run, removed_if_start_fails
 from ludic.run.run_loggers import run_loggers
-from ludic.run.servers import inference_backend, reward_backend
+from ludic.run.servers import inference_backend, published_weights, reward_backend
 from ludic.run.steps import checkpoint_on_failure
 from ludic.run.trainer_ranks import (
     follow,
@@ -253,6 +253,7 @@ def _reinforce_with(
         source,
         rl_trainer_config(config, pad_id(tokenizer)),
         publisher=ClientPolicyPublisher(client),
+        published_weights=published_weights(config),
         # several ranks: no policy folder per checkpoint (see ludic.run.trainer_ranks)
         checkpoint=phase_checkpoint_config(config, run, "rl", tokenizer if not ranks else None),
         loggers=loggers,

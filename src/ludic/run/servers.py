@@ -57,6 +57,37 @@ def arm_canary(client: Any, policy: torch.nn.Module, config: RunConfig) -> None:
     client.set_canary(ModelCanary(policy), every=v.canary_every)
 
 
+def adapter_sync(config: RunConfig) -> bool:
+    """Whether the run publishes its LoRA adapter alone (``model.lora.sync: adapter`` on
+    the vLLM backend; ``ludic.inference.vllm.adapter``)."""
+    lora = config.model.lora
+    return lora is not None and lora.sync == "adapter" and config.inference.backend == "vllm"
+
+
+def policy_lora_rank(config: RunConfig) -> int:
+    """``--lora-rank`` of a policy server ludic starts: the adapter's rank for adapter-only
+    syncs, else 0 (no LoRA support)."""
+    return config.model.lora.r if adapter_sync(config) else 0  # type: ignore[union-attr]
+
+
+def published_weights(config: RunConfig) -> Callable[[torch.nn.Module], dict]:
+    """What the RL trainer publishes: the adapter alone or the (merged) policy."""
+    from ludic.distributed.weights import adapter_state_dict, policy_state_dict
+
+    return adapter_state_dict if adapter_sync(config) else policy_state_dict
+
+
+def arm_adapter(client: Any, policy: torch.nn.Module, config: RunConfig) -> None:
+    """Tell the client the adapter's config when the run publishes the adapter alone."""
+    if adapter_sync(config):
+        from ludic.distributed.weights import adapter_config
+
+        try:
+            client.set_lora_adapter(adapter_config(policy))
+        except ValueError as e:
+            raise RunError(f"model.lora.sync=adapter: {e}") from None
+
+
 def _vllm_backend(
     config: RunConfig, policy: torch.nn.Module, *, model_dir: Path, log_dir: Path
 ) -> Iterator[ChatClient]:
@@ -67,6 +98,7 @@ def _vllm_backend(
     if config.inference.vllm.urls or config.inference.vllm.num_servers > 1:
         for pool in _vllm_pool(config, model_dir=model_dir, log_dir=log_dir):
             arm_canary(pool, policy, config)
+            arm_adapter(pool, policy, config)
             yield pool
         return
     with vllm_server_client(
@@ -84,8 +116,10 @@ def _vllm_backend(
             verify_sync=config.inference.vllm.verify_sync,
         ),
         cpu_cores=config.inference.vllm.cpu_cores[0] if config.inference.vllm.cpu_cores else None,
+        lora_rank=policy_lora_rank(config),
     ) as client:
         arm_canary(client, policy, config)
+        arm_adapter(client, policy, config)
         yield client
 
 
@@ -104,6 +138,7 @@ def _vllm_pool(config: RunConfig, *, model_dir: Path, log_dir: Path) -> Iterator
         )
     cuda = config.model.device.startswith("cuda")
     api_key = server_api_key(v)
+    lora_rank = policy_lora_rank(config)
     with contextlib.ExitStack() as stack:
         urls = [url.rstrip("/") for url in v.urls]
         if v.start_server:
@@ -114,7 +149,7 @@ def _vllm_pool(config: RunConfig, *, model_dir: Path, log_dir: Path) -> Iterator
                     kind="policy",
                     host=v.host,
                     api_key=api_key,
-                    extra_args=server_args(v, cuda),
+                    extra_args=server_args(v, cuda, lora_rank),
                     cpu=not cuda,
                     cpu_cores=v.cpu_cores[i] if v.cpu_cores and not cuda else None,
                     log_path=log_dir / f"vllm_server_{i}.log",
@@ -144,8 +179,12 @@ def _vllm_pool(config: RunConfig, *, model_dir: Path, log_dir: Path) -> Iterator
         yield pool
 
 
-def server_args(v: VLLMConfig, cuda: bool) -> list[str]:
+def server_args(v: VLLMConfig, cuda: bool, lora_rank: int = 0) -> list[str]:
+    """The server's command line beyond the model: ``extra_args``, the GPU memory share,
+    sleep mode for a colocated server, ``--lora-rank`` for adapter-only syncs."""
     extra = [*v.extra_args]
+    if lora_rank and "--lora-rank" not in extra:
+        extra += ["--lora-rank", str(lora_rank)]
     if cuda:
         extra += ["--gpu-memory-utilization", str(v.gpu_memory_utilization)]
     if getattr(v, "sleep_level", 0) and "--enable-sleep-mode" not in extra:
@@ -196,12 +235,14 @@ def vllm_server_client(
     connect: Callable[[str, float, str | None], Any],
     weight_sync: bool = True,
     cpu_cores: str | None = None,
+    lora_rank: int = 0,
 ) -> Iterator[Any]:
     """A client (``connect(base_url, timeout_s, api_key)``) of a ludic vLLM server of
     ``kind`` (``"policy"`` / ``"reward"``), with its weight-sync group formed unless
     ``weight_sync`` is false. The server is started on ``model`` as a subprocess unless
     ``v.start_server`` is false; everything started is stopped on exit. ``field`` names
-    the config section in errors; ``cpu_cores`` pins a CPU server. The API key: ``v.api_key``, else ``$LUDIC_API_KEY``,
+    the config section in errors; ``cpu_cores`` pins a CPU server; ``lora_rank`` > 0
+    lets it take adapter-only syncs of that rank. The API key: ``v.api_key``, else ``$LUDIC_API_KEY``,
     else a fresh random one for a server started here."""
     try:
         from ludic.inference.vllm.process import start_vllm_server
@@ -217,7 +258,7 @@ def vllm_server_client(
                     host=v.host,
                     port=v.port,
                     api_key=api_key,
-                    extra_args=server_args(v, cuda),
+                    extra_args=server_args(v, cuda, lora_rank),
                     cpu=not cuda,
                     cpu_cores=None if cuda else cpu_cores,
                     log_path=log_dir

@@ -35,7 +35,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +141,9 @@ class Trainer(HasTrainingCore):
 
     * ``model``: an HF-style causal LM (``model(input_ids=, attention_mask=).logits``),
       plain or peft; only parameters with ``requires_grad`` are optimised.
-    * ``publisher``: receives ``policy_state_dict(model)`` every ``publish_every`` steps.
+    * ``publisher``: receives ``published_weights(model)`` every ``publish_every`` steps:
+      ``policy_state_dict`` (the default: a LoRA policy merged) or ``adapter_state_dict``
+      (the adapter alone, for a vLLM server's LoRA support; ``ludic.distributed.weights``).
     * ``checkpoint``: where/how often to save; enables :meth:`resume`.
     * ``sample_filter``: ``SAWItem -> bool`` (True keeps), e.g. ``filters.drop_truncated()``.
     * ``reference_model``: frozen model for ``ref_logprobs``; required by losses with
@@ -172,6 +174,9 @@ class Trainer(HasTrainingCore):
         reference_model: torch.nn.Module | None = None,
         metric_reducers: Sequence[Reducer] = (),
         ranks: TrainerRanks | None = None,
+        published_weights: Callable[[torch.nn.Module], dict[str, torch.Tensor]] = (
+            policy_state_dict
+        ),
     ) -> None:
         _check_algorithm(algorithm)
         check_batch_source(batch_source)
@@ -187,6 +192,7 @@ class Trainer(HasTrainingCore):
         self.loss = algorithm.loss
         self.batch_source = batch_source
         self.publisher = publisher
+        self.published_weights = published_weights
         self.sample_filter = sample_filter
         self.audit = SampleAudit()
         """Trained against dropped items, cumulative (``ludic.training.sample_audit``)."""
@@ -801,7 +807,7 @@ class Trainer(HasTrainingCore):
         them like a single process (so a publisher may push to several servers at once)."""
         if not self._publishes:
             raise ValueError("Trainer has no publisher; pass Trainer(publisher=...)")
-        state = policy_state_dict(self.model)
+        state = self.published_weights(self.model)
         if self.ranks is None:
             assert self.publisher is not None
             self.publisher.publish(state, version=self.step)

@@ -6,7 +6,8 @@ engine instance they build (``AsyncLLM``; not the class, and not globally):
 
 * :meth:`AdmissionGate.install` replaces ``engine.add_request`` with a wrapper (an
   instance attribute, which ``AsyncLLM.generate`` / ``encode`` call as ``self.add_request``).
-  The wrapper waits while the gate is closed, reads the runtime version, counts itself as
+  The wrapper waits while the gate is closed, reads the runtime version (and, after an
+  adapter-only sync, gives the request the policy's LoRA adapter), counts itself as
   an add in progress until vLLM's own ``add_request`` has handed the request to the engine
   core, and records the version in the HTTP request's :class:`Admission`.
 * ``POST /pause`` closes the gate, waits (bounded) until no add is in progress and only
@@ -86,6 +87,9 @@ class AdmissionGate:
         """Adds waiting at the closed gate."""
         self.admitted = 0
         """Adds handed to the engine since start (a counter)."""
+        self.lora_request: Any = None
+        """The policy's LoRA adapter (a vLLM ``LoRARequest``) once an adapter-only sync
+        loaded it: given to every add that names no adapter, read with the version."""
 
     @property
     def is_open(self) -> bool:
@@ -147,6 +151,8 @@ class AdmissionGate:
         @functools.wraps(original)
         async def add_request(*args: Any, **kwargs: Any) -> Any:
             admitted = await self.admit(version)
+            if self.lora_request is not None and kwargs.get("lora_request") is None:
+                kwargs["lora_request"] = self.lora_request  # the weights of `admitted`
             try:
                 queue = await original(*args, **kwargs)
             finally:

@@ -310,6 +310,13 @@ class VLLMChatClient:
         sync and every ``every`` syncs (``ludic.inference.vllm.canary``)."""
         self.weight_sync.canary, self.weight_sync.canary_every = canary, every
 
+    def set_lora_adapter(self, config: Mapping[str, Any] | None) -> None:
+        """Publish a LoRA policy as its adapter only: with ``config`` (peft's ``r``,
+        ``lora_alpha``, ``target_modules``), a sync of LoRA tensors (peft's names) is
+        loaded through vLLM's LoRA support and serves every request
+        (``ludic.inference.vllm.adapter``; the server needs ``--lora-rank``)."""
+        self.weight_sync.lora_adapter = dict(config) if config is not None else None
+
     def get_policy_version(self) -> int:
         """The server's runtime version (bumped by every completed sync)."""
         return self.control.runtime_version()

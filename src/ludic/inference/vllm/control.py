@@ -1,6 +1,7 @@
 """ludic's control plane on a vLLM server (policy and reward): health, runtime version,
 weight sync (``/init_communicator``, ``/update_param_batch``, ``/close_communicator``,
-``/weight_report`` for the trainer's verification),
+``/weight_report`` for the trainer's verification, ``/lora_adapter`` before an adapter-only
+sync),
 prefix cache, pause/resume and, for a trainer sharing the GPU, sleep/wake-up. The route table is in ``ludic.inference.vllm.server``.
 
 ``/pause`` closes the admission gate (``ludic.inference.vllm.admission``) before it pauses
@@ -22,9 +23,12 @@ No control operation can hold the plane forever:
 from __future__ import annotations
 
 import asyncio
+import atexit
 import inspect
 import json
 import logging
+import shutil
+import tempfile
 import time
 import traceback
 import uuid
@@ -107,6 +111,12 @@ class ControlState:
     """Open while serving; closed from ``/pause`` to ``/resume``."""
     pause_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """One ``/pause`` or ``/resume`` at a time (a resume never lands inside a pause)."""
+    adapter_folder: str | None = None
+    """Where the workers write an adapter sync's adapter (made at the first one)."""
+    adapter_next: Any = None
+    """The ``LoRARequest`` a ``/lora_adapter`` announced for the next sync."""
+    sync_adapter: Any = None
+    """The current sync's ``LoRARequest`` (None: a full-weight sync)."""
 
     def record_error(self, what: str, err: BaseException) -> None:
         self.error_count += 1
@@ -338,6 +348,8 @@ def make_control_router(
 
         if first:
             state.sync_bytes = nbytes
+            state.sync_adapter, state.adapter_next = state.adapter_next, None
+        adapter = state.sync_adapter
 
         async def work() -> None:
             if first:
@@ -353,6 +365,8 @@ def make_control_router(
                     state.sync_failed = False
             if update.last and sync_ok:
                 await engine.reset_prefix_cache()
+                # with the version, no await between: an admission reads both or neither
+                state.gate.lora_request = adapter  # after a full-weight sync: none
                 state.version = update.version if update.version is not None else state.version + 1
                 logger.info("weights updated: runtime version %d", state.version)
 
@@ -361,6 +375,43 @@ def make_control_router(
         deadline = stage_deadline(cap, state.sync_bytes)
         start_background(state, f"update_param_batch({what})", work, deadline)
         return {"status": "ok", "error_count": state.error_count}
+
+    @router.post("/lora_adapter")
+    async def lora_adapter(request: Request) -> dict[str, Any]:
+        """Announce that the next sync carries a LoRA adapter, not full weights (body
+        ``{"name": str, "config": peft's r, lora_alpha, target_modules}``); once it is
+        loaded, every request that names no adapter is served with it
+        (``ludic.inference.vllm.adapter``)."""
+        from ludic.inference.vllm.adapter import ADAPTER_ID, check_adapter_config
+
+        body = await json_body(request)
+        lora = getattr(engine.vllm_config, "lora_config", None)
+        if lora is None:
+            raise HTTPException(
+                HTTPStatus.CONFLICT,
+                "this server was started without LoRA support: start it with --lora-rank R "
+                "to take adapter-only syncs",
+            )
+        name = body.get("name")
+        if not isinstance(name, str) or not name or len(name) > 128:
+            raise HTTPException(HTTPStatus.BAD_REQUEST, f"bad adapter name {str(name)[:64]!r}")
+        try:
+            config = check_adapter_config(body.get("config") or {}, lora.max_lora_rank)
+        except ValueError as e:
+            raise HTTPException(HTTPStatus.BAD_REQUEST, str(e)) from None
+        if state.adapter_folder is None:
+            state.adapter_folder = tempfile.mkdtemp(prefix="ludic-lora-")
+            atexit.register(shutil.rmtree, state.adapter_folder, ignore_errors=True)
+        folder = state.adapter_folder
+        adapter = {"name": name, "config": config, "folder": folder}
+        await bounded(
+            state, "lora_adapter", engine.collective_rpc("set_lora_adapter", args=(adapter,)), cap
+        )
+        from vllm.lora.request import LoRARequest
+
+        path = f"{folder}/rank0"  # the requests' copy (loaded in place by every worker)
+        state.adapter_next = LoRARequest(lora_name=name, lora_int_id=ADAPTER_ID, lora_path=path)
+        return {"status": "ok"}
 
     @router.post("/close_communicator")
     async def close_communicator() -> dict[str, str]:

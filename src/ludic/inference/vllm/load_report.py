@@ -68,6 +68,11 @@ class LoadRecorder:
             for part in parts
         }
         self.mapper = getattr(model, "hf_to_vllm_mapper", None)
+        self.lora_wrapped = {  # a server with LoRA support wraps layers: x.base_layer.weight
+            name.replace(".base_layer.", "."): name
+            for name, _ in model.named_parameters()
+            if ".base_layer." in name
+        }
         self.received: dict[str, Checksum] = {}
         self.numel: dict[str, int] = {}
         self.cast: dict[tuple[str, torch.dtype], Checksum] = {}  # (HF name, dtype) -> ...
@@ -148,7 +153,8 @@ class LoadRecorder:
             if pieces[i] in self.part_to_fused:
                 pieces[i] = self.part_to_fused[pieces[i]]
                 break
-        return ".".join(pieces)
+        name = ".".join(pieces)
+        return self.lora_wrapped.get(name, name)
 
     def report(self, version: int | None) -> dict[str, Any]:
         params = dict(self.model.named_parameters())

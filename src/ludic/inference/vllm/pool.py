@@ -173,6 +173,7 @@ class VLLMClientPool:
         self._sync: _SyncSettings | None = None
         self._group: WeightSyncSession | None = None  # one_group: spans self._grouped
         self._canary: tuple[Any, int] = (None, 10)  # set_canary: (ModelCanary, every)
+        self._lora_adapter: dict[str, Any] | None = None  # set_lora_adapter
         self._grouped: list[PoolServer] = []
 
     @classmethod
@@ -284,6 +285,14 @@ class VLLMClientPool:
             server.client.set_canary(canary, every=every)
         if self._group is not None:
             self._group.canary, self._group.canary_every = canary, every
+
+    def set_lora_adapter(self, config: Any) -> None:
+        """Every server's adapter config (``VLLMChatClient.set_lora_adapter``)."""
+        self._lora_adapter = dict(config) if config is not None else None
+        for server in self.servers:
+            server.client.set_lora_adapter(config)
+        if self._group is not None:
+            self._group.lora_adapter = self._lora_adapter
 
     def init_weight_sync(
         self,
@@ -413,6 +422,7 @@ class VLLMClientPool:
             extractor=settings.extractor,
         )
         group.canary, group.canary_every = self._canary
+        group.lora_adapter = self._lora_adapter
         self._group, self._grouped = group, list(servers)
 
     def _settle(

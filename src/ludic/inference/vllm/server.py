@@ -35,6 +35,10 @@ the reward server (``ludic.inference.vllm.reward_server``: ``make_control_router
                                 (``?report=true``: with the weight report once 0)
 ``GET /weight_report``          each worker's checksums of the last sync, as received and
                                 as loaded, with the version, dtype and boot id
+``POST /lora_adapter``          the next sync carries a LoRA adapter (``{"name", "config"}``,
+                                peft's ``r``, ``lora_alpha``, ``target_modules``); once it is
+                                loaded, requests naming no adapter are served with it (409
+                                unless started with ``--lora-rank``)
 ``POST /reset_prefix_cache``    drop cached KV blocks
 ``POST /pause``                 close the admission gate, wait (at most the cap) until every
                                 admitted request is in the engine, then pause it: abort
@@ -187,10 +191,25 @@ def prepare_args(args: Namespace) -> Namespace:
         )
     if args.worker_extension_cls in (None, ""):
         args.worker_extension_cls = WORKER_EXTENSION
+    if getattr(args, "lora_rank", None):
+        args.enable_lora = True
+        args.max_lora_rank = lora_rank_slot(args.lora_rank)
     import vllm
 
     check_vllm_version(vllm.__version__, allow_untested=getattr(args, "allow_untested_vllm", False))
     return args
+
+
+LORA_RANK_SLOTS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""vLLM's allowed ``--max-lora-rank`` values."""
+
+
+def lora_rank_slot(rank: int) -> int:
+    """The smallest ``--max-lora-rank`` vLLM accepts that holds an adapter of ``rank``."""
+    for slot in LORA_RANK_SLOTS:
+        if rank <= slot:
+            return slot
+    raise SystemExit(f"--lora-rank {rank}: vLLM serves LoRA ranks up to {LORA_RANK_SLOTS[-1]}")
 
 
 def add_max_think(args: Namespace) -> Namespace:
@@ -241,6 +260,14 @@ def add_ludic_args(parser: Any) -> None:
         "--allow-untested-vllm",
         action="store_true",
         help=f"start on a vLLM release outside the tested range ({TESTED_VLLM}), with a warning",
+    )
+    group.add_argument(
+        "--lora-rank",
+        type=int,
+        default=0,
+        metavar="R",
+        help="take adapter-only LoRA syncs of rank up to R (vLLM's --enable-lora with "
+        "--max-lora-rank the smallest allowed value >= R); 0: full-weight syncs only",
     )
     group.add_argument(
         "--weight-sync-hosts",

@@ -23,6 +23,7 @@ from ludic.distributed.weight_transfer.base import (
 from ludic.distributed.weight_transfer.broadcast import GroupFailureError
 from ludic.distributed.weight_transfer.deadlines import SyncProgress
 from ludic.distributed.weight_transfer.verify import SyncVerificationError, check_reports
+from ludic.inference.vllm.adapter import ADAPTER_NAME, is_lora_name
 from ludic.inference.vllm.canary import ModelCanary, check_canary, server_canary
 from ludic.inference.vllm.http import AsyncHTTP, VLLMControlPlane, VLLMServerError
 
@@ -98,6 +99,9 @@ class WeightSyncSession:
         self.canary_diffs: list[tuple[int | None, float]] = []  # (version, largest |diff|)
         self.canary_version: int | None = None  # a sync whose canary is due (run_canary)
         self.served_dtypes: dict[str, str] = {}  # server -> its model's dtype
+        self.lora_adapter: dict[str, Any] | None = None
+        """peft config of the policy's adapter: a publish of its LoRA tensors only is
+        announced as an adapter-only sync (``ludic.inference.vllm.adapter``)."""
 
     @property
     def base_url(self) -> str:
@@ -195,6 +199,12 @@ class WeightSyncSession:
         nbytes = sum(t.numel() * t.element_size() for t in params.values())
         for control in self.controls:
             control.record, control.sync_bytes = verify, nbytes
+        if self._adapter_sync(params):
+            with self.stage("announce adapter", version):
+                for control in self.controls:
+                    control.post(
+                        "/lora_adapter", {"name": ADAPTER_NAME, "config": self.lora_adapter}
+                    )
         self.control.begin_sync()
         try:
             self.publisher.publish(params, version)
@@ -225,6 +235,25 @@ class WeightSyncSession:
         self.verified += 1
         if self._canary_due():
             self.canary_version = version
+
+    def _adapter_sync(self, params: Mapping[str, torch.Tensor]) -> bool:
+        """Whether ``params`` are the adapter's (LoRA tensors only; refused without
+        :attr:`lora_adapter`)."""
+        lora = [name for name in params if is_lora_name(name)]
+        if not lora:
+            return False
+        if len(lora) < len(params):
+            raise ValueError(
+                "a sync mixes LoRA tensors with others (e.g. "
+                f"{next(n for n in params if not is_lora_name(n))!r}); publish the adapter "
+                "alone, or the merged weights"
+            )
+        if self.lora_adapter is None:
+            raise ValueError(
+                f"LoRA tensors ({lora[0]!r}, ...) need the adapter's config: call "
+                "set_lora_adapter(config) first"
+            )
+        return True
 
     def run_canary(self) -> None:
         """Score the canary on every server if the last sync asked for it (its first, and

@@ -53,6 +53,7 @@ from ludic.distributed.weight_transfer import (
     create_strategy,
     sync_info_from_dict,
 )
+from ludic.inference.vllm.adapter import adapter_report, is_lora_name, load_adapter, write_adapter
 from ludic.inference.vllm.load_report import LoadRecorder
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,8 @@ class WeightSyncWorkerExtension:
     ludic_checkpoint: dict[str, list[int]] | None = None  # served checkpoint: name -> shape
     ludic_recorder: LoadRecorder | None = None  # sums of the current sync (verification)
     ludic_report: dict[str, Any] | None = None  # the last loaded sync's report
+    ludic_adapter_next: dict[str, Any] | None = None  # announced: the next sync's adapter
+    ludic_adapter: dict[str, Any] | None = None  # the current sync's adapter, if any
 
     def init_communicator(
         self, sync_info: dict[str, Any], rank_offset: int, strategy: str = "broadcast"
@@ -127,16 +130,22 @@ class WeightSyncWorkerExtension:
         if first or self.ludic_pending is None:
             self.ludic_pending, self.ludic_sync_failed = {}, False
             self.ludic_recorder = self._new_recorder() if record else None
+            self.ludic_adapter, self.ludic_adapter_next = self.ludic_adapter_next, None
         recorder = self.ludic_recorder
         parsed = receiver.parse_request(request)
         try:
             named = receiver.receive(parsed)
+            check_adapter_names(named, adapter=self.ludic_adapter is not None)
             if recorder is not None:
                 recorder.receive(named)
         except Exception:
             self.ludic_sync_failed = True
             raise
-        if not self._is_cpu():
+        if self.ludic_adapter is not None:  # kept (copied off IPC memory) until the last
+            if parsed.kind != "broadcast":
+                named = {k: v.clone() for k, v in named.items()}
+                torch.cuda.current_stream().synchronize()
+        elif not self._is_cpu():
             self._load(named)
             if parsed.kind != "broadcast":  # IPC tensors alias the trainer's memory:
                 torch.cuda.current_stream().synchronize()  # copied before it may reuse it
@@ -152,6 +161,10 @@ class WeightSyncWorkerExtension:
         if failed:
             self.ludic_recorder = None
             raise RuntimeError("nothing loaded: an earlier chunk of this sync failed")
+        if self.ludic_adapter is not None:
+            adapter, self.ludic_adapter = self.ludic_adapter, None
+            self._load_adapter(adapter, pending, recorder, parsed.version)
+            return len(pending)
         if recorder is None:
             self._load(pending)
             return len(pending)
@@ -159,6 +172,12 @@ class WeightSyncWorkerExtension:
             self._load(pending)
         self._finish_sync(recorder, parsed.version)
         return len(pending)
+
+    def set_lora_adapter(self, adapter: dict[str, Any]) -> None:
+        """Announce that the next sync carries a LoRA adapter (``ludic.inference.vllm.
+        adapter``): ``{"name", "config" (peft's), "folder"}``; this worker writes it to
+        ``folder/rank<rank>`` and loads it from there."""
+        self.ludic_adapter_next = dict(adapter)
 
     def weight_report(self) -> dict[str, Any] | None:
         """The report of the last sync this worker loaded (``verify.make_report``): the
@@ -203,6 +222,37 @@ class WeightSyncWorkerExtension:
         started = time.perf_counter()
         self.ludic_report = recorder.report(version)
         self.ludic_report["seconds"] = recorder.seconds + time.perf_counter() - started
+
+    def _load_adapter(
+        self,
+        adapter: Mapping[str, Any],
+        tensors: Mapping[str, torch.Tensor],
+        recorder: LoadRecorder | None,
+        version: int | None,
+    ) -> None:
+        folder = Path(adapter["folder"]) / f"rank{int(self.rank)}"  # type: ignore[attr-defined]
+        self._write_adapter(folder, tensors, adapter["config"])
+        load_adapter(self.model_runner, folder, adapter["name"])  # type: ignore[attr-defined]
+        if recorder is None:
+            return
+        started = time.perf_counter()
+        tp_rank, tp_size = tensor_parallel_place()
+        self.ludic_recorder = None
+        self.ludic_report = adapter_report(
+            self.model_runner,  # type: ignore[attr-defined]
+            tensors,
+            recorder.received,
+            adapter["config"],
+            version=version,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+        )
+        self.ludic_report["seconds"] = recorder.seconds + time.perf_counter() - started
+
+    def _write_adapter(
+        self, folder: Path, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]
+    ) -> None:
+        write_adapter(folder, tensors, config)
 
     def _is_cpu(self) -> bool:
         return torch.device(self.model_runner.device).type == "cpu"  # type: ignore[attr-defined]
@@ -286,6 +336,18 @@ class GroupJoin:
 
 
 # ------------------------------------------------------------------------------ checks
+def check_adapter_names(named: Mapping[str, torch.Tensor], *, adapter: bool) -> None:
+    """An announced adapter sync carries peft LoRA tensors only, any other sync none."""
+    wrong = [n for n in named if is_lora_name(n) != adapter]
+    if wrong:
+        raise ValueError(
+            f"tensor {wrong[0]!r} in a sync announced as an adapter sync (POST /lora_adapter)"
+            if adapter
+            else f"LoRA tensor {wrong[0]!r} in a full-weight sync: announce an adapter sync "
+            "with POST /lora_adapter first (VLLMChatClient.set_lora_adapter)"
+        )
+
+
 def check_update(
     named: Mapping[str, torch.Tensor],
     checkpoint: Mapping[str, list[int]] | None,
