@@ -1,17 +1,25 @@
 """Adapter-only LoRA syncs (``ludic.inference.vllm.adapter``) into a real vLLM CPU server
-started with ``--lora-rank 8``: the trainer's peft adapter alone is sent, loaded by vLLM's
-LoRA support in place, verified (checksums as vLLM's adapter cache holds it, and the
-canary), and serves every request; a later full-weight sync serves the base again. A
-worker whose loader corrupts one adapter value fails the sync naming the tensor."""
+started the way ``ludic train`` starts one (``run.servers.vllm_server_client``) with
+``--lora-rank 8``: the trainer's peft adapter alone is sent, loaded by vLLM's LoRA support
+in place, verified (checksums as vLLM's adapter cache holds it, and the canary), and
+serves every request; a later full-weight sync serves the base again. A worker whose
+loader corrupts one adapter value fails the sync naming the tensor.
+
+The same server carries issue 9's key check (``tests/faults/test_train_api_key.py``): with
+no key configured, a server ludic starts gets a fresh random one only its client knows."""
 
 from __future__ import annotations
 
 import copy
+import os
+from pathlib import Path
+from unittest import mock
 
 import httpx
+import psutil
 import pytest
 import torch
-from tests.vllm.helpers import AUTH, PROMPT, ServedPolicy
+from tests.vllm.helpers import AUTH, FAULT_ENV, FAULT_WORKER, PROMPT, ServedPolicy, python_path
 
 pytest.importorskip("vllm", reason="vLLM is not installed")
 
@@ -32,28 +40,60 @@ Q_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
 
 @pytest.fixture(scope="module")
 def lora_served(tmp_path_factory: pytest.TempPathFactory):
+    """``vllm_server_client`` as ``ludic train`` calls it (no key in the config or the
+    environment), with the tests' fault worker; ``served.key`` is the key it chose."""
     from transformers import AutoModelForCausalLM
 
+    from ludic.inference.vllm.client import VLLMChatClient
     from ludic.models.tiny import build_tiny_tokenizer, save_tiny_model
+    from ludic.run.config import VLLMConfig
+    from ludic.run.servers import vllm_server_client
 
     root = tmp_path_factory.mktemp("vllm_lora")
     model_dir = save_tiny_model(root / "model")
     served = ServedPolicy(
-        None,
-        None,
-        None,
-        build_tiny_tokenizer(),
-        model_dir,
-        logprob_tol=LOGPROB_TOL,
-        root=root,
-        server_args=("--lora-rank", str(RANK)),
+        None, None, None, build_tiny_tokenizer(), model_dir, logprob_tol=LOGPROB_TOL, root=root
     )
-    served.start()
-    served.mirror = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    seen: dict[str, str | None] = {}
+
+    def connect(url: str, timeout_s: float, key: str | None) -> VLLMChatClient:
+        seen["url"], seen["key"] = url, key
+        return VLLMChatClient(url, timeout_s=timeout_s, api_key=key)
+
+    server_env = {FAULT_ENV: str(served.fault_file), "PYTHONPATH": python_path()}
+    with mock.patch.dict(os.environ, server_env):  # the server inherits it
+        os.environ.pop("LUDIC_API_KEY", None)
+        started = vllm_server_client(
+            VLLMConfig(extra_args=["--worker-extension-cls", FAULT_WORKER]),
+            kind="policy",
+            field="inference.vllm",
+            model=model_dir,
+            cuda=False,
+            log_dir=root,
+            connect=connect,
+            lora_rank=RANK,
+        )
+        client = started.__enter__()
     try:
+        served.client, served.url, served.key = client, seen["url"], seen["key"]
+        served.mirror = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         yield served
     finally:
-        served.stop()
+        started.__exit__(None, None, None)
+    assert served.key not in (root / "vllm_server.log").read_text(errors="replace")
+
+
+def test_a_started_server_gets_a_random_key_that_only_the_client_knows(lora_served):
+    key, url = lora_served.key, lora_served.url
+    assert key and len(key) >= 32
+    assert lora_served.client.get_policy_version() == 0  # the weight-sync group formed with it
+    assert httpx.get(f"{url}/get_world_size").status_code == 401
+    assert httpx.get(f"{url}/health").status_code == 200
+    servers = [
+        p for p in psutil.Process().children(recursive=True) if "serve" in " ".join(p.cmdline())
+    ]
+    assert servers and all(key not in " ".join(p.cmdline()) for p in servers)
+    assert key not in Path(lora_served.root, "vllm_server.log").read_text(errors="replace")
 
 
 def peft_policy(base: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -132,7 +172,7 @@ def test_a_server_without_lora_support_refuses_an_adapter_sync_naming_the_flag(s
     reply = httpx.post(
         f"{served.server.url}/lora_adapter",
         json={"name": "x", "config": {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}},
-        headers=AUTH,
+        headers=AUTH,  # the session server's key
         timeout=10,
     )
     assert reply.status_code == 409 and "--lora-rank" in reply.text
@@ -152,9 +192,9 @@ def test_an_adapter_sync_needs_the_config_and_the_adapter_alone(lora_served):
             sync.publish({**adapter, "model.norm.weight": torch.ones(64)}, version=7)
         too_big = {**adapter_config(policy), "r": 64}
         reply = httpx.post(
-            f"{lora_served.server.url}/lora_adapter",
+            f"{lora_served.url}/lora_adapter",
             json={"name": "x", "config": too_big},
-            headers=AUTH,
+            headers={"Authorization": f"Bearer {lora_served.key}"},
             timeout=10,
         )
         assert reply.status_code == 400 and "--max-lora-rank 8" in reply.text
