@@ -228,3 +228,26 @@ def test_demo_trains_the_packaged_config_with_overrides(monkeypatch, capsys, tmp
     packaged = load_config(str(demo_config_path()))
     assert seen["config"].name == packaged.name
     assert seen["config"].trainer.steps == 2 and seen["resume"] is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (None, "no config.yaml"),
+        (["inference.backend=vllm"], "num_servers"),
+        (["inference.backend=transformers"], "inference.backend is transformers"),
+    ],
+)
+def test_serve_policy_join_refuses_a_run_that_takes_no_server_naming_why(
+    tmp_path, capsys, overrides, named
+):
+    """``ludic serve policy --join RUN_DIR`` before anything starts: a folder with no run,
+    a run served by one server, a run without vLLM."""
+    from ludic.run.loading import dump_config
+
+    if overrides is not None:
+        config = load_config(demo_config_path(), overrides)
+        (tmp_path / "config.yaml").write_text(dump_config(config))
+    assert main(["serve", "policy", "--join", str(tmp_path), "--port", "8011"]) == 2
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "servers").exists()

@@ -11,7 +11,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -28,9 +31,11 @@ from tests.vllm.helpers import (  # noqa: E402
 )
 
 from ludic.inference.request import CompletionRequest, InferenceSpec, SamplingSpec  # noqa: E402
+from ludic.inference.vllm.joins import read_join_files  # noqa: E402
 from ludic.inference.vllm.pool import NoServerAvailableError, VLLMClientPool  # noqa: E402
 
 GREEDY = InferenceSpec(sampling=SamplingSpec(temperature=0.0, max_tokens=6))
+DEMO = Path(__file__).parents[2] / "src" / "ludic" / "configs" / "arithmetic_demo.yaml"
 
 
 class Pair:
@@ -104,6 +109,48 @@ def pair(tmp_path_factory):
         yield pair
     finally:
         pair.stop()
+
+
+class JoinedServer:
+    """``ludic serve policy --join RUN_DIR --port P`` as a user starts it (the key in
+    ``LUDIC_API_KEY``), RUN_DIR a pool run's config on the pair's model; up, and
+    announced, when this returns."""
+
+    def __init__(self, pair: Pair, port: int) -> None:
+        from ludic.inference.vllm.process import wait_for_vllm_health
+        from ludic.run.loading import dump_config, load_config
+
+        self.run_dir = pair.root / "run"
+        self.run_dir.mkdir(exist_ok=True)
+        overrides = ["inference.backend=vllm", "inference.vllm.num_servers=2"]
+        config = load_config(DEMO, [*overrides, f"model.path={pair.model_dir}"])
+        (self.run_dir / "config.yaml").write_text(dump_config(config))
+        self.port, self.url = port, f"http://127.0.0.1:{port}"
+        log = pair.root / "server1-joined.log"
+        argv = ["serve", "policy", "--join", str(self.run_dir), "--port", str(port)]
+        with open(log, "wb") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "ludic", *argv],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "LUDIC_API_KEY": API_KEY},
+                start_new_session=True,
+            )
+        self.pid = self.process.pid
+        wait_for_vllm_health(self.url, 300, process=self.process, log_path=log)
+        deadline = time.monotonic() + 30
+        while not read_join_files(self.run_dir / "servers"):
+            assert time.monotonic() < deadline, "the joined server wrote no join file"
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
 
 
 def complete_all(pool: VLLMClientPool, requests: list[CompletionRequest]):
@@ -248,6 +295,29 @@ def test_a_server_that_fails_verification_is_taken_out_until_a_verified_sync(pai
         pair.publish_to_both(pool, version=22)
 
 
+def test_a_server_that_joins_serves_once_a_publish_synced_and_verified_it(pair, tmp_path):
+    """A pool of A alone reads the join files ``ludic serve policy --join`` writes
+    (``write_join_file``): B is added before the next publish, takes it (its group formed,
+    the update verified) and only then serves. A file whose server never answers is left
+    out without failing the publish."""
+    from ludic.inference.vllm.client import VLLMChatClient
+    from ludic.inference.vllm.joins import write_join_file
+
+    pool = VLLMClientPool.connect(pair.urls[:1], api_key=API_KEY, timeout_s=60.0)
+    with pool:
+        pool.accept_joins(tmp_path, lambda url: VLLMChatClient(url, api_key=API_KEY, max_retries=0))
+        pool.init_weight_sync()
+        write_join_file(tmp_path, pair.urls[1])
+        write_join_file(tmp_path, "http://127.0.0.1:9")  # nothing listens there
+        before = complete_all(pool, [CompletionRequest(PROMPT, GREEDY)] * 4)
+        assert {r.meta["server"] for r in before} == {pair.urls[0]}  # joins wait for a publish
+        perturb(pair.mirror, seed=23)
+        responses = pair.publish_to_both(pool, version=23)
+        assert {r.trace.policy_version for r in responses} == {23}
+        assert pool.base_urls == pair.urls
+        assert [s.client.weight_sync.verified for s in pool.servers] == [1, 1]
+
+
 def test_no_server_left_raises_a_clear_error(pair):
     with pair.pool(timeout_s=5.0, max_retries=0) as pool:
         for server in pool.servers:
@@ -259,9 +329,9 @@ def test_no_server_left_raises_a_clear_error(pair):
 def test_a_killed_server_is_taken_out_and_comes_back_after_a_restart(pair):
     """SIGKILL server B while requests run on both: every request is answered (B's by A)
     and B is taken out; the next publish reaches A alone. B then restarts on its port
-    with the initial weights: it answers /health again but serves nothing until the next
-    publish has formed its group again and sent it the pool's weights."""
-    from ludic.inference.vllm.process import start_vllm_server
+    (``ludic serve policy --join RUN_DIR --port P``, the run's model) with the initial
+    weights: it answers /health again but serves nothing until the next publish has
+    formed its group again and sent it the pool's weights."""
 
     victim = pair.servers[1]
     pool = pair.pool(timeout_s=30.0, max_retries=0, probe_interval_s=0.2)
@@ -299,12 +369,9 @@ def test_a_killed_server_is_taken_out_and_comes_back_after_a_restart(pair):
         pair.assert_mirrored(response)
 
         victim.stop()
-        pair.servers[1] = start_vllm_server(
-            pair.model_dir,
-            port=victim.port,
-            api_key=API_KEY,
-            log_path=pair.root / "server1-restarted.log",
-        )
+        pair.servers[1] = joined = JoinedServer(pair, port=victim.port)
+        announced = read_join_files(joined.run_dir / "servers")
+        assert announced == {victim.url: f"127.0.0.1-{victim.port}.json"}
 
         async def until_probed() -> set[str]:
             servers = set()

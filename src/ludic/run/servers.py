@@ -125,8 +125,11 @@ def _vllm_backend(
 
 def _vllm_pool(config: RunConfig, *, model_dir: Path, log_dir: Path) -> Iterator[ChatClient]:
     """Several policy servers (started here, or ``urls``) behind one ``VLLMClientPool``,
-    its weight-sync group(s) formed; everything started is stopped on exit."""
+    its weight-sync group(s) formed, taking servers that join the run (``ludic serve
+    policy --join RUN_DIR``: ``log_dir`` is the run's directory); everything started is
+    stopped on exit."""
     from ludic.inference.vllm.client import VLLMChatClient
+    from ludic.inference.vllm.joins import join_folder
     from ludic.inference.vllm.pool import VLLMClientPool
     from ludic.inference.vllm.process import start_vllm_server
 
@@ -161,18 +164,19 @@ def _vllm_pool(config: RunConfig, *, model_dir: Path, log_dir: Path) -> Iterator
                 for server in servers:
                     server.wait_until_healthy(max(v.timeout_s, 300.0))
             urls = [server.url for server in servers]
-        clients = [
-            VLLMChatClient(
+
+        def client(url: str) -> VLLMChatClient:
+            return VLLMChatClient(
                 url,
                 timeout_s=v.timeout_s,
                 api_key=api_key,
                 partial_rollouts=v.partial_rollouts,
                 verify_sync=v.verify_sync,
             )
-            for url in urls
-        ]
-        pool = VLLMClientPool(clients, publish=v.publish)
+
+        pool = VLLMClientPool([client(url) for url in urls], publish=v.publish)
         stack.callback(pool.close)
+        pool.accept_joins(join_folder(log_dir), client)  # ludic serve policy --join RUN_DIR
         pool.init_weight_sync(
             backend=v.sync_backend, master_addr=v.group_host or v.host, master_port=v.group_port
         )
@@ -190,6 +194,38 @@ def server_args(v: VLLMConfig, cuda: bool, lora_rank: int = 0) -> list[str]:
     if getattr(v, "sleep_level", 0) and "--enable-sleep-mode" not in extra:
         extra.append("--enable-sleep-mode")
     return extra
+
+
+def join_server_args(run_dir: Path, argv_tail: list[str]) -> tuple[list[str], str]:
+    """The server's command line for ``ludic serve policy --join RUN_DIR ARGS`` (the run's
+    model and server settings, then ``ARGS``) and the URL it will serve at. ``RunError``
+    naming the field when the run cannot take a joining server
+    (``ludic.inference.vllm.joins``)."""
+    from ludic.inference.vllm.joins import serving_url
+    from ludic.run.loading import load_config
+
+    config_file = run_dir / "config.yaml"
+    if not config_file.is_file():
+        raise RunError(f"--join {run_dir}: no run there (no config.yaml)")
+    config = load_config(config_file)
+    v = config.inference.vllm
+    if config.inference.backend != "vllm":
+        raise RunError(
+            f"--join {run_dir}: the run's inference.backend is {config.inference.backend}; "
+            "only a vLLM run takes policy servers"
+        )
+    if not (v.urls or v.num_servers > 1):
+        raise RunError(
+            f"--join {run_dir}: the run serves from one server (inference.vllm.num_servers: "
+            "1, no urls), which takes no other; runs with a pool (num_servers >= 2, or "
+            "urls) take joining servers"
+        )
+    if "--model" in argv_tail:
+        raise RunError("--join serves the run's model: leave out --model")
+    model = config.model.path or str(run_dir / "model")
+    cuda = config.model.device.startswith("cuda")
+    argv = ["--model", str(model), *server_args(v, cuda, policy_lora_rank(config))]
+    return [*argv, *argv_tail], serving_url(argv_tail)
 
 
 def sync_strategy(v: VLLMConfig) -> Any:

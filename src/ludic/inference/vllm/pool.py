@@ -21,6 +21,11 @@ initial ones), so it stays out until the next :meth:`VLLMClientPool.sync_weights
 forms its weight-sync group again and sends it the full update. A server never serves a
 version older than the pool's.
 
+**Joining.** With :meth:`VLLMClientPool.accept_joins`, a server started during the run
+(``ludic serve policy --join RUN_DIR``, ``ludic.inference.vllm.joins``) is added before
+the next publish, as stale: that publish forms its group, sends it the update and
+verifies it, and only then does it take requests.
+
 **Weight sync.** ``publish`` chooses how one update reaches every server:
 
 * ``"per_server"`` (default): a group per server, pushed concurrently (a thread each). A
@@ -49,6 +54,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 import torch
@@ -57,6 +63,7 @@ from ludic.distributed.weight_transfer.verify import SyncVerificationError
 from ludic.inference.request import CompletionRequest
 from ludic.inference.vllm.client import VLLMChatClient
 from ludic.inference.vllm.http import VLLMServerError
+from ludic.inference.vllm.joins import read_join_files
 from ludic.inference.vllm.weight_sync import WeightSyncSession
 from ludic.types import ChatResponse
 
@@ -175,6 +182,8 @@ class VLLMClientPool:
         self._canary: tuple[Any, int] = (None, 10)  # set_canary: (ModelCanary, every)
         self._lora_adapter: dict[str, Any] | None = None  # set_lora_adapter
         self._grouped: list[PoolServer] = []
+        self._joins: tuple[Path, Callable[[str], VLLMChatClient]] | None = None
+        self._refused: set[str] = set()  # joining servers that refused this pool's key
 
     @classmethod
     def connect(
@@ -294,6 +303,42 @@ class VLLMClientPool:
         if self._group is not None:
             self._group.lora_adapter = self._lora_adapter
 
+    def accept_joins(self, folder: Path, make_client: Callable[[str], VLLMChatClient]) -> None:
+        """Admit the servers that announce themselves in ``folder``
+        (``ludic.inference.vllm.joins``; ``ludic serve policy --join RUN_DIR``): before
+        each publish, a server new to the pool is added (``make_client(url)``) as stale,
+        so it takes requests once that publish has synced and verified it."""
+        self._joins = (Path(folder), make_client)
+
+    def _admit_joins(self) -> None:
+        if self._joins is None:
+            return
+        folder, make_client = self._joins
+        known = {server.url for server in self.servers}
+        for url, name in read_join_files(folder).items():
+            if url in known or url in self._refused:
+                continue
+            client = make_client(url)
+            try:
+                client.control.world_size()  # a route behind the key
+            except VLLMServerError as e:
+                self._refused.add(url)
+                client.close()
+                logger.warning(
+                    "vLLM server %s (%s) cannot join the pool: %s; start it with the run's "
+                    "API key ($LUDIC_API_KEY)", url, folder / name, e,
+                )  # fmt: skip
+                continue
+            except DEAD_ERRORS:  # announced, not answering (yet, or any more)
+                client.close()
+                continue
+            canary, every = self._canary
+            client.set_canary(canary, every=every)
+            client.set_lora_adapter(self._lora_adapter)
+            with self._lock:
+                self.servers.append(PoolServer(client, len(self.servers), stale=True))
+            logger.info("vLLM server %s joined the pool (%s); it serves once synced", url, name)
+
     def init_weight_sync(
         self,
         *,
@@ -325,6 +370,7 @@ class VLLMClientPool:
             raise RuntimeError("VLLMClientPool.sync_weights needs init_weight_sync() first")
         if pause is None:
             pause = self.partial_rollouts != "off"
+        self._admit_joins()
         with self._lock:
             targets = [s for s in self.servers if s.live]
             missed = [s for s in self.servers if not s.live]

@@ -53,7 +53,8 @@ from ludic.distributed.weight_transfer import (
     create_strategy,
     sync_info_from_dict,
 )
-from ludic.inference.vllm.adapter import adapter_report, is_lora_name, load_adapter, write_adapter
+from ludic.inference.vllm.adapter import is_lora_name
+from ludic.inference.vllm.adapter_loader import adapter_report, load_adapter, write_adapter
 from ludic.inference.vllm.load_report import LoadRecorder
 
 logger = logging.getLogger(__name__)
