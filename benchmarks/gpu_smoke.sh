@@ -6,12 +6,15 @@
 #
 # 1. The GPU tests: CUDA IPC between processes, NCCL broadcast (two GPUs), the bf16 packed
 #    and checkpointed training step, the FSDP2 trainer on NCCL, and the colocated vLLM
-#    server (CUDA IPC sync to parity, sleep/wake). Each that cannot run says why (-rs).
+#    server (CUDA IPC syncs verified and to parity, an adapter-only LoRA sync over packed
+#    CUDA IPC, sleep/wake). Each that cannot run says why (-rs).
 # 2. benchmarks/gpu_sync.py: a Qwen2.5-0.5B-shaped bf16 policy synced by packed and
-#    per-tensor CUDA IPC, NCCL (two GPUs) and into a real vLLM server (goal <= 0.1 s).
-# 3. A short run of examples/configs/gsm8k_qwen2.5_0.5b_vllm.yaml on a locally built model of
-#    that shape and a few generated GSM8K-format problems (nothing is downloaded): the
-#    colocated path end to end (vLLM on the trainer's GPU, packed CUDA IPC, sleep/wake).
+#    per-tensor CUDA IPC, NCCL (two GPUs) and into a real vLLM server (goal <= 0.1 s);
+#    benchmarks/lora_sync.py --cuda: that shape's LoRA policy, adapter-only against merged.
+# 3. Short runs of examples/configs/gsm8k_qwen2.5_0.5b_vllm.yaml and its LoRA variant on a
+#    locally built model of that shape and a few generated GSM8K-format problems (nothing
+#    is downloaded): the colocated path end to end (vLLM on the trainer's GPU, packed CUDA
+#    IPC, sleep/wake; the LoRA run publishes the adapter alone).
 #
 # Steps 1's vLLM tests, 2's vLLM row and 3 need vLLM's GPU build (pip install
 # 'ludic-rl[vllm]'); where it is missing they are skipped and say so. Everything printed is
@@ -41,6 +44,11 @@ $PYTHON -m pytest -q -rs -p no:cacheprovider \
 
 echo "== 2. weight sync of a 0.5B-shaped policy"
 $PYTHON benchmarks/gpu_sync.py --repeats 5 || status=1
+if [ "$has_vllm" = yes ]; then  # adapter-only against merged LoRA syncs, both verified
+    $PYTHON benchmarks/lora_sync.py --cuda --rounds 3 || status=1
+else
+    echo "lora_sync.py skipped: vLLM is not installed here"
+fi
 
 echo "== 3. a short GSM8K recipe run (colocated vLLM)"
 if [ "$has_vllm" = yes ]; then
@@ -67,6 +75,14 @@ PY
         algorithm.group_size=4 sampling.max_tokens=64 eval.num_problems=8 eval.every=0 \
         trainer.checkpoint_every=100 logging.console_every=1 || status=1
     echo "recipe run: $(( $(date +%s) - started )) s"
+    started=$(date +%s)  # the LoRA recipe: the adapter alone, packed CUDA IPC, sleep/wake
+    $PYTHON -m ludic train examples/configs/gsm8k_qwen2.5_0.5b_lora_vllm.yaml \
+        "model.path=$work/model" "env.kwargs.path=$work/gsm8k_train.jsonl" \
+        "env.eval_kwargs.path=$work/gsm8k_test.jsonl" "output_dir=$work/runs_lora" \
+        trainer.steps=3 trainer.prompts_per_step=4 trainer.warmup_steps=0 \
+        algorithm.group_size=4 sampling.max_tokens=64 eval.num_problems=8 eval.every=0 \
+        trainer.checkpoint_every=100 logging.console_every=1 || status=1
+    echo "LoRA recipe run: $(( $(date +%s) - started )) s"
 else
     echo "skipped: vLLM is not installed here (pip install 'ludic-rl[vllm]')"
 fi

@@ -228,3 +228,26 @@ def policy_server(
         pids = [server.pid, *(p.pid for p in psutil.Process(server.pid).children(recursive=True))]
         server.stop()
         assert_all_gone(pids)
+
+
+def peft_policy(base: Any, seed: int, rank: int = 8) -> Any:
+    """A LoRA policy on a copy of ``base`` whose adapter changes its outputs (B != 0)."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=rank, lora_alpha=16, target_modules=["q_proj", "v_proj"])
+    model = get_peft_model(copy.deepcopy(base), config)
+    set_adapter(model, seed)
+    return model.eval()
+
+
+def set_adapter(model: Any, seed: int) -> None:
+    """Draw the adapter's tensors at random (scale 0.3), seeded."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)

@@ -5,7 +5,8 @@ to sleep while it trains (vLLM sleep mode), the weight sync waking it.
 Here on CPU, against the real CPU server: the IPC strategies and sleep/wake are refused
 with errors that say why, the API key guards the new routes, and the server keeps serving
 and syncing afterwards. On a GPU (skipped elsewhere, with the reason): IPC syncs to parity,
-sleep frees GPU memory, and a sync wakes the server with the new weights.
+sleep frees GPU memory, a sync wakes the server with the new weights, and a LoRA
+policy's adapter alone syncs through packed CUDA IPC (written, never run: no GPU here).
 """
 
 from __future__ import annotations
@@ -124,6 +125,8 @@ def colocated(tmp_path_factory: pytest.TempPathFactory):
             "--enable-sleep-mode",
             "--dtype",
             "float32",
+            "--lora-rank",  # adapter-only syncs too (full-weight syncs work as without)
+            "8",
         ],
     )
     mirror = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -152,7 +155,42 @@ def test_cuda_ipc_syncs_a_colocated_server_to_parity(colocated, strategy: str) -
             f"{strategy}: colocated sync of the tiny model in {time.perf_counter() - started:.4f}s"
         )
         assert client.get_policy_version() == version
+        assert client.weight_sync.verified == 1  # checksums as loaded on the GPU, and canary
         served = ServedPolicy(server, client, mirror, build_tiny_tokenizer(), model_dir, 1e-3)
+        served.assert_parity()
+    finally:
+        client.close()
+
+
+@needs_gpu
+def test_an_adapter_sync_over_packed_cuda_ipc_is_verified_and_serves_the_policy(
+    colocated,
+) -> None:
+    """The LoRA recipe's path: the peft adapter alone through packed CUDA IPC, loaded by
+    vLLM's LoRA support, verified, and serving; a full-weight sync then serves the base."""
+    from tests.vllm.helpers import ServedPolicy, peft_policy
+
+    from ludic.distributed.weights import adapter_config, adapter_state_dict
+    from ludic.inference.vllm.canary import ModelCanary
+    from ludic.models.tiny import build_tiny_tokenizer
+
+    server, mirror, model_dir = colocated
+    policy = peft_policy(mirror, seed=10)
+    client = VLLMChatClient(server.url, api_key=API_KEY, timeout_s=60.0)
+    try:
+        client.init_weight_sync(strategy=create_strategy("packed_cuda_ipc"))
+        client.set_lora_adapter(adapter_config(policy))
+        client.set_canary(ModelCanary(policy), every=1)
+        version = client.get_policy_version() + 1
+        started = time.perf_counter()
+        client.sync_weights(adapter_state_dict(policy), version=version)
+        print(f"adapter sync of the tiny model in {time.perf_counter() - started:.4f}s")
+        assert client.weight_sync.verified == 1 and client.weight_sync.canary_diffs
+        served = ServedPolicy(server, client, policy, build_tiny_tokenizer(), model_dir, 1e-3)
+        served.assert_parity()
+        client.set_canary(None)
+        client.sync_weights(mirror.state_dict(), version=version + 1)
+        served.mirror = mirror
         served.assert_parity()
     finally:
         client.close()

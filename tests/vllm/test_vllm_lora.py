@@ -19,7 +19,16 @@ import httpx
 import psutil
 import pytest
 import torch
-from tests.vllm.helpers import AUTH, FAULT_ENV, FAULT_WORKER, PROMPT, ServedPolicy, python_path
+from tests.vllm.helpers import (
+    AUTH,
+    FAULT_ENV,
+    FAULT_WORKER,
+    PROMPT,
+    ServedPolicy,
+    peft_policy,
+    python_path,
+    set_adapter,
+)
 
 pytest.importorskip("vllm", reason="vLLM is not installed")
 
@@ -94,24 +103,6 @@ def test_a_started_server_gets_a_random_key_that_only_the_client_knows(lora_serv
     ]
     assert servers and all(key not in " ".join(p.cmdline()) for p in servers)
     assert key not in Path(lora_served.root, "vllm_server.log").read_text(errors="replace")
-
-
-def peft_policy(base: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """A LoRA policy on a copy of ``base`` whose adapter changes its outputs (B != 0)."""
-    from peft import LoraConfig, get_peft_model
-
-    config = LoraConfig(r=RANK, lora_alpha=16, target_modules=["q_proj", "v_proj"])
-    model = get_peft_model(copy.deepcopy(base), config)
-    set_adapter(model, seed)
-    return model.eval()
-
-
-def set_adapter(model: torch.nn.Module, seed: int) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
 
 
 def test_an_adapter_sync_serves_the_policy_verified_and_a_full_sync_the_base(lora_served):

@@ -28,10 +28,18 @@ def _perturb(tensors, scale: float, seed: int) -> None:
 
 
 def test_head_only_then_full_sync_update_the_scores(served_reward):
+    """Each sync verified: the checksums, and the canary (the server's raw score of fixed
+    tokens against the trained model's); a canary of other weights fails naming it."""
+    import copy
+
+    from ludic.distributed.weight_transfer.verify import SyncVerificationError
+    from ludic.inference.vllm.canary import RewardCanary
+
     mirror = served_reward.mirror
     client = VLLMRewardClient(served_reward.url, api_key=API_KEY, timeout_s=60.0)
     try:
         client.init_weight_sync(master_port=served_reward.server.group_port)
+        client.set_canary(RewardCanary(mirror), every=1)
         before = served_reward.scores(TEXTS, normalize=False)
 
         _perturb([mirror.score.weight], scale=0.5, seed=1)
@@ -61,5 +69,14 @@ def test_head_only_then_full_sync_update_the_scores(served_reward):
         (report,) = client.control.weight_report()["workers"]
         loaded_parts = {p for entry in report["loaded"].values() for p in entry["parts"]}
         assert loaded_parts == set(mirror.state_dict()) - set(report["unverified"])
+        assert [version for version, _ in client.weight_sync.canary_diffs] == [7, 8]
+
+        other = copy.deepcopy(mirror)  # a trainer whose weights the server does not run
+        _perturb([other.score.weight], scale=0.5, seed=3)
+        client.set_canary(RewardCanary(other), every=1)
+        with pytest.raises(SyncVerificationError, match="canary's 24 tokens have score"):
+            client.sync_weights(
+                {"score.weight": mirror.score.weight}, version=9, training_mode="head_only"
+            )
     finally:
         client.close()

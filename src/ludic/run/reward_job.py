@@ -46,7 +46,7 @@ from ludic.run.preflight import check_config
 from ludic.run.progress import ProgressLogger, print_summary
 from ludic.run.run_dir import RunDirectory, open_run, removed_if_start_fails
 from ludic.run.run_loggers import run_loggers
-from ludic.run.servers import vllm_server_client
+from ludic.run.servers import arm_reward_canary, vllm_server_client
 from ludic.run.signals import interrupts_deferred
 from ludic.training.checkpoint import CheckpointConfig
 from ludic.training.loggers import RichConsoleLogger
@@ -113,6 +113,7 @@ def train_reward_model(
         client = None
         if publisher is None and rm.server is not None:
             client = stack.enter_context(_reward_server(config, run))
+            arm_reward_canary(client, model, rm.server)  # type: ignore[arg-type]
             publisher = create_reward_publisher(client, training_mode=rm.training_mode)
         trainer = PreferenceTrainer(
             model,

@@ -49,12 +49,24 @@ def arm_canary(client: Any, policy: torch.nn.Module, config: RunConfig) -> None:
     unless verification is off. A sharded trainer (``trainer.world_size`` > 1) has no
     canary: its forward pass needs every rank, and only rank 0 publishes; its syncs are
     checked by the checksums alone."""
-    v = config.inference.vllm
-    if v.verify_sync == "off" or v.canary_every == 0 or config.trainer.world_size > 1:
+    if config.trainer.world_size > 1:
         return
     from ludic.inference.vllm.canary import ModelCanary
 
-    client.set_canary(ModelCanary(policy), every=v.canary_every)
+    _set_canary(client, config.inference.vllm, lambda: ModelCanary(policy))
+
+
+def arm_reward_canary(client: Any, model: torch.nn.Module, v: VLLMConfig) -> None:
+    """The same for a reward server whose model is trained: its raw score of the canary
+    against ``model``'s (``RewardCanary``)."""
+    from ludic.inference.vllm.canary import RewardCanary
+
+    _set_canary(client, v, lambda: RewardCanary(model))
+
+
+def _set_canary(client: Any, v: VLLMConfig, make: Callable[[], Any]) -> None:
+    if v.verify_sync != "off" and v.canary_every > 0:
+        client.set_canary(make(), every=v.canary_every)
 
 
 def adapter_sync(config: RunConfig) -> bool:

@@ -36,7 +36,7 @@ import torch
 
 from ludic.inference.request import CompletionRequest
 from ludic.inference.sampling import to_openai_params
-from ludic.inference.vllm.canary import ModelCanary
+from ludic.inference.vllm.canary import Canary
 from ludic.inference.vllm.http import (  # noqa: F401 (re-exported)
     KEEPALIVE_EXPIRY_S,
     VERSION_END_HEADER,
@@ -304,7 +304,7 @@ class VLLMChatClient:
             "(paused: in-flight requests aborted)"
         )
 
-    def set_canary(self, canary: ModelCanary | None, *, every: int = 10) -> None:
+    def set_canary(self, canary: Canary | None, *, every: int = 10) -> None:
         """Check the server's logprobs of ``canary``'s fixed tokens against the trainer's
         (``canary``: a ``ModelCanary`` of the trainer's model) after the first verified
         sync and every ``every`` syncs (``ludic.inference.vllm.canary``)."""

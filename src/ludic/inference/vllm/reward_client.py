@@ -32,6 +32,7 @@ from ludic.inference.reward_client import (
     ScoringRequest,
     ScoringResponse,
 )
+from ludic.inference.vllm.canary import Canary
 from ludic.inference.vllm.http import VERSION_HEADER, VLLMServerError
 from ludic.inference.vllm.weight_sync import VerifySync, VLLMConnection
 
@@ -183,9 +184,17 @@ class VLLMRewardClient:
                 self.weight_sync.publish(clean, version=version)
             finally:
                 publisher.apply_timeout_s = usual
+        with self.weight_sync.stage("canary"):
+            self.weight_sync.run_canary()
         return f"synced {len(clean)} reward-model tensors ({mode.value}) to {self.base_url}" + (
             "" if version is None else f" as version {version}"
         )
+
+    def set_canary(self, canary: Canary | None, *, every: int = 10) -> None:
+        """Check the server's raw score of ``canary``'s fixed tokens against the trainer's
+        (``canary``: a ``RewardCanary`` of the reward model being trained) after the first
+        verified sync and every ``every`` syncs (``ludic.inference.vllm.canary``)."""
+        self.weight_sync.canary, self.weight_sync.canary_every = canary, every
 
     async def get_model_version(self) -> int:
         """The served reward model's version (bumped by every completed sync)."""

@@ -24,7 +24,7 @@ from ludic.distributed.weight_transfer.broadcast import GroupFailureError
 from ludic.distributed.weight_transfer.deadlines import SyncProgress
 from ludic.distributed.weight_transfer.verify import SyncVerificationError, check_reports
 from ludic.inference.vllm.adapter import ADAPTER_NAME, is_lora_name
-from ludic.inference.vllm.canary import ModelCanary, check_canary, server_canary
+from ludic.inference.vllm.canary import Canary, check_canary
 from ludic.inference.vllm.http import AsyncHTTP, VLLMControlPlane, VLLMServerError
 
 
@@ -94,7 +94,7 @@ class WeightSyncSession:
         self.ranks: list[tuple[int, int]] = []  # each server's first and last rank
         self.syncs = 0  # syncs published through this group
         self.verified = 0  # syncs verified through this group
-        self.canary: ModelCanary | None = None  # the trainer's model, for the canary
+        self.canary: Canary | None = None  # the trainer's model, for the canary
         self.canary_every = 10
         self.canary_diffs: list[tuple[int | None, float]] = []  # (version, largest |diff|)
         self.canary_version: int | None = None  # a sync whose canary is due (run_canary)
@@ -263,13 +263,19 @@ class WeightSyncSession:
         canary, version, self.canary_version = self.canary, self.canary_version, None
         if canary is None or version is None:
             return
-        trained = canary.logprobs()
+        trained = canary.trained()
         for control in self.controls:
             server = control.policy.base_url
-            served = server_canary(control, canary.ids)
+            served = canary.served(control)
             dtypes = [canary.dtype, self.served_dtypes.get(server) or canary.dtype]
             worst = check_canary(
-                served, trained, canary.ids, dtypes=dtypes, server=server, version=version
+                served,
+                trained,
+                canary.ids,
+                dtypes=dtypes,
+                server=server,
+                version=version,
+                what=canary.what,
             )
             self.canary_diffs.append((version, worst))
 
