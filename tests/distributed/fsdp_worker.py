@@ -6,13 +6,15 @@
 
 Every rank builds the same tiny policy and the same batches (rank 0's batch source is the
 one used); after the steps rank 0 writes ``OUT/result.pt``: each step's metrics and the
-final full weights (gathered from the shards).
+final full weights (gathered from the shards). Several runs, one after the other in the
+same processes (and process group): ``OUT1 ARGS1 + OUT2 ARGS2 + ...``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -72,7 +74,7 @@ class ListSource:
         return self.items[self.calls - 1]
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("algorithm", choices=sorted(ALGORITHMS))
@@ -91,18 +93,38 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--groups", action="store_true", help="pairs of items share a prompt")
     parser.add_argument("--no-shared-prefix", action="store_true")
-    args = parser.parse_args()
+    return parser
 
+
+def main() -> None:
+    runs, current = [], []
+    for arg in sys.argv[1:]:  # OUT1 ARGS1 + OUT2 ARGS2 ...
+        if arg == "+":
+            runs.append(current)
+            current = []
+        else:
+            current.append(arg)
+    runs.append(current)
+    all_args = [parser().parse_args(argv) for argv in runs if argv]
     ranks = TrainerRanks.from_env()
-    device = args.device
+    device = all_args[0].device
     if ranks is not None:
         if device == "cuda":  # one GPU per rank, NCCL
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
             device = f"cuda:{os.environ['LOCAL_RANK']}"
-        backend = "cpu:gloo,cuda:nccl" if args.device == "cuda" else "gloo"
+        backend = "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
         torch.distributed.init_process_group(backend)
         ranks = TrainerRanks.current()
     torch.set_num_threads(1)
+    for args in all_args:
+        train_once(args, ranks, device)
+    if ranks is not None:
+        from ludic.run.trainer_ranks import leave_trainer_group
+
+        leave_trainer_group()
+
+
+def train_once(args: argparse.Namespace, ranks: TrainerRanks | None, device: str) -> None:
     dtype = getattr(torch, args.dtype)
     model = build_tiny_causal_lm(build_tiny_tokenizer(), seed=0).to(dtype)
     config = TrainerConfig(
@@ -153,11 +175,6 @@ def main() -> None:
         torch.save({"history": history, "weights": weights}, args.out / "result.pt")
     if client is not None:
         client.close()
-    if ranks is not None:
-        from ludic.run.trainer_ranks import leave_trainer_group
-
-        del trainer, model
-        leave_trainer_group()
 
 
 if __name__ == "__main__":

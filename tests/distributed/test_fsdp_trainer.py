@@ -21,12 +21,17 @@ pytestmark = pytest.mark.skipif(
 
 
 def run(out: Path, *args: str, world_size: int = 1) -> subprocess.CompletedProcess[str]:
+    return run_argv([str(out), *args], world_size=world_size)
+
+
+def run_argv(argv: list[str], world_size: int = 1) -> subprocess.CompletedProcess[str]:
+    """The worker with ``argv`` (``OUT ARGS``, or several runs: ``OUT1 ARGS1 + OUT2 ...``)."""
     if world_size == 1:
-        command = [sys.executable, str(WORKER), str(out), *args]
+        command = [sys.executable, str(WORKER), *argv]
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        command += [f"--nproc-per-node={world_size}", str(WORKER), str(out), *args]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        command += [f"--nproc-per-node={world_size}", str(WORKER), *argv]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
 def train(out: Path, *args: str, world_size: int = 1) -> dict:
@@ -35,37 +40,51 @@ def train(out: Path, *args: str, world_size: int = 1) -> dict:
     return torch.load(out / "result.pt", weights_only=True)
 
 
-@pytest.mark.parametrize(
-    ("args", "tol"),
-    [
-        # several micro-batches per rank, ranks running padding micro-batches
-        (["grpo", "float64", "--budget", "48"], 1e-10),
-        # GRPO groups share prompts: sharded ranks run plain forwards (a shared-prefix one
-        # runs the decoder twice; every rank must run as many as the others), compared with
-        # a single process told to do the same
-        (["grpo", "float64", "--groups", "--batch", "8"], 1e-10),
-        # two updates per step: proximal logprobs sharded, batch-mean preprocess
-        (["decoupled_ppo", "float64", "--minibatches", "2"], 1e-10),
-        # sequence-level ratios; the whole-vocabulary logits path. In float32 Adam turns
-        # rounding noise in near-zero gradients (k_proj's bias: softmax ignores it) into
-        # updates of up to lr; eps 1e-3 keeps those at the gradients' own precision.
-        (["gspo", "float32", "--logprobs", "full", "--budget", "1000", "--adam-eps", "1e-3"], 1e-5),
-        (["gspo", "float64", "--logprobs", "full", "--budget", "1000"], 1e-10),
-        # one item: rank 1 has nothing of its own and runs padding only
-        (["sft", "float64", "--batch", "1"], 1e-10),
-    ],
-    ids=[
-        "grpo-microbatches",
-        "grpo-groups",
-        "decoupled-minibatches",
-        "gspo-float32",
-        "gspo-float64",
-        "one-item",
-    ],
-)
-def test_two_ranks_train_exactly_as_one_process(tmp_path: Path, args: list[str], tol: float):
-    one = train(tmp_path / "one", *args, *(["--no-shared-prefix"] if "--groups" in args else []))
-    two = train(tmp_path / "two", *args, world_size=2)
+EXACT = {
+    # several micro-batches per rank, ranks running padding micro-batches
+    "grpo-microbatches": (["grpo", "float64", "--budget", "48"], 1e-10),
+    # GRPO groups share prompts: sharded ranks run plain forwards (a shared-prefix one runs
+    # the decoder twice; every rank must run as many as the others), compared with a single
+    # process told to do the same
+    "grpo-groups": (["grpo", "float64", "--groups", "--batch", "8"], 1e-10),
+    # two updates per step: proximal logprobs sharded, batch-mean preprocess
+    "decoupled-minibatches": (["decoupled_ppo", "float64", "--minibatches", "2"], 1e-10),
+    # sequence-level ratios; the whole-vocabulary logits path. In float32 Adam turns
+    # rounding noise in near-zero gradients (k_proj's bias: softmax ignores it) into
+    # updates of up to lr; eps 1e-3 keeps those at the gradients' own precision.
+    "gspo-float32": (
+        ["gspo", "float32", "--logprobs", "full", "--budget", "1000", "--adam-eps", "1e-3"],
+        1e-5,
+    ),
+    "gspo-float64": (["gspo", "float64", "--logprobs", "full", "--budget", "1000"], 1e-10),
+    # one item: rank 1 has nothing of its own and runs padding only
+    "one-item": (["sft", "float64", "--batch", "1"], 1e-10),
+}
+
+
+@pytest.fixture(scope="module")
+def exact_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every case of :data:`EXACT` trained by one process and by two ranks: one process
+    (and one torchrun) for all of them, one case after another (the start-ups are most of
+    the time)."""
+    root = tmp_path_factory.mktemp("fsdp_exact")
+    one: list[str] = []
+    two: list[str] = []
+    for name, (args, _) in EXACT.items():
+        same = ["--no-shared-prefix"] if "--groups" in args else []
+        one += ["+", str(root / "one" / name), *args, *same]
+        two += ["+", str(root / "two" / name), *args]
+    for argv, world_size in ((one[1:], 1), (two[1:], 2)):
+        done = run_argv(argv, world_size=world_size)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return root
+
+
+@pytest.mark.parametrize("case", list(EXACT))
+def test_two_ranks_train_exactly_as_one_process(exact_runs: Path, case: str):
+    args, tol = EXACT[case]
+    one = torch.load(exact_runs / "one" / case / "result.pt", weights_only=True)
+    two = torch.load(exact_runs / "two" / case / "result.pt", weights_only=True)
     assert len(one["history"]) == len(two["history"]) == 2
     for step_one, step_two in zip(one["history"], two["history"], strict=True):
         assert set(step_one) == set(step_two)

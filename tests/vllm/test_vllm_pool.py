@@ -9,6 +9,7 @@ restart server B."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -39,30 +40,32 @@ DEMO = Path(__file__).parents[2] / "src" / "ludic" / "configs" / "arithmetic_dem
 
 
 class Pair:
-    """Two servers on the same tiny model and the transformers mirror of their weights."""
+    """Two servers on the same tiny model and the transformers mirror of their weights:
+    A started as ``ludic train`` starts one, B with ``ludic serve policy --join RUN_DIR``
+    (RUN_DIR a pool run on the same model), each pinned to a core of its own."""
 
     def __init__(self, root):
         from transformers import AutoModelForCausalLM
 
+        from ludic.distributed.weight_transfer import free_port
         from ludic.inference.vllm.process import start_vllm_server
         from ludic.models.tiny import save_tiny_model
 
         self.root = root
         self.model_dir = save_tiny_model(root / "model")
-        self.servers = [
-            start_vllm_server(
-                self.model_dir,
-                api_key=API_KEY,
-                log_path=root / f"server{i}.log",
-                wait=False,
-                cpu_cores=str(i % (os.cpu_count() or 1)),  # one core each, as ludic train does
-                extra_args=["--worker-extension-cls", FAULT_WORKER],  # off unless fault{i}
-                env={FAULT_ENV: str(root / f"fault{i}"), "PYTHONPATH": python_path()},
-            )
-            for i in range(2)
-        ]
-        for server in self.servers:
-            server.wait_until_healthy(300)
+        a = start_vllm_server(
+            self.model_dir,
+            api_key=API_KEY,
+            log_path=root / "server0.log",
+            wait=False,
+            cpu_cores="0",  # one core each, as ludic train does
+            extra_args=["--worker-extension-cls", FAULT_WORKER],  # off unless fault0
+            env={FAULT_ENV: str(root / "fault0"), "PYTHONPATH": python_path()},
+        )
+        b = JoinedServer(self, port=free_port(), cpu_cores=str(1 % (os.cpu_count() or 1)))
+        self.servers = [a, b]
+        a.wait_until_healthy(300)
+        b.wait_until_announced()
         self.mirror = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
         self.mirror.eval()
 
@@ -113,11 +116,12 @@ def pair(tmp_path_factory):
 
 class JoinedServer:
     """``ludic serve policy --join RUN_DIR --port P`` as a user starts it (the key in
-    ``LUDIC_API_KEY``), RUN_DIR a pool run's config on the pair's model; up, and
-    announced, when this returns."""
+    ``LUDIC_API_KEY``), RUN_DIR a pool run's config on the pair's model; with the tests'
+    fault worker (``fault1``) and pinned to ``cpu_cores``. :meth:`wait_until_announced`
+    returns once it serves and its join file is written."""
 
-    def __init__(self, pair: Pair, port: int) -> None:
-        from ludic.inference.vllm.process import wait_for_vllm_health
+    def __init__(self, pair: Pair, port: int, cpu_cores: str) -> None:
+        from ludic.inference.vllm.process import CPU_CORES_ENV
         from ludic.run.loading import dump_config, load_config
 
         self.run_dir = pair.root / "run"
@@ -126,22 +130,44 @@ class JoinedServer:
         config = load_config(DEMO, [*overrides, f"model.path={pair.model_dir}"])
         (self.run_dir / "config.yaml").write_text(dump_config(config))
         self.port, self.url = port, f"http://127.0.0.1:{port}"
-        log = pair.root / "server1-joined.log"
+        self.log = pair.root / f"server1-joined-{len(list(pair.root.glob('server1-*')))}.log"
         argv = ["serve", "policy", "--join", str(self.run_dir), "--port", str(port)]
-        with open(log, "wb") as out:
+        argv += ["--worker-extension-cls", FAULT_WORKER]
+        env = {
+            **os.environ,
+            "LUDIC_API_KEY": API_KEY,
+            FAULT_ENV: str(pair.root / "fault1"),
+            "PYTHONPATH": python_path(),
+            CPU_CORES_ENV: cpu_cores,
+            "VLLM_CPU_OMP_THREADS_BIND": cpu_cores,
+        }
+        with open(self.log, "wb") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "ludic", *argv],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "LUDIC_API_KEY": API_KEY},
+                env=env,
                 start_new_session=True,
             )
         self.pid = self.process.pid
-        wait_for_vllm_health(self.url, 300, process=self.process, log_path=log)
+
+    def wait_until_announced(self) -> None:
+        from ludic.inference.vllm.process import wait_for_vllm_health
+
+        wait_for_vllm_health(self.url, 300, process=self.process, log_path=self.log)
         deadline = time.monotonic() + 30
-        while not read_join_files(self.run_dir / "servers"):
+        while self._announced_pid() != self.pid:
             assert time.monotonic() < deadline, "the joined server wrote no join file"
             time.sleep(0.2)
+
+    def _announced_pid(self) -> int | None:
+        name = read_join_files(self.run_dir / "servers").get(self.url)
+        if name is None:
+            return None
+        return json.loads((self.run_dir / "servers" / name).read_text())["pid"]
+
+    def log_tail(self, num_lines: int) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-num_lines:])
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -266,20 +292,23 @@ def test_a_rejected_update_fails_the_publish_and_takes_nothing_out(pair):
         assert [s.client.get_policy_version() for s in pool.servers] == before
 
 
-def test_a_server_that_fails_verification_is_taken_out_until_a_verified_sync(pair):
+@pytest.mark.parametrize("publish", ["per_server", "one_group"])
+def test_a_server_that_fails_verification_is_taken_out_until_a_verified_sync(pair, publish):
     """B's loader corrupts one value: the publish reaches A, and B (which still answers) is
-    taken out rather than left serving other weights. Once back, the next publish forms
+    taken out rather than left serving other weights (one group spanning both: every
+    server's report is checked, the failing one named). Once back, the next publish forms
     its group again, syncs and verifies it, and only then does it serve again."""
-    with pair.pool(timeout_s=30.0, probe_interval_s=0.2) as pool:
+    version = 21 if publish == "per_server" else 24
+    with pair.pool(publish=publish, timeout_s=30.0, probe_interval_s=0.2) as pool:
         pool.init_weight_sync()
         fault = pair.root / "fault1"
         fault.write_text("corrupt model.norm.weight")
         try:
-            perturb(pair.mirror, seed=21)
-            status = pool.sync_weights(pair.mirror.state_dict(), version=21)
+            perturb(pair.mirror, seed=version)
+            status = pool.sync_weights(pair.mirror.state_dict(), version=version)
         finally:
             fault.unlink()
-        assert "1/2 server(s) as version 21" in status
+        assert f"1/2 server(s) as version {version}" in status
         a, b = pool.status()
         assert a["live"] and not b["live"] and b["stale"]
         assert "SyncVerificationError" in b["last_error"] and "norm" in b["last_error"]
@@ -292,23 +321,23 @@ def test_a_server_that_fails_verification_is_taken_out_until_a_verified_sync(pai
                 break
             time.sleep(0.1)
         assert pool.status()[1]["live"] and pool.status()[1]["stale"]  # answers, not serving
-        pair.publish_to_both(pool, version=22)
+        pair.publish_to_both(pool, version=version + 1)
 
 
-def test_a_server_that_joins_serves_once_a_publish_synced_and_verified_it(pair, tmp_path):
-    """A pool of A alone reads the join files ``ludic serve policy --join`` writes
-    (``write_join_file``): B is added before the next publish, takes it (its group formed,
-    the update verified) and only then serves. A file whose server never answers is left
-    out without failing the publish."""
+def test_a_server_that_joins_serves_once_a_publish_synced_and_verified_it(pair):
+    """A pool of A alone, as a run's: B (``ludic serve policy --join RUN_DIR``) announced
+    itself in RUN_DIR/servers; it is added before the next publish, takes it (its group
+    formed, the update verified) and only then serves. A file whose server never answers
+    is left out without failing the publish."""
     from ludic.inference.vllm.client import VLLMChatClient
     from ludic.inference.vllm.joins import write_join_file
 
+    folder = pair.servers[1].run_dir / "servers"
     pool = VLLMClientPool.connect(pair.urls[:1], api_key=API_KEY, timeout_s=60.0)
     with pool:
-        pool.accept_joins(tmp_path, lambda url: VLLMChatClient(url, api_key=API_KEY, max_retries=0))
+        pool.accept_joins(folder, lambda url: VLLMChatClient(url, api_key=API_KEY, max_retries=0))
         pool.init_weight_sync()
-        write_join_file(tmp_path, pair.urls[1])
-        write_join_file(tmp_path, "http://127.0.0.1:9")  # nothing listens there
+        dead = write_join_file(folder, "http://127.0.0.1:9")  # nothing listens there
         before = complete_all(pool, [CompletionRequest(PROMPT, GREEDY)] * 4)
         assert {r.meta["server"] for r in before} == {pair.urls[0]}  # joins wait for a publish
         perturb(pair.mirror, seed=23)
@@ -316,6 +345,7 @@ def test_a_server_that_joins_serves_once_a_publish_synced_and_verified_it(pair, 
         assert {r.trace.policy_version for r in responses} == {23}
         assert pool.base_urls == pair.urls
         assert [s.client.weight_sync.verified for s in pool.servers] == [1, 1]
+    dead.unlink()
 
 
 def test_no_server_left_raises_a_clear_error(pair):
@@ -369,9 +399,10 @@ def test_a_killed_server_is_taken_out_and_comes_back_after_a_restart(pair):
         pair.assert_mirrored(response)
 
         victim.stop()
-        pair.servers[1] = joined = JoinedServer(pair, port=victim.port)
-        announced = read_join_files(joined.run_dir / "servers")
-        assert announced == {victim.url: f"127.0.0.1-{victim.port}.json"}
+        # killed, it could not take its join file away: the restart writes its own
+        assert victim.url in read_join_files(victim.run_dir / "servers")
+        pair.servers[1] = joined = JoinedServer(pair, port=victim.port, cpu_cores="1")
+        joined.wait_until_announced()
 
         async def until_probed() -> set[str]:
             servers = set()
@@ -396,7 +427,7 @@ def test_a_killed_server_is_taken_out_and_comes_back_after_a_restart(pair):
 def test_a_server_dead_at_a_one_group_publish_is_left_out(pair):
     """One group spans both servers; B dies before a publish: the broken group is formed
     again over A alone and the update pushed once more. (Last test: B stays dead.)"""
-    with pair.pool(publish="one_group", timeout_s=30.0, max_retries=0) as pool:
+    with pair.pool(publish="one_group", timeout_s=10.0, max_retries=0) as pool:
         pool.init_weight_sync()
         os.killpg(pair.servers[1].pid, signal.SIGKILL)
         pair.servers[1].process.wait(10)

@@ -173,3 +173,39 @@ def test_the_canary_catches_what_the_checksums_cannot_see(served):
     finally:
         served.client.set_canary(None)
     served.assert_parity()
+
+
+def test_a_run_whose_server_corrupts_a_tensor_stops_naming_it(served, tmp_path):
+    """``ludic train``'s path (``jobs.train``) against the session server, whose loader
+    corrupts one value: the run's first publish fails verification and the run stops with
+    the error naming the server, the version and the tensor. (A server the run started is
+    stopped on any failure: ``tests/faults/test_crash_resume_vllm.py``.)"""
+    from tests.faults.helpers import DEMO
+
+    from ludic import jobs
+    from ludic.run.loading import load_config
+
+    port = served.server.url.rsplit(":", 1)[1]
+    config = load_config(
+        DEMO,
+        [
+            f"output_dir={tmp_path}",
+            "inference.backend=vllm",
+            "inference.vllm.start_server=false",
+            f"inference.vllm.port={port}",
+            f"inference.vllm.api_key={API_KEY}",
+            "warm_start.steps=0",
+            "trainer.steps=2",
+            "eval.every=0",
+        ],
+    )
+    served.fault_file.write_text("corrupt model.norm.weight")
+    try:
+        with pytest.raises(SyncVerificationError, match=r"version 0, .*'model\.norm\.weight'"):
+            jobs.train(config)
+    finally:
+        served.fault_file.write_text("")
+        served.client.close()  # the run took the server's group: a new one, the mirror back
+        served.connect()
+        served.client.sync_weights(served.mirror.state_dict(), version=49)
+    served.assert_parity()

@@ -1,5 +1,6 @@
-"""The reward router over real vLLM CPU servers: two reward servers behind one address
-both take work and score like a server asked directly; one killed with SIGKILL mid-run
+"""The reward router over real vLLM CPU servers: two reward servers (the session's and
+one more, synced to its weights) behind one address both take work and score like a
+server asked directly; one killed with SIGKILL mid-run
 loses no sample; DisRM scoring and a GenRM judge (the session's policy server) behind one
 router address, routed by path."""
 
@@ -33,24 +34,21 @@ TEXTS = [f"Question: {i}+{i % 7}=\nAnswer: {2 * i}" for i in range(40)]
 
 
 @pytest.fixture(scope="module")
-def two_reward_servers(tmp_path_factory: pytest.TempPathFactory):
+def two_reward_servers(tmp_path_factory: pytest.TempPathFactory, served_reward):
+    """The session's reward server (a) and one more (b, this module's: the one killed),
+    b synced to a's weights (``served_reward.mirror``), so both score alike."""
     from ludic.models.tiny import save_tiny_reward_model
 
     root = tmp_path_factory.mktemp("router_vllm")
     model_dir = save_tiny_reward_model(root / "model")
-    servers = [
-        start_vllm_server(
-            model_dir, kind="reward", api_key=API_KEY, log_path=root / f"{n}.log", wait=False
-        )
-        for n in ("a", "b")
-    ]
+    b = start_vllm_server(model_dir, kind="reward", api_key=API_KEY, log_path=root / "b.log")
     try:
-        for server in servers:
-            server.wait_until_healthy(300)
-        yield servers
+        with VLLMRewardClient(b.url, api_key=API_KEY, timeout_s=60) as client:
+            client.init_weight_sync(master_port=b.group_port)
+            client.sync_weights(served_reward.mirror.state_dict(), training_mode="full")
+        yield [served_reward.server, b]
     finally:
-        for server in servers:
-            server.stop()
+        b.stop()
 
 
 def direct_scores(url: str, texts: list[str]) -> list[float]:

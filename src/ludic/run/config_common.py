@@ -187,9 +187,10 @@ class VLLMConfig(Section):
     The policy's setting also applies to the in-process backend (``inference.backend:
     transformers``), whose copy is read back after each sync."""
     canary_every: int = Field(10, ge=0)
-    """Policy servers, while verification is on: after the first sync and every this many
-    syncs, the server's logprobs of a fixed token sequence are checked against the
-    trainer's (``ludic.inference.vllm.canary``); 0: never. Not run for a sharded trainer."""
+    """While verification is on: after the first sync and every this many syncs, the
+    server's logprobs of a fixed token sequence (a reward server being trained: its raw
+    score of it) are checked against the trainer's (``ludic.inference.vllm.canary``); 0:
+    never. Not run for a sharded trainer."""
     api_key: str | None = Field(None, exclude=True, repr=False)
     """The server's API key (every route but /health needs it). null: $LUDIC_API_KEY if
     set, else a fresh random key for a server ludic starts (none for a running one).

@@ -42,7 +42,12 @@ _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class SyncVerificationError(RuntimeError):
-    """A server's weights after a sync differ from what the trainer sent."""
+    """A server's weights after a sync differ from what the trainer sent. ``servers``: the
+    base URLs of the servers that failed (a group spanning several checks every one)."""
+
+    def __init__(self, message: str, *, servers: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.servers = list(servers)
 
 
 def checksums(tensors: Sequence[torch.Tensor]) -> list[Checksum]:

@@ -21,10 +21,11 @@ initial ones), so it stays out until the next :meth:`VLLMClientPool.sync_weights
 forms its weight-sync group again and sends it the full update. A server never serves a
 version older than the pool's.
 
-**Joining.** With :meth:`VLLMClientPool.accept_joins`, a server started during the run
-(``ludic serve policy --join RUN_DIR``, ``ludic.inference.vllm.joins``) is added before
-the next publish, as stale: that publish forms its group, sends it the update and
-verifies it, and only then does it take requests.
+**Joining.** :meth:`VLLMClientPool.add_server` adds a server during the run, as stale:
+the next publish forms its group, sends it the update and verifies it, and only then does
+it take requests. With :meth:`VLLMClientPool.accept_joins`, the servers started with
+``ludic serve policy --join RUN_DIR`` (``ludic.inference.vllm.joins``) are added so before
+each publish.
 
 **Weight sync.** ``publish`` chooses how one update reaches every server:
 
@@ -35,6 +36,11 @@ verifies it, and only then does it take requests.
   several control planes); each chunk is announced to every server and broadcast once. A
   server that dies breaks the collective for all: the pool takes out the servers that no
   longer answer ``/health``, forms the group again over the others and pushes once more.
+  Every server's report is checked; those that fail verification are taken out, the
+  others hold the update.
+
+In both modes a server whose sync fails verification is taken out (it still answers, but
+holds weights other than the trainer's) until a later publish syncs and verifies it.
 
 A failure on a server that still answers ``/health`` (a rejected update, a name the model
 does not have) fails the publish with that server's error. A publish that reaches no
@@ -320,7 +326,7 @@ class VLLMClientPool:
                 continue
             client = make_client(url)
             try:
-                client.control.world_size()  # a route behind the key
+                self.add_server(client)
             except VLLMServerError as e:
                 self._refused.add(url)
                 client.close()
@@ -328,16 +334,25 @@ class VLLMClientPool:
                     "vLLM server %s (%s) cannot join the pool: %s; start it with the run's "
                     "API key ($LUDIC_API_KEY)", url, folder / name, e,
                 )  # fmt: skip
-                continue
             except DEAD_ERRORS:  # announced, not answering (yet, or any more)
                 client.close()
-                continue
-            canary, every = self._canary
-            client.set_canary(canary, every=every)
-            client.set_lora_adapter(self._lora_adapter)
-            with self._lock:
-                self.servers.append(PoolServer(client, len(self.servers), stale=True))
-            logger.info("vLLM server %s joined the pool (%s); it serves once synced", url, name)
+
+    def add_server(self, client: VLLMChatClient) -> PoolServer:
+        """Add the server of ``client`` to the pool, as stale: the next publish forms its
+        group, sends and verifies the update, and only then does it take requests.
+        Raises ``VLLMServerError`` if it refuses the client's key, ``ConnectionError`` /
+        ``TimeoutError`` if it does not answer, ``ValueError`` if it is in the pool."""
+        if client.base_url in {server.url for server in self.servers}:
+            raise ValueError(f"VLLMClientPool: {client.base_url} is in the pool already")
+        client.control.world_size()  # a route behind the key
+        canary, every = self._canary
+        client.set_canary(canary, every=every)
+        client.set_lora_adapter(self._lora_adapter)
+        with self._lock:
+            server = PoolServer(client, len(self.servers), stale=True)
+            self.servers.append(server)
+        logger.info("vLLM server %s joined the pool; it serves once synced", client.base_url)
+        return server
 
     def init_weight_sync(
         self,
@@ -436,6 +451,18 @@ class VLLMClientPool:
                     group.publish(params, version=version)
                 group.run_canary()
                 return targets
+            except SyncVerificationError as e:
+                failed = [s for s in targets if s.url in e.servers]
+                if not failed or len(failed) == len(targets):
+                    raise
+                for server in failed:  # out until a later publish syncs and verifies it
+                    self._take_out(server, e)
+                logger.warning(
+                    "weight sync (version %d): %s failed verification and is taken out; "
+                    "%s hold the update", version, [s.url for s in failed],
+                    [s.url for s in targets if s not in failed],
+                )  # fmt: skip
+                return [s for s in targets if s not in failed]
             except Exception as e:
                 dead = [s for s in targets if not answers(s.client)]
                 if not dead or attempt == 1:

@@ -216,25 +216,35 @@ class WeightSyncSession:
         self.syncs += 1
         if not verify:
             return
+        failed: list[SyncVerificationError] = []  # every server checked, then raised
         for control, boot_id in zip(self.controls, self.boot_ids):
             with self.stage("report"):
                 report = control.weight_report()
-            if boot_id is not None and report.get("boot_id") != boot_id:
-                raise SyncVerificationError(
-                    f"the vLLM server at {control.policy.base_url} restarted during the sync "
-                    f"of version {version} (boot id {boot_id[:8]} -> "
-                    f"{str(report.get('boot_id'))[:8]}): it serves its checkpoint's weights"
-                )
-            self.served_dtypes[control.policy.base_url] = str(report.get("dtype", ""))
-            check_reports(
-                self.publisher.last_sent,
-                report["workers"],
-                server=control.policy.base_url,
-                version=version,
-            )
+            try:
+                self._check_report(control.policy.base_url, report, boot_id, version)
+            except SyncVerificationError as e:
+                e.servers = [control.policy.base_url]
+                failed.append(e)
+        if failed:
+            for other in failed[1:]:
+                failed[0].add_note(f"also: {other}")
+                failed[0].servers += other.servers
+            raise failed[0]
         self.verified += 1
         if self._canary_due():
             self.canary_version = version
+
+    def _check_report(
+        self, server: str, report: Mapping[str, Any], boot_id: str | None, version: int | None
+    ) -> None:
+        if boot_id is not None and report.get("boot_id") != boot_id:
+            raise SyncVerificationError(
+                f"the vLLM server at {server} restarted during the sync of version {version} "
+                f"(boot id {boot_id[:8]} -> {str(report.get('boot_id'))[:8]}): it serves its "
+                "checkpoint's weights"
+            )
+        self.served_dtypes[server] = str(report.get("dtype", ""))
+        check_reports(self.publisher.last_sent, report["workers"], server=server, version=version)
 
     def _adapter_sync(self, params: Mapping[str, torch.Tensor]) -> bool:
         """Whether ``params`` are the adapter's (LoRA tensors only; refused without
