@@ -67,22 +67,17 @@ for name, n, offset in (("train", 64, 0), ("test", 16, 600)):
     ]
     (work / f"gsm8k_{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 PY
-    started=$(date +%s)
-    $PYTHON -m ludic train examples/configs/gsm8k_qwen2.5_0.5b_vllm.yaml \
-        "model.path=$work/model" "env.kwargs.path=$work/gsm8k_train.jsonl" \
-        "env.eval_kwargs.path=$work/gsm8k_test.jsonl" "output_dir=$work/runs" \
-        trainer.steps=3 trainer.prompts_per_step=4 trainer.warmup_steps=0 \
-        algorithm.group_size=4 sampling.max_tokens=64 eval.num_problems=8 eval.every=0 \
-        trainer.checkpoint_every=100 logging.console_every=1 || status=1
-    echo "recipe run: $(( $(date +%s) - started )) s"
-    started=$(date +%s)  # the LoRA recipe: the adapter alone, packed CUDA IPC, sleep/wake
-    $PYTHON -m ludic train examples/configs/gsm8k_qwen2.5_0.5b_lora_vllm.yaml \
-        "model.path=$work/model" "env.kwargs.path=$work/gsm8k_train.jsonl" \
-        "env.eval_kwargs.path=$work/gsm8k_test.jsonl" "output_dir=$work/runs_lora" \
-        trainer.steps=3 trainer.prompts_per_step=4 trainer.warmup_steps=0 \
-        algorithm.group_size=4 sampling.max_tokens=64 eval.num_problems=8 eval.every=0 \
-        trainer.checkpoint_every=100 logging.console_every=1 || status=1
-    echo "LoRA recipe run: $(( $(date +%s) - started )) s"
+    # the full-weight recipe, then the LoRA one (the adapter alone, packed CUDA IPC)
+    for recipe in gsm8k_qwen2.5_0.5b_vllm gsm8k_qwen2.5_0.5b_lora_vllm; do
+        started=$(date +%s)
+        $PYTHON -m ludic train "examples/configs/$recipe.yaml" \
+            "model.path=$work/model" "env.kwargs.path=$work/gsm8k_train.jsonl" \
+            "env.eval_kwargs.path=$work/gsm8k_test.jsonl" "output_dir=$work/runs_$recipe" \
+            trainer.steps=3 trainer.prompts_per_step=4 trainer.warmup_steps=0 \
+            algorithm.group_size=4 sampling.max_tokens=64 eval.num_problems=8 eval.every=0 \
+            trainer.checkpoint_every=100 logging.console_every=1 || status=1
+        echo "$recipe run: $(( $(date +%s) - started )) s"
+    done
 else
     echo "skipped: vLLM is not installed here (pip install 'ludic-rl[vllm]')"
 fi
