@@ -154,10 +154,15 @@ def test_pause_aborts_in_flight_requests_and_resume_restores_service(served):
             await asyncio.to_thread(control.resume)
         return aborted, await asyncio.wait_for(waiting, timeout=30)
 
-    aborted, after = asyncio.run(run())
-    reasons = [(r.finish_reason, len(r.trace.completion_token_ids)) for r in aborted]
     # A request the scheduler ran ahead of the others may finish before the pause lands (a
-    # loaded 2-core machine has served two of eight to the end); every other one is cut.
+    # loaded 2-core machine has served two of eight to the end); every other one is cut. A
+    # stalled machine once delivered the pause after all eight had finished: the scenario
+    # then says nothing about the pause, and runs again (at most twice more).
+    for _attempt in range(3):
+        aborted, after = asyncio.run(run())
+        reasons = [(r.finish_reason, len(r.trace.completion_token_ids)) for r in aborted]
+        if any(reason == "abort" for reason, _ in reasons):
+            break
     assert sum(reason == "abort" for reason, _ in reasons) >= n_long // 2, reasons
     assert all(
         (reason == "abort" and n < max_tokens) or (reason == "length" and n == max_tokens)
