@@ -87,7 +87,7 @@ def test_a_module_function_and_bad_specs(functions) -> None:
         load_reward_function("nope")
     with pytest.raises(ValueError) as missing:
         functions("absent")
-    assert "has no function 'absent'" in str(missing.value)
+    assert "has no attribute 'absent'" in str(missing.value)
     with pytest.raises(ValueError) as not_callable:
         functions("THRESHOLD")
     assert "THRESHOLD in " in str(not_callable.value)

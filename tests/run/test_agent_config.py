@@ -17,7 +17,6 @@ from ludic.run.builders import PROTOCOL_NAME, make_engine, sampling_spec
 from ludic.run.errors import RunError
 from ludic.run.loading import ConfigError, load_config
 from ludic.run.preflight import check_config
-from ludic.run.registries import load_function
 
 DEMO = Path(jobs.__file__).parent / "configs" / "arithmetic_demo.yaml"
 
@@ -55,26 +54,13 @@ def test_tool_and_react_agents_are_built_with_their_tools(tmp_path, tiny_tokeniz
     assert not isinstance(plain, ToolAgent)
 
 
-def test_load_function_reads_modules_and_files(tmp_path) -> None:
-    assert load_function("math:sqrt", field="f")(9) == 3
-    assert load_function(f"{_tools(tmp_path)}:add", field="f")(2, 3) == 5
-    with pytest.raises(ValueError, match="f: 'nocolon' must look like"):
-        load_function("nocolon", field="f")
-    with pytest.raises(FileNotFoundError, match="f: .*no file"):
-        load_function(f"{tmp_path}/missing.py:add", field="f")
-    with pytest.raises(ValueError, match="has no function 'nope'"):
-        load_function("math:nope", field="f")
-    with pytest.raises(ValueError, match="cannot import 'no_such_module_x'"):
-        load_function("no_such_module_x:f", field="f")
-
-
 def test_bad_agent_configs_name_the_field(tmp_path) -> None:
     tools = _tools(tmp_path)
     with pytest.raises(ConfigError, match="agent.tools is set but agent.kind is 'plain'"):
         load_config(DEMO, [f"agent.tools=['{tools}:add']"])
     with pytest.raises(ConfigError, match="agent.kind='react' needs agent.tools"):
         load_config(DEMO, ["agent.kind=react"])
-    with pytest.raises(RunError, match="agent.tools: .*has no function 'sub'"):
+    with pytest.raises(RunError, match="agent.tools: .*has no attribute 'sub'"):
         check_config(load_config(DEMO, ["agent.kind=tool", f"agent.tools=['{tools}:sub']"]))
     with pytest.raises(ConfigError, match="structured_outputs needs inference.backend=vllm"):
         load_config(DEMO, ["sampling.structured_outputs={regex: '[0-9]'}"])

@@ -22,7 +22,16 @@ from ludic.inference import (
 from ludic.interaction import MultiAgentProtocol, SingleAgentProtocol
 from ludic.run.config import PRESET_FIELDS, RunConfig
 from ludic.run.errors import RunError
-from ludic.run.registries import ALGORITHMS, ENVS, PARSERS, load_function, resolve
+from ludic.run.registries import (
+    ALGORITHM,
+    ALGORITHMS,
+    CREDIT_ASSIGNER,
+    ENV,
+    PARSER,
+    TOOL,
+    load_part,
+    resolve,
+)
 from ludic.training import (
     EnvSpec,
     ProtocolSpec,
@@ -34,6 +43,7 @@ from ludic.training import (
 from ludic.training.batching import SampleFilter
 from ludic.training.filters import drop_version_span
 from ludic.training.reward_model.config import PreferenceTrainerConfig
+from ludic.training.types import CreditAssigner
 
 ENV_NAME = "env"
 PROTOCOL_NAME = "single_agent"
@@ -49,7 +59,7 @@ def make_engine(
 ) -> RolloutEngine:
     """One env kind and one single-agent protocol, built fresh for every episode;
     ``on_episode`` callbacks see each episode's rollouts as it ends (the reward loop)."""
-    parser = resolve("parser", config.agent.parser, PARSERS)
+    parser = load_part(PARSER, config.agent.parser, field="agent.parser")
     field = "env.kwargs" if env_overrides is None else "env.eval_kwargs"
 
     def make_env():
@@ -91,7 +101,7 @@ def agent_factory(
     )
     if a.kind == "plain":
         return lambda: Agent(context=FullDialog(system_prompt=a.system_prompt), **common)
-    tools = [load_function(spec, field="agent.tools") for spec in a.tools]
+    tools = [load_part(TOOL, spec, field="agent.tools") for spec in a.tools]
     tool_kwargs = dict(
         common,
         tools=tools,
@@ -161,8 +171,8 @@ def make_algorithm(config: RunConfig, *, reward_client: Any = None) -> RLAlgorit
     clip and off-policy fields of ``algorithm`` (``PRESET_FIELDS``) written in the config
     are passed by name; one the preset does not take is an error naming the field."""
     name = config.algorithm.name
-    preset: Callable[..., RLAlgorithm] = resolve("algorithm", name, ALGORITHMS)
-    params = inspect.signature(preset).parameters
+    preset: Callable[..., RLAlgorithm] = load_part(ALGORITHM, name, field="algorithm.name")
+    params = _parameters_of(preset)
     kwargs = dict(config.algorithm.kwargs)
     for field in PRESET_FIELDS:
         if field not in config.algorithm.model_fields_set:
@@ -188,15 +198,53 @@ def make_algorithm(config: RunConfig, *, reward_client: Any = None) -> RLAlgorit
         kwargs.setdefault("weight", config.reward.weight)
         kwargs.setdefault("normalize", config.reward.normalize)
     try:
-        return preset(**kwargs)
+        algorithm = preset(**kwargs)
     except (TypeError, ValueError) as e:
         raise RunError(
             f"algorithm settings for {name!r} (algorithm.*, algorithm.kwargs): {e}"
         ) from None
+    if not isinstance(algorithm, RLAlgorithm):
+        raise RunError(
+            f"algorithm.name: {name!r} returned {type(algorithm).__name__}, not an "
+            "RLAlgorithm (ludic.training.RLAlgorithm(name, credit_assigner, loss))"
+        )
+    if config.algorithm.credit_assigner is not None:
+        algorithm = replace(algorithm, credit_assigner=make_credit_assigner(config))
+    return algorithm
+
+
+def make_credit_assigner(config: RunConfig) -> CreditAssigner:
+    """``algorithm.credit_assigner`` built with ``algorithm.credit_assigner_kwargs`` (and
+    ``group_size`` when it takes one), checked to have ``compute(rollouts)``."""
+    value = config.algorithm.credit_assigner
+    assert value is not None
+    factory = load_part(CREDIT_ASSIGNER, value, field="algorithm.credit_assigner")
+    kwargs = dict(config.algorithm.credit_assigner_kwargs)
+    if "group_size" in _parameters_of(factory):
+        kwargs.setdefault("group_size", config.algorithm.group_size)
+    try:
+        assigner = factory(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise RunError(
+            f"algorithm.credit_assigner_kwargs: {value!r} refused {kwargs}: {e}"
+        ) from None
+    if not isinstance(assigner, CreditAssigner):
+        raise RunError(
+            f"algorithm.credit_assigner: {value!r} returned {type(assigner).__name__}, which "
+            "has no compute(rollouts) -> list[list[float]]"
+        )
+    return assigner
+
+
+def _parameters_of(factory: Callable[..., Any]) -> Mapping[str, inspect.Parameter]:
+    try:
+        return inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # no signature (a builtin): pass only what is written
+        return {}
 
 
 def _preset_params(name: str) -> Mapping[str, inspect.Parameter]:
-    return inspect.signature(resolve("algorithm", name, ALGORITHMS)).parameters
+    return _parameters_of(resolve("algorithm", name, ALGORITHMS))
 
 
 def rl_sample_filter(config: RunConfig) -> SampleFilter | None:
@@ -252,9 +300,9 @@ def build_env(
     that refuses its arguments raises :class:`RunError` naming ``field``, the env kind and
     the parameters the constructor takes."""
     kind = config.env.kind
-    factory = resolve("env", kind, ENVS)
+    factory = load_part(ENV, kind, field="env.kind")
     try:
-        return factory(**{**config.env.kwargs, **(overrides or {})})
+        env = factory(**{**config.env.kwargs, **(overrides or {})})
     except TypeError as e:
         if not _is_signature_error(e, factory):
             raise RunError(f"{field}: env {kind!r}: {e}") from None
@@ -263,6 +311,14 @@ def build_env(
         ) from None
     except (ValueError, FileNotFoundError) as e:
         raise RunError(f"{field}: env {kind!r}: {e}") from None
+    missing = [name for name in ("agent_ids", "reset", "step") if not hasattr(env, name)]
+    if missing:
+        raise RunError(
+            f"env.kind: {kind!r} built a {type(env).__name__} without {missing}, not an "
+            "environment; it must be a LudicEnv (subclass ludic.envs.SingleAgentEnv or "
+            "ludic.envs.LudicEnv)"
+        )
+    return env
 
 
 def _is_signature_error(error: TypeError, factory: Callable[..., Any]) -> bool:

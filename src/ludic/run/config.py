@@ -4,8 +4,9 @@ One frozen pydantic model per component, nested into :class:`RunConfig`. Unknown
 are errors; every field is documented here (the sections shared with reward-model runs,
 such as ``model.tiny``, ``model.lora`` and ``inference.vllm``, in
 :mod:`ludic.run.config_common`; ``reward_model`` and ``reward`` in
-:mod:`ludic.run.config_reward`), so these files are the reference for config files. Values that name registered parts (env kinds, parsers, algorithms) are checked
-against the registries in :mod:`ludic.run.registries`.
+:mod:`ludic.run.config_reward`), so these files are the reference for config files. Values that name parts (env kinds, parsers, algorithms, credit assigners, reward
+functions, tools) take a built-in name or your own code as ``package.module:attr`` or
+``path/to/file.py:attr`` (:mod:`ludic.run.registries`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ludic.run.config_common import (
     AlgorithmName,
+    CreditAssignerName,
     Device,
     EnvKind,
     LoraConfig,
@@ -23,6 +25,7 @@ from ludic.run.config_common import (
     PolicyServersConfig,
     Section,
     TinyModelConfig,
+    ToolName,
     VLLMConfig,
     settings_section,
 )
@@ -88,9 +91,13 @@ class SamplingConfig(Section):
 
 class EnvConfig(Section):
     kind: EnvKind = "arithmetic"
-    """A registered env: see ``ludic.run.registries.ENVS``."""
+    """A built-in env (``ludic.run.registries.ENVS``: arithmetic, dataset_qa, tic_tac_toe,
+    tic_tac_toe_two_player) or yours: ``path/to/file.py:MyEnv`` or
+    ``package.module:MyEnv``, a ``LudicEnv`` class (e.g. a ``SingleAgentEnv`` subclass) or
+    a function returning one. A relative file is taken from the current directory (the
+    saved config holds its absolute path)."""
     kwargs: dict[str, Any] = {}
-    """Constructor arguments of that env."""
+    """Constructor arguments of that env (the class's or function's keyword arguments)."""
     eval_kwargs: dict[str, Any] = {}
     """Overrides of ``kwargs`` for evaluation (e.g. a held-out problem_seed)."""
     episode_timeout_s: float | None = Field(600.0, gt=0)
@@ -114,13 +121,15 @@ class AgentConfig(Section):
     all sampling from the one policy: self-play. Each player's rollouts form its own
     GRPO groups."""
     parser: ParserName = "answer"
-    """A registered parser: see ``ludic.run.registries.PARSERS``."""
+    """A built-in parser (``ludic.run.registries.PARSERS``: answer, xml_answer, boxed,
+    think_then_answer, identity) or yours, ``file.py:parser`` / ``module:parser``: a
+    function (text: str) -> ``ludic.parsers.ParseResult``."""
     system_prompt: str | None = None
     max_steps: int = Field(1, ge=1)
     """Protocol limit on env steps per episode (parse failures count)."""
     incomplete_completion_penalty: float | None = None
     """If set, a completion cut by max_tokens is a parse failure with this reward."""
-    tools: list[str] = []
+    tools: list[ToolName] = []
     """tool / react: Python functions the agent may call, as ``package.module:function`` or
     ``path/to/file.py:function`` (type hints and docstring give the schema)."""
     max_tool_calls: int = Field(8, ge=1)
@@ -164,7 +173,10 @@ class AlgorithmConfig(Section):
     preset's own default applies (e.g. GSPO's 3e-4 clip)."""
 
     name: AlgorithmName = "grpo"
-    """A registered preset: see ``ludic.run.registries.ALGORITHMS``."""
+    """A built-in preset (``ludic.run.registries.ALGORITHMS``) or yours,
+    ``file.py:make_mine`` / ``module:make_mine``: a function returning an ``RLAlgorithm``,
+    called with ``algorithm.kwargs`` (and ``group_size`` and the fields below that it
+    takes, as the presets are)."""
     group_size: int = Field(8, ge=2)
     """Samples per problem; group-relative presets normalize rewards within the group."""
     clip_eps_low: float | None = Field(None, ge=0)
@@ -191,6 +203,15 @@ class AlgorithmConfig(Section):
     ``ludic.training.credit_assignment.GroupNormalizedReturn``."""
     kwargs: dict[str, Any] = {}
     """Extra preset arguments, e.g. {normalize_std: false}."""
+    credit_assigner: CreditAssignerName | None = None
+    """Replace the preset's credit assigner: a built-in one
+    (``ludic.run.registries.CREDIT_ASSIGNERS``: monte_carlo, group_normalized, episodic,
+    per_step, constant) or yours, ``file.py:MyAssigner`` / ``module:MyAssigner``: a class
+    or function called with ``credit_assigner_kwargs`` (and ``group_size`` if it takes
+    it), returning an object with ``compute(rollouts) -> list[list[float]]`` (one weight
+    per turn). null: the preset's own."""
+    credit_assigner_kwargs: dict[str, Any] = {}
+    """Arguments of ``credit_assigner``, e.g. {gamma: 0.99} for monte_carlo."""
 
     @model_validator(mode="after")
     def _no_setting_twice(self) -> AlgorithmConfig:
@@ -199,6 +220,11 @@ class AlgorithmConfig(Section):
             raise ValueError(
                 f"{twice[0]} is set both as algorithm.{twice[0]} and in algorithm.kwargs; "
                 "keep one (algorithm.kwargs entries only for preset arguments without a field)"
+            )
+        if self.credit_assigner_kwargs and self.credit_assigner is None:
+            raise ValueError(
+                "credit_assigner_kwargs is set but credit_assigner is null; name the credit "
+                "assigner they are for (or set the preset's arguments in algorithm.kwargs)"
             )
         return self
 

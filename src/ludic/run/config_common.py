@@ -25,14 +25,28 @@ from pydantic import (
     model_validator,
 )
 
-from ludic.run.registries import ALGORITHMS, ENVS, PARSERS, check_name
+from ludic._imports import absolute_target
+from ludic.run.registries import (
+    ALGORITHM,
+    CREDIT_ASSIGNER,
+    ENV,
+    PARSER,
+    REWARD_FUNCTION,
+    TOOL,
+    PartKind,
+    check_choice,
+)
 
 __all__ = [
     "AlgorithmName",
+    "CreditAssignerName",
     "Device",
     "EnvKind",
     "LoraConfig",
+    "ModuleReference",
     "ParserName",
+    "RewardFunctionName",
+    "ToolName",
     "PolicyServersConfig",
     "Section",
     "TinyModelConfig",
@@ -41,8 +55,14 @@ __all__ = [
 ]
 
 
-def _registered(kind: str, registry: Mapping[str, str]) -> AfterValidator:
-    return AfterValidator(lambda name: check_name(kind, name, registry))
+def _part(kind: PartKind) -> AfterValidator:
+    return AfterValidator(lambda value: check_choice(kind, value))
+
+
+def _module_reference(value: str) -> str:
+    if not value.strip():
+        raise ValueError("empty; name a module (package.module) or a .py file")
+    return absolute_target(value)
 
 
 def _device(name: str) -> str:
@@ -54,9 +74,15 @@ def _device(name: str) -> str:
 Device = Annotated[str, AfterValidator(_device)]
 """A torch device string, checked without importing torch (availability is checked by
 ``ludic.run.preflight`` before the run starts)."""
-EnvKind = Annotated[str, _registered("env", ENVS)]
-ParserName = Annotated[str, _registered("parser", PARSERS)]
-AlgorithmName = Annotated[str, _registered("algorithm", ALGORITHMS)]
+EnvKind = Annotated[str, _part(ENV)]
+"""A registered env kind (``ludic.run.registries.ENVS``) or your own env, named as code."""
+ParserName = Annotated[str, _part(PARSER)]
+AlgorithmName = Annotated[str, _part(ALGORITHM)]
+CreditAssignerName = Annotated[str, _part(CREDIT_ASSIGNER)]
+RewardFunctionName = Annotated[str, _part(REWARD_FUNCTION)]
+ToolName = Annotated[str, _part(TOOL)]
+ModuleReference = Annotated[str, AfterValidator(_module_reference)]
+"""A module to import: ``package.module`` or ``path/to/file.py`` (made absolute)."""
 
 
 class Section(BaseModel):

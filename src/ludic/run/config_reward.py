@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from ludic._imports import absolute_spec, is_code_spec, split_spec
 from ludic.run.config_common import (
     Device,
     LoraConfig,
+    ModuleReference,
+    RewardFunctionName,
     Section,
     TinyModelConfig,
     VLLMConfig,
@@ -258,10 +261,12 @@ class RewardLoopSection(Section):
     ends (standalone) or after the batch (colocate); the score replaces or joins the env's
     reward before the algorithm's credit assignment."""
 
-    function: str | None = None
-    """A reward function ``path/to/file.py:fn`` or ``module:fn`` with the signature
-    (data_source, solution_str, ground_truth, extra_info, **kwargs), sync or async; null:
-    the built-in rules by data_source (gsm8k, math, arithmetic)."""
+    function: RewardFunctionName | None = None
+    """A reward function: yours, ``path/to/file.py:fn`` or ``module:fn`` with the
+    signature (data_source, solution_str, ground_truth, extra_info, **kwargs), sync or
+    async, or a built-in one (``ludic.run.registries.REWARD_FUNCTIONS``: rules, gsm8k,
+    math, arithmetic, format); null: ``rules``, the built-in rule chosen by data_source
+    (gsm8k, math, arithmetic)."""
     function_kwargs: dict[str, Any] = {}
     """Extra keyword arguments for the function (those it accepts)."""
     data_source: str | None = None
@@ -272,12 +277,14 @@ class RewardLoopSection(Section):
     genrm: GenRMConfig | None = None
     router: RewardRouterConfig = RewardRouterConfig()
     manager: str = "naive"
-    """A registered reward manager: naive, dapo, rate_limited, or one of yours
-    (``@ludic.rewards.register``, imported through ``manager_module``)."""
+    """A registered reward manager: naive, dapo, rate_limited; or yours, a
+    ``RewardManager`` subclass named as ``path/to/file.py:MyManager`` or
+    ``module:MyManager`` (or registered with ``@ludic.rewards.register`` in
+    ``manager_module``)."""
     manager_kwargs: dict[str, Any] = {}
     """Arguments of the manager, e.g. dapo: {overlong_buffer_len: 16}; rate_limited:
     {requests_per_s: 10, max_concurrency: 4}."""
-    manager_module: str | None = None
+    manager_module: ModuleReference | None = None
     """A module or .py file imported first, so that its @register runs."""
     mode: Literal["standalone", "colocate"] = "standalone"
     """standalone: score each rollout as its episode ends, overlapping generation;
@@ -296,6 +303,14 @@ class RewardLoopSection(Section):
     combine: Literal["replace", "add", "weighted"] = "replace"
     """How score s and env return r combine: s, r + s, or env_weight*r + (1-env_weight)*s."""
     env_weight: float = Field(0.5, ge=0.0, le=1.0)
+
+    @field_validator("manager")
+    @classmethod
+    def _manager(cls, manager: str) -> str:
+        if not is_code_spec(manager):
+            return manager  # a registered name: checked when the manager is built
+        split_spec(manager, field=None)
+        return absolute_spec(manager)
 
     @model_validator(mode="after")
     def _router_or_servers(self) -> RewardLoopSection:

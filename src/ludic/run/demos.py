@@ -21,7 +21,7 @@ from ludic.envs.arithmetic import make_arithmetic_samples
 from ludic.inference import HFChatTemplate, InferenceSpec, ScriptedChatClient
 from ludic.run.builders import RunError, make_engine, make_requests
 from ludic.run.config import RunConfig
-from ludic.run.registries import ENVS, resolve
+from ludic.run.registries import ENV, load_part
 from ludic.training import write_rollouts_jsonl
 from ludic.training.reward_model.preferences import PreferencePair, wrong_answer_preferences
 
@@ -58,7 +58,7 @@ def dataset_answer_rollouts(config: RunConfig, tokenizer: Any) -> list:
 
 def _reference_answers(config: RunConfig, template: HFChatTemplate) -> dict[tuple[int, ...], str]:
     """Prompt token ids (as the agent renders them) -> the env's reference answer."""
-    factory = resolve("env", config.env.kind, ENVS)
+    factory = load_part(ENV, config.env.kind, field="env.kind")
     answers: dict[tuple[int, ...], str] = {}
     for seed in range(config.warm_start.num_demos):
         env = factory(**config.env.kwargs)

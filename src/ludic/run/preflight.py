@@ -25,7 +25,7 @@ from ludic.run.builders import (
 from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
 from ludic.run.models import check_model_path, reward_model_folder
-from ludic.run.registries import PARSERS, load_function, resolve
+from ludic.run.registries import PARSER, TOOL, load_part
 from ludic.run.reward_loop import make_manager, probe_reward, rule_function
 
 
@@ -38,7 +38,7 @@ def check_config(config: RunConfig) -> None:
     check_model_path("model.path", config.model.path)
     if config.reward is not None:
         reward_model_folder(config.reward.path)
-    resolve("parser", config.agent.parser, PARSERS)
+    load_part(PARSER, config.agent.parser, field="agent.parser")
     env = build_env(config)
     build_env(config, config.env.eval_kwargs, field="env.eval_kwargs")
     _check_holdout(config)
@@ -100,10 +100,7 @@ def check_device(field: str, device: str) -> None:
 def _check_agent(config: RunConfig, env: Any) -> None:
     """The tools load, and the protocol fits the env's number of agents."""
     for spec in config.agent.tools:
-        try:
-            load_function(spec, field="agent.tools")
-        except (ValueError, FileNotFoundError, ImportError, SyntaxError) as e:
-            raise RunError(str(e) if "agent.tools" in str(e) else f"agent.tools: {e}") from None
+        load_part(TOOL, spec, field="agent.tools")
     agent_ids = list(getattr(env, "agent_ids", []))
     if len(agent_ids) > 1 and config.agent.protocol != "multi_agent":
         raise RunError(

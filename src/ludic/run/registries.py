@@ -1,19 +1,48 @@
-"""Name -> part registries for what a config picks by name: envs, parsers, algorithms.
+"""What a config names: a built-in part by its name, or your own code by
+``package.module:attr`` or ``path/to/file.py:attr`` -- one loader for every such field.
 
-Entries are ``"module:attribute"`` strings resolved on use, so validating a config (and
-``ludic --help``) never imports torch. Add your own with :func:`register`.
+Each :class:`PartKind` pairs a registry of built-in names with what a target of yours must
+be. The config schema checks a value without importing anything (:func:`check_choice`:
+a registered name, or a well-formed code reference whose relative ``.py`` path is made
+absolute); the run's preflight and builders load it (:func:`load_part`) and check the
+target, so a missing file, a missing attribute or a wrong signature stops the run before
+it starts, with the field, the file and what is wrong. Registry entries are
+``"module:attribute"`` strings resolved on use, so validating a config (and ``ludic
+--help``) never imports torch. Add a name for your own part with :func:`register`.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from ludic._imports import load_function
+from ludic._imports import SPEC_FORMS, absolute_spec, is_code_spec, load_object, split_spec
+from ludic.run.errors import RunError
 
-__all__ = ["ALGORITHMS", "ENVS", "PARSERS", "check_name", "load_function", "register", "resolve"]
+__all__ = [
+    "ALGORITHM",
+    "ALGORITHMS",
+    "CREDIT_ASSIGNER",
+    "CREDIT_ASSIGNERS",
+    "ENV",
+    "ENVS",
+    "PARSER",
+    "PARSERS",
+    "REWARD_FUNCTION",
+    "REWARD_FUNCTIONS",
+    "REWARD_MANAGER",
+    "TOOL",
+    "PartKind",
+    "check_choice",
+    "check_name",
+    "load_part",
+    "register",
+    "resolve",
+]
 
 ENVS: dict[str, str] = {
     "arithmetic": "ludic.envs.arithmetic:ArithmeticQAEnv",
@@ -46,6 +75,124 @@ ALGORITHMS: dict[str, str] = {
 }
 """Algorithm name -> ``make_*`` preset (SFT is the warm-start phase, not an RL algorithm)."""
 
+CREDIT_ASSIGNERS: dict[str, str] = {
+    "monte_carlo": "ludic.training.credit_assignment:MonteCarloReturn",
+    "group_normalized": "ludic.training.credit_assignment:GroupNormalizedReturn",
+    "episodic": "ludic.training.credit_assignment:EpisodicReturn",
+    "per_step": "ludic.training.credit_assignment:PerStepReward",
+    "constant": "ludic.training.credit_assignment:ConstantCredit",
+}
+"""Credit assigner name -> class, built with ``algorithm.credit_assigner_kwargs``."""
+
+REWARD_FUNCTIONS: dict[str, str] = {
+    "rules": "ludic.rewards.rules:default_compute_score",
+    "gsm8k": "ludic.rewards.rules:gsm8k_score",
+    "math": "ludic.rewards.rules:math_score",
+    "arithmetic": "ludic.rewards.rules:arithmetic_score",
+    "format": "ludic.rewards.rules:format_score",
+}
+"""Reward function name -> a function (data_source, solution_str, ground_truth,
+extra_info, **kwargs) (spec 5's signature)."""
+
+TOOLS: dict[str, str] = {}
+"""Tool name -> a typed Python function (none built in: tools are yours)."""
+
+
+def _callable(target: Any) -> str | None:
+    return None if callable(target) else f"it is a {type(target).__name__}, not callable"
+
+
+def _takes_text(target: Any) -> str | None:
+    """A parser is called with one argument, the completion text."""
+    if not callable(target):
+        return _callable(target)
+    try:
+        inspect.signature(target).bind("completion")
+    except TypeError:
+        return f"{_signature(target)} cannot be called with one argument (the completion text)"
+    except ValueError:  # no signature (a builtin): the call will tell
+        return None
+    return None
+
+
+def _takes_reward_arguments(target: Any) -> str | None:
+    if not callable(target):
+        return _callable(target)
+    try:
+        inspect.signature(target).bind("data_source", "solution_str", "ground_truth", None)
+    except TypeError:
+        return f"{_signature(target)} cannot take (data_source, solution_str, ground_truth, extra_info)"
+    except ValueError:
+        return None
+    return None
+
+
+def _reward_manager_class(target: Any) -> str | None:
+    from ludic.rewards.managers import RewardManager
+
+    if isinstance(target, type) and issubclass(target, RewardManager):
+        return None
+    what = f"class {target.__name__}" if isinstance(target, type) else type(target).__name__
+    return f"it is a {what}, not a RewardManager subclass"
+
+
+def _signature(target: Any) -> str:
+    name = getattr(target, "__qualname__", type(target).__name__)
+    try:
+        return f"{name}{inspect.signature(target)}"
+    except (TypeError, ValueError):
+        return name
+
+
+@dataclass(frozen=True)
+class PartKind:
+    """One kind of part a config names: the registry of its built-in names, what a target
+    of yours must be (for messages) and the check of a loaded target."""
+
+    noun: str
+    registry: Mapping[str, str]
+    wants: str
+    check: Callable[[Any], str | None] = _callable
+    """Why a loaded target cannot be this part, or None."""
+
+
+ENV = PartKind(
+    "env",
+    ENVS,
+    "a LudicEnv class (e.g. a ludic.envs.SingleAgentEnv subclass) or a function returning "
+    "one, called with env.kwargs",
+)
+PARSER = PartKind("parser", PARSERS, "a function (text: str) -> ParseResult", _takes_text)
+ALGORITHM = PartKind(
+    "algorithm",
+    ALGORITHMS,
+    "a make_* function returning an RLAlgorithm (credit assigner + loss), called with "
+    "algorithm.kwargs",
+)
+CREDIT_ASSIGNER = PartKind(
+    "credit assigner",
+    CREDIT_ASSIGNERS,
+    "a class or function called with algorithm.credit_assigner_kwargs, returning an object "
+    "with compute(rollouts) -> list[list[float]]",
+)
+REWARD_FUNCTION = PartKind(
+    "reward function",
+    REWARD_FUNCTIONS,
+    "a function (data_source, solution_str, ground_truth, extra_info, **kwargs) -> float, "
+    "sync or async",
+    _takes_reward_arguments,
+)
+REWARD_MANAGER = PartKind(
+    "reward manager",
+    {},  # the built-in names are ludic.rewards.managers.REWARD_MANAGERS, filled by @register
+    "a ludic.rewards.RewardManager subclass, built with the reward function and "
+    "reward_loop.manager_kwargs",
+    _reward_manager_class,
+)
+TOOL = PartKind(
+    "tool", TOOLS, "a Python function with type hints (its docstring describes it to the model)"
+)
+
 
 def check_name(kind: str, name: str, registry: Mapping[str, str]) -> str:
     """Return ``name`` if registered, else raise naming the choices and close matches."""
@@ -53,7 +200,17 @@ def check_name(kind: str, name: str, registry: Mapping[str, str]) -> str:
         return name
     close = difflib.get_close_matches(name, list(registry), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ValueError(f"unknown {kind} {name!r}{hint}; choose one of {sorted(registry)}")
+    choices = f"choose one of {sorted(registry)}, or name your own" if registry else "name one"
+    raise ValueError(f"unknown {kind} {name!r}{hint}; {choices} as {SPEC_FORMS}")
+
+
+def check_choice(kind: PartKind, value: str) -> str:
+    """The schema's check (nothing imported): a registered name, or a well-formed code
+    reference, returned with a relative ``.py`` path made absolute."""
+    if not is_code_spec(value):
+        return check_name(kind.noun, value, kind.registry)
+    split_spec(value, field=None)
+    return absolute_spec(value)
 
 
 def resolve(kind: str, name: str, registry: Mapping[str, str]) -> Callable[..., Any]:
@@ -62,8 +219,27 @@ def resolve(kind: str, name: str, registry: Mapping[str, str]) -> Callable[..., 
     return getattr(importlib.import_module(module), attr)
 
 
+def load_part(kind: PartKind, value: str, *, field: str) -> Any:
+    """What ``value`` names: a registered part, or your code (imported and checked).
+    Raises :class:`RunError` naming ``field``, the file and what is wrong."""
+    if not is_code_spec(value):
+        try:
+            return resolve(kind.noun, value, kind.registry)
+        except ValueError as e:
+            raise RunError(f"{field}: {e}") from None
+    try:
+        target = load_object(value, field=field)
+    except (ValueError, FileNotFoundError) as e:
+        raise RunError(str(e)) from None
+    problem = kind.check(target)
+    if problem:
+        raise RunError(f"{field}: {value!r}: {problem}; it must be {kind.wants}")
+    return target
+
+
 def register(registry: dict[str, str], name: str, target: str) -> None:
-    """Add ``name -> "module:attribute"`` (e.g. your own env) to a registry."""
+    """Add ``name -> "module:attribute"`` (e.g. your own env) to a registry. (A config can
+    also name the target itself, without registering it.)"""
     if ":" not in target:
         raise ValueError(f"register: target {target!r} must look like 'package.module:attribute'")
     registry[name] = target

@@ -25,14 +25,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ludic._imports import import_module
+from ludic._imports import import_module, is_code_spec
 from ludic.rewards import (
     DisRMScore,
     GenRMJudge,
     RewardLoop,
     WeightedReward,
     default_compute_score,
-    load_reward_function,
     make_reward_manager,
     rollout_reward_sample,
 )
@@ -42,6 +41,7 @@ from ludic.run.builders import build_env
 from ludic.run.config import RunConfig
 from ludic.run.config_reward import RewardLoopSection
 from ludic.run.errors import RunError
+from ludic.run.registries import REWARD_FUNCTION, REWARD_MANAGER, load_part
 from ludic.run.servers import server_api_key, server_args
 from ludic.training import RewardLoopCreditAssigner
 from ludic.training.algorithm import RLAlgorithm
@@ -150,9 +150,11 @@ def make_manager(
     kwargs = dict(section.manager_kwargs)
     if section.manager == "dapo":
         kwargs.setdefault("max_response_length", config.sampling.max_tokens)
+    build: Any = functools.partial(make_reward_manager, section.manager)
+    if is_code_spec(section.manager):
+        build = load_part(REWARD_MANAGER, section.manager, field="reward_loop.manager")
     try:
-        return make_reward_manager(
-            section.manager,
+        return build(
             compute_score=function,
             timeout_s=section.timeout_s,
             on_error=section.on_error,
@@ -167,10 +169,7 @@ def make_manager(
 def rule_function(section: RewardLoopSection) -> Any:
     if section.function is None:
         return default_compute_score
-    try:
-        return load_reward_function(section.function, field="reward_loop.function")
-    except (TypeError, ValueError, FileNotFoundError) as e:
-        raise RunError(str(e)) from None
+    return load_part(REWARD_FUNCTION, section.function, field="reward_loop.function")
 
 
 def _hybrid(section: RewardLoopSection, rule: Any, address: str, key: str | None) -> Any:
