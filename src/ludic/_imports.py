@@ -63,8 +63,7 @@ def load_object(spec: str, *, field: str) -> Any:
     module = import_module(target, field=field, spec=spec)
     if not hasattr(module, attr):
         raise ValueError(
-            f"{field}: {spec!r}: {target} has no attribute {attr!r} (it defines "
-            f"{_defined(module)})"
+            f"{field}: {spec!r}: {target} has no attribute {attr!r} (it defines {_defined(module)})"
         )
     return getattr(module, attr)
 
