@@ -93,6 +93,7 @@ def test_one_command_pipeline_with_two_actors_trains_every_step_within_max_stale
             "pipeline.num_actors=2",
             f"pipeline.redis_url={redis_server.url}",
             f"pipeline.prefix={prefix}",
+            "algorithm.kl_coef=0.1",
         ),
     )
     started = time.monotonic()
@@ -106,6 +107,10 @@ def test_one_command_pipeline_with_two_actors_trains_every_step_within_max_stale
     for name in ("learner", "actor-0", "actor-1"):
         assert (run_dir / "logs" / f"{name}.log").stat().st_size > 0
     assert "pushed" in (run_dir / "logs" / "actor-0.log").read_text()
+    # the learner's KL reference is the warm-started policy, kept in the run directory
+    assert (run_dir / "reference" / "config.json").is_file()
+    kl = [r["loss/kl/kl"] for r in _records(run_dir, "rl")]
+    assert kl[0] == pytest.approx(0.0, abs=1e-7) and max(kl) > 0
 
     # The weights the actors would load next are the learner's final ones (the checkpoint).
     tensors, version = decode_weights(q.client.get(q.keys.weights))

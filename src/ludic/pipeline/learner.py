@@ -68,6 +68,7 @@ from ludic.run.phases import (
 from ludic.run.plot import plot_reward_curve
 from ludic.run.preflight import check_config, check_local_servers
 from ludic.run.progress import print_summary
+from ludic.run.reference import reference_policy
 from ludic.run.run_dir import RunDirectory
 from ludic.run.run_loggers import run_loggers
 from ludic.run.servers import inference_backend, published_weights
@@ -166,6 +167,7 @@ def _reinforce_from_queue(
         algorithm,
         source,
         rl_trainer_config(config, pad_id(tokenizer)),
+        reference_model=reference_policy(config, run, policy, tokenizer),
         publisher=_publisher(config, client, queue),
         published_weights=published_weights(config),
         checkpoint=phase_checkpoint_config(config, run, "rl", tokenizer),

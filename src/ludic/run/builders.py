@@ -42,6 +42,7 @@ from ludic.training import (
 )
 from ludic.training.batching import SampleFilter
 from ludic.training.filters import drop_version_span
+from ludic.training.losses import CompositeLoss, KLPenalty, Loss
 from ludic.training.reward_model.config import PreferenceTrainerConfig
 from ludic.training.types import CreditAssigner
 
@@ -210,7 +211,17 @@ def make_algorithm(config: RunConfig, *, reward_client: Any = None) -> RLAlgorit
         )
     if config.algorithm.credit_assigner is not None:
         algorithm = replace(algorithm, credit_assigner=make_credit_assigner(config))
+    if config.algorithm.kl_coef > 0:
+        algorithm = replace(algorithm, loss=with_kl_penalty(algorithm.loss, config))
     return algorithm
+
+
+def with_kl_penalty(loss: Loss, config: RunConfig) -> Loss:
+    """``loss`` plus ``algorithm.kl_coef`` times the ``algorithm.kl_estimator`` KL to the
+    reference model (its stats as ``policy/...`` and ``kl/...``)."""
+    a = config.algorithm
+    penalty = KLPenalty(beta=a.kl_coef, estimator=a.kl_estimator)
+    return CompositeLoss([("policy", 1.0, loss), ("kl", 1.0, penalty)])
 
 
 def make_credit_assigner(config: RunConfig) -> CreditAssigner:

@@ -212,6 +212,16 @@ class AlgorithmConfig(Section):
     per turn). null: the preset's own."""
     credit_assigner_kwargs: dict[str, Any] = {}
     """Arguments of ``credit_assigner``, e.g. {gamma: 0.99} for monte_carlo."""
+    kl_coef: float = Field(0.0, ge=0)
+    """beta of a KL penalty towards a frozen reference model, added to the preset's loss:
+    L = L_policy + beta * agg_t(k(logp_t, ref_logp_t)), aggregated like the policy loss
+    (``ludic.training.losses.KLPenalty``; GRPO's beta is 0.04, arXiv:2402.03300 eq. 3).
+    The reference is the policy as RL starts (after the warm start), loaded once and kept
+    as RUN_DIR/reference when a warm start ran, so a resumed run has the same one. 0: no
+    reference model and no KL term."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """The per-token KL estimate (Schulman, http://joschu.net/blog/kl-approx.html), with
+    l = ref_logp - logp: k1 = -l, k2 = l^2 / 2, k3 = exp(l) - 1 - l (GRPO's)."""
 
     @model_validator(mode="after")
     def _no_setting_twice(self) -> AlgorithmConfig:
@@ -220,6 +230,11 @@ class AlgorithmConfig(Section):
             raise ValueError(
                 f"{twice[0]} is set both as algorithm.{twice[0]} and in algorithm.kwargs; "
                 "keep one (algorithm.kwargs entries only for preset arguments without a field)"
+            )
+        if "kl_estimator" in self.model_fields_set and self.kl_coef == 0:
+            raise ValueError(
+                "kl_estimator is set but kl_coef is 0 (no KL term); set algorithm.kl_coef, "
+                "e.g. 0.04, or remove kl_estimator"
             )
         if self.credit_assigner_kwargs and self.credit_assigner is None:
             raise ValueError(
@@ -642,6 +657,9 @@ class RunConfig(Section):
                 self.trainer.flat_parameters
             ),
             "a learned reward (algorithm reward_rl)": self.reward is not None,
+            "algorithm.kl_coef (the reference model is not sharded yet)": (
+                self.algorithm.kl_coef > 0
+            ),
             "task: reward_model": self.task != "policy",
         }
         bad = [what for what, on in unsupported.items() if on]

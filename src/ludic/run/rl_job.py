@@ -54,6 +54,7 @@ from ludic.run.phases import (
 )
 from ludic.run.plot import plot_reward_curve
 from ludic.run.progress import print_summary
+from ludic.run.reference import reference_policy
 from ludic.run.reward_loop import reward_loop_from_config, with_reward_loop
 from ludic.run.run_dir import RunDirectory, open_run, removed_if_start_fails
 from ludic.run.run_loggers import run_loggers
@@ -252,6 +253,7 @@ def _reinforce_with(
         algorithm,
         source,
         rl_trainer_config(config, pad_id(tokenizer)),
+        reference_model=reference_policy(config, run, policy, tokenizer),
         publisher=ClientPolicyPublisher(client),
         published_weights=published_weights(config),
         # several ranks: no policy folder per checkpoint (see ludic.run.trainer_ranks)
