@@ -13,6 +13,8 @@ _EXPORTS: dict[str, str] = {
     "numeric_match": "ludic.envs.dataset_qa_env",
     "parse_number": "ludic.envs.dataset_qa_env",
     "LudicEnv": "ludic.envs.env",
+    "ReferenceAnswerEnv": "ludic.envs.env",
+    "ReasoningGymEnv": "ludic.envs.reasoning_gym_env",
     "SingleAgentEnv": "ludic.envs.single_agent_env",
     "TicTacToeEnv": "ludic.envs.tic_tac_toe",
     "TicTacToeRewards": "ludic.envs.tic_tac_toe",

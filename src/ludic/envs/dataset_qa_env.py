@@ -150,6 +150,10 @@ class DatasetQAEnv(SingleAgentEnv):
             raise RuntimeError(f"{type(self).__name__}: no current sample; call reset() first")
         return self.samples[self._index]
 
+    def reference_answer(self) -> str:
+        """The current sample's answer (``ReferenceAnswerEnv``)."""
+        return str(self.current_sample[self.answer_key])
+
     def render_prompt(self, sample: Mapping[str, Any]) -> str:
         """The observation shown for ``sample``."""
         question = str(sample[self.question_key])

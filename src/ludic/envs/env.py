@@ -7,6 +7,7 @@ nothing about prompts, parsing or LLMs: it receives already-parsed action string
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Protocol, runtime_checkable
 
 from ludic.types import AgentId, Info, Observation, StepOutcome
 
@@ -40,3 +41,13 @@ class LudicEnv(ABC):
 
     @abstractmethod
     def step(self, actions: dict[AgentId, str]) -> dict[AgentId, StepOutcome]: ...
+
+
+@runtime_checkable
+class ReferenceAnswerEnv(Protocol):
+    """An env that knows the answer to its current problem (after ``reset``): the warm
+    start's ``dataset_answers`` demonstrates it (``DatasetQAEnv``, ``ReasoningGymEnv``)."""
+
+    def reference_answer(self) -> str:
+        """The reference answer of the current episode's problem."""
+        ...

@@ -2,7 +2,9 @@
 
 Each rollout becomes one *eval item*, a plain dict that ``Reducer`` paths read:
 
-* ``rollout_id``, ``total_reward``, ``success`` (``total_reward > 0``), ``length`` (env
+* ``rollout_id``, ``total_reward``, ``success`` (the last env step's ``info["correct"]``
+  where the env reports one -- a partial-credit reward is not a success -- else
+  ``total_reward > 0``), ``length`` (env
   steps), ``num_agent_steps``, ``parse_error`` (any step), ``parse_error_rate`` (fraction
   of agent steps), ``terminated``, ``truncated``;
 * ``info``: the last environment step's ``info`` (e.g. ``"info.correct"``);
@@ -25,23 +27,25 @@ def eval_item(rollout: Rollout) -> dict[str, Any]:
     """The eval record of one rollout (see the module docstring for its keys)."""
     env_steps = rollout.env_steps
     total = rollout.total_reward
+    info = dict(env_steps[-1].info) if env_steps else {}
     return {
         "rollout_id": rollout.id,
         "total_reward": total,
-        "success": total > 0,
+        "success": bool(info["correct"]) if "correct" in info else total > 0,
         "length": rollout.length,
         "num_agent_steps": len(rollout.agent_steps),
         "parse_error": any(s.parse_error for s in rollout.agent_steps),
         "parse_error_rate": parse_error_rate(rollout),
         "terminated": rollout.terminated,
         "truncated": rollout.truncated,
-        "info": dict(env_steps[-1].info) if env_steps else {},
+        "info": info,
         "meta": dict(rollout.meta),
     }
 
 
 def default_reducers() -> list[Reducer]:
-    """Mean reward, success rate (reward > 0), parse-error rate and mean length."""
+    """Mean reward, success rate (``info["correct"]``, else reward > 0), parse-error rate
+    and mean length."""
     return [
         Reducer("reward_mean", "total_reward"),
         Reducer("success_rate", "success", reduce="fraction"),

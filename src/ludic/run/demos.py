@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ludic.context import FullDialog
-from ludic.envs import DatasetQAEnv
+from ludic.envs import ReferenceAnswerEnv
 from ludic.envs.arithmetic import make_arithmetic_samples
 from ludic.inference import HFChatTemplate, InferenceSpec, ScriptedChatClient
 from ludic.run.builders import RunError, make_engine, make_requests
@@ -62,18 +62,19 @@ def _reference_answers(config: RunConfig, template: HFChatTemplate) -> dict[tupl
     answers: dict[tuple[int, ...], str] = {}
     for seed in range(config.warm_start.num_demos):
         env = factory(**config.env.kwargs)
-        if not isinstance(env, DatasetQAEnv):
+        if not isinstance(env, ReferenceAnswerEnv):
             raise RunError(
-                f"warm_start.demos=dataset_answers needs a QA env with reference answers; "
-                f"env.kind={config.env.kind!r} has none. Pass a JSONL of demonstration "
-                "rollouts as warm_start.demos, or set warm_start.steps=0"
+                f"warm_start.demos=dataset_answers needs an env with reference answers "
+                f"(a reference_answer() method); env.kind={config.env.kind!r} has none. Pass "
+                "a JSONL of demonstration rollouts as warm_start.demos, or set "
+                "warm_start.steps=0"
             )
         agent_id = env.agent_ids[0]
         obs, info = env.reset(seed)[agent_id]
         context = FullDialog(system_prompt=config.agent.system_prompt)
         context.on_env_reset(obs, info, system_prompt=env.system_prompt)
         prompt = tuple(template.render(context.on_before_act()))
-        answers[prompt] = str(env.current_sample[env.answer_key])
+        answers[prompt] = env.reference_answer()
     return answers
 
 

@@ -47,6 +47,7 @@ __all__ = [
 ENVS: dict[str, str] = {
     "arithmetic": "ludic.envs.arithmetic:ArithmeticQAEnv",
     "dataset_qa": "ludic.run.parts:dataset_qa_env_from_file",
+    "reasoning_gym": "ludic.envs.reasoning_gym_env:ReasoningGymEnv",
     "tic_tac_toe": "ludic.envs.tic_tac_toe:TicTacToeEnv",
     "tic_tac_toe_two_player": "ludic.envs.tic_tac_toe:TicTacToeTwoPlayerEnv",
 }
