@@ -7,6 +7,7 @@ from ludic._lazy import lazy_exports
 _EXPORTS: dict[str, str] = {
     "ContextStrategy": "ludic.context.base",
     "FullDialog": "ludic.context.full_dialog",
+    "LatestObservation": "ludic.context.latest_observation",
     "TruncatedThinkingContext": "ludic.context.truncated_thinking",
     "truncate_thinking": "ludic.context.truncated_thinking",
 }

@@ -16,6 +16,7 @@ _EXPORTS: dict[str, str] = {
     "ReferenceAnswerEnv": "ludic.envs.env",
     "ReasoningGymEnv": "ludic.envs.reasoning_gym_env",
     "SingleAgentEnv": "ludic.envs.single_agent_env",
+    "TextArenaEnv": "ludic.envs.textarena_env",
     "TicTacToeEnv": "ludic.envs.tic_tac_toe",
     "TicTacToeRewards": "ludic.envs.tic_tac_toe",
     "TicTacToeTwoPlayerEnv": "ludic.envs.tic_tac_toe",

@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from ludic.agents import Agent, ReActAgent, ToolAgent
-from ludic.context import FullDialog
+from ludic.context import ContextStrategy, FullDialog, LatestObservation
 from ludic.inference import (
     ChatClient,
     HFChatTemplate,
@@ -101,7 +101,7 @@ def agent_factory(
         incomplete_completion_penalty=a.incomplete_completion_penalty,
     )
     if a.kind == "plain":
-        return lambda: Agent(context=FullDialog(system_prompt=a.system_prompt), **common)
+        return lambda: Agent(context=make_context(config), **common)
     tools = [load_part(TOOL, spec, field="agent.tools") for spec in a.tools]
     tool_kwargs = dict(
         common,
@@ -113,10 +113,16 @@ def agent_factory(
         tool_kwargs["max_react_steps"] = a.max_react_steps
     cls = ReActAgent if a.kind == "react" else ToolAgent
     try:
-        cls(context=FullDialog(system_prompt=a.system_prompt), **tool_kwargs)
+        cls(context=make_context(config), **tool_kwargs)
     except (TypeError, ValueError) as e:  # e.g. a tool without usable type hints
         raise RunError(f"agent.tools: {e}") from None
-    return lambda: cls(context=FullDialog(system_prompt=a.system_prompt), **tool_kwargs)
+    return lambda: cls(context=make_context(config), **tool_kwargs)
+
+
+def make_context(config: RunConfig) -> ContextStrategy:
+    """A fresh context strategy of ``agent.context`` with ``agent.system_prompt``."""
+    kind = FullDialog if config.agent.context == "full_dialog" else LatestObservation
+    return kind(system_prompt=config.agent.system_prompt)
 
 
 def sampling_spec(config: RunConfig, *, greedy: bool = False) -> InferenceSpec:

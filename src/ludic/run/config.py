@@ -120,6 +120,11 @@ class AgentConfig(Section):
     """multi_agent: one agent per env agent id (e.g. ``tic_tac_toe_two_player``'s X and O),
     all sampling from the one policy: self-play. Each player's rollouts form its own
     GRPO groups."""
+    context: Literal["full_dialog", "latest_observation"] = "full_dialog"
+    """What the model sees each turn: full_dialog, every message so far
+    (``ludic.context.FullDialog``); latest_observation, the system prompt and the newest
+    observation on (``LatestObservation``), for envs whose observation already holds the
+    whole state or history, such as TextArena's games."""
     parser: ParserName = "answer"
     """A built-in parser (``ludic.run.registries.PARSERS``: answer, xml_answer, boxed,
     think_then_answer, identity) or yours, ``file.py:parser`` / ``module:parser``: a

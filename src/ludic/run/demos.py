@@ -15,11 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ludic.context import FullDialog
 from ludic.envs import ReferenceAnswerEnv
 from ludic.envs.arithmetic import make_arithmetic_samples
 from ludic.inference import HFChatTemplate, InferenceSpec, ScriptedChatClient
-from ludic.run.builders import RunError, make_engine, make_requests
+from ludic.run.builders import RunError, make_context, make_engine, make_requests
 from ludic.run.config import RunConfig
 from ludic.run.registries import ENV, load_part
 from ludic.training import write_rollouts_jsonl
@@ -71,7 +70,7 @@ def _reference_answers(config: RunConfig, template: HFChatTemplate) -> dict[tupl
             )
         agent_id = env.agent_ids[0]
         obs, info = env.reset(seed)[agent_id]
-        context = FullDialog(system_prompt=config.agent.system_prompt)
+        context = make_context(config)
         context.on_env_reset(obs, info, system_prompt=env.system_prompt)
         prompt = tuple(template.render(context.on_before_act()))
         answers[prompt] = env.reference_answer()

@@ -48,6 +48,7 @@ ENVS: dict[str, str] = {
     "arithmetic": "ludic.envs.arithmetic:ArithmeticQAEnv",
     "dataset_qa": "ludic.run.parts:dataset_qa_env_from_file",
     "reasoning_gym": "ludic.envs.reasoning_gym_env:ReasoningGymEnv",
+    "textarena": "ludic.envs.textarena_env:TextArenaEnv",
     "tic_tac_toe": "ludic.envs.tic_tac_toe:TicTacToeEnv",
     "tic_tac_toe_two_player": "ludic.envs.tic_tac_toe:TicTacToeTwoPlayerEnv",
 }
