@@ -236,7 +236,7 @@ class AlgorithmConfig(Section):
                 f"{twice[0]} is set both as algorithm.{twice[0]} and in algorithm.kwargs; "
                 "keep one (algorithm.kwargs entries only for preset arguments without a field)"
             )
-        if "kl_estimator" in self.model_fields_set and self.kl_coef == 0:
+        if self.kl_estimator != "k3" and self.kl_coef == 0:  # (a saved config writes k3)
             raise ValueError(
                 "kl_estimator is set but kl_coef is 0 (no KL term); set algorithm.kl_coef, "
                 "e.g. 0.04, or remove kl_estimator"
