@@ -96,7 +96,7 @@ def require_reward_router(config: RunConfig, command: str) -> None:
     by hand, ``ludic launch``) would otherwise leave every actor to start its own."""
     if starts_reward_servers(config) and handed_reward_router() is None:
         raise RunError(
-            "reward_loop.disrm / reward_loop.genrm with trainer.mode=pipeline: every actor "
+            "reward_loop.disrm / genrm / group_judge with trainer.mode=pipeline: every actor "
             "would start its own reward servers; start them once (ludic serve reward / "
             "policy, ludic serve router) and set reward_loop.router.address, which every "
             f"actor shares (`ludic train` starts them for its actors; `{command}` does not)"

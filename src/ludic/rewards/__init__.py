@@ -11,6 +11,8 @@
   ``rate_limited``; ``@register("name")`` adds yours).
 * :mod:`ludic.rewards.genrm`: an LLM judge through chat completions (``GenRMJudge``,
   ``chat_complete``, ``parse_judgement``).
+* :mod:`ludic.rewards.group_judge`: the G completions of one prompt judged together
+  (``GroupJudge``: scores or a ranking in one call, in the manner of ART's RULER).
 * :mod:`ludic.rewards.hybrid`: a discriminative reward model as a reward function
   (``DisRMScore``) and weighted sums of functions (``WeightedReward``: rule + DisRM + GenRM).
 * :mod:`ludic.rewards.loop`: ``RewardLoop``, N workers scoring rollouts as their
@@ -40,6 +42,10 @@ __getattr__, __all__ = lazy_exports(
         "GenRMJudge": "ludic.rewards.genrm",
         "chat_complete": "ludic.rewards.genrm",
         "parse_judgement": "ludic.rewards.genrm",
+        "GroupJudge": "ludic.rewards.group_judge",
+        "group_pattern": "ludic.rewards.group_judge",
+        "parse_group_judgement": "ludic.rewards.group_judge",
+        "GroupScorer": "ludic.rewards.loop",
         "DisRMScore": "ludic.rewards.hybrid",
         "WeightedReward": "ludic.rewards.hybrid",
         "REWARD_KEY": "ludic.rewards.loop",

@@ -9,6 +9,12 @@ Two modes (spec 5):
 * **colocate**: nothing starts until the whole batch is generated; the rollout hook scores
   every rollout then (a reward model that shares the policy's hardware).
 
+With a ``group_scorer`` (e.g. :class:`~ludic.rewards.group_judge.GroupJudge`) the unit of
+scoring is a group instead of a sample: the rollouts of one prompt (``meta["group_id"]``,
+split by ``meta["agent_id"]``), scored together once all ``group_size`` have arrived
+(standalone) or with the batch (colocate); ``num_workers`` then bounds the groups scored at
+once.
+
 Either way at most ``num_workers`` samples are scored at once, and each rollout gets
 ``rollout.meta["reward_loop"] = {"score", "metrics", "error"}`` (``score`` ``None``: the
 manager dropped the sample after an error). :func:`reward_loop_metrics` sums a batch up.
@@ -23,8 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Literal, Protocol
 
 from ludic._async import PerLoop, gather_or_cancel
 from ludic.rewards.managers import RewardManager
@@ -68,11 +74,31 @@ def rollout_reward_sample(rollout: Rollout, *, data_source: str | None = None) -
     )
 
 
+class GroupScorer(Protocol):
+    """Scores one group's samples together (``GroupJudge``): one result per sample, in
+    order; a failure is each sample's ``error``, not an exception."""
+
+    async def score_group(self, samples: Sequence[RewardSample]) -> list[RewardResult]: ...
+
+
+def group_key(rollout: Rollout) -> Hashable:
+    """The group of ``rollout`` for group scoring: its prompt's ``group_id``, per player."""
+    if "group_id" not in rollout.meta:
+        raise ValueError(
+            f"rollout {rollout.id!r} has no meta['group_id']: group scoring needs the "
+            "rollouts of one prompt grouped (a group preset such as grpo)"
+        )
+    return rollout.meta["group_id"], rollout.meta.get("agent_id")
+
+
 class RewardLoop:
-    """Scores rollouts with ``manager`` (see the module docstring).
+    """Scores rollouts with ``manager``, or groups of them with ``group_scorer`` (see the
+    module docstring).
 
     Args:
         manager: a :class:`~ludic.rewards.managers.RewardManager` (``make_reward_manager``).
+        group_scorer: instead of ``manager``, a :class:`GroupScorer` of whole groups.
+        group_size: the rollouts of a complete group (with ``group_scorer``).
         mode: ``standalone`` or ``colocate``.
         num_workers: most samples scored at once.
         to_sample: rollout -> :class:`RewardSample` (default :func:`rollout_reward_sample`).
@@ -82,8 +108,10 @@ class RewardLoop:
 
     def __init__(
         self,
-        manager: RewardManager,
+        manager: RewardManager | None = None,
         *,
+        group_scorer: GroupScorer | None = None,
+        group_size: int | None = None,
         mode: Mode = "standalone",
         num_workers: int = 8,
         to_sample: Callable[[Rollout], RewardSample] = rollout_reward_sample,
@@ -93,12 +121,18 @@ class RewardLoop:
             raise ValueError(f"RewardLoop: mode={mode!r}; choose 'standalone' or 'colocate'")
         if num_workers < 1:
             raise ValueError(f"RewardLoop: num_workers={num_workers}; expected >= 1")
+        if (manager is None) == (group_scorer is None):
+            raise ValueError("RewardLoop: pass a manager (per sample) or a group_scorer, not both")
+        if group_scorer is not None and (group_size is None or group_size < 1):
+            raise ValueError(f"RewardLoop: group_size={group_size!r}; a group_scorer needs >= 1")
         if not (isinstance(max_failure_fraction, int | float) and 0 <= max_failure_fraction <= 1):
             raise ValueError(
                 f"RewardLoop: max_failure_fraction={max_failure_fraction!r}; expected a "
                 "fraction in [0, 1]"
             )
         self.manager = manager
+        self.group_scorer = group_scorer
+        self.group_size = group_size
         self.mode = mode
         self.num_workers = num_workers
         self.to_sample = to_sample
@@ -108,19 +142,33 @@ class RewardLoop:
         self._logged_errors: set[str] = set()
         self._workers = PerLoop(lambda: asyncio.Semaphore(num_workers))
         self._pending: dict[str, asyncio.Task[RewardResult]] = {}
+        self._arrived: dict[Hashable, list[Rollout]] = {}
+        self._groups: dict[Hashable, asyncio.Task[dict[str, RewardResult]]] = {}
 
     def on_episode(self, rollouts: list[Rollout]) -> None:
-        """``RolloutEngine`` callback: in standalone mode, start scoring now."""
+        """``RolloutEngine`` callback: in standalone mode, start scoring now (a group: once
+        all its rollouts have arrived)."""
         if self.mode != "standalone":
             return
+        loop = asyncio.get_running_loop()
         for rollout in rollouts:
-            self._pending[rollout.id] = asyncio.get_running_loop().create_task(self._score(rollout))
+            if self.group_scorer is None:
+                self._pending[rollout.id] = loop.create_task(self._score(rollout))
+                continue
+            key = group_key(rollout)
+            members = self._arrived.setdefault(key, [])
+            members.append(rollout)
+            if len(members) == self.group_size:
+                self._groups[key] = loop.create_task(self._score_group(list(members)))
 
     async def __call__(self, rollouts: list[Rollout]) -> None:
         """Rollout hook: wait for (or, in colocate mode, run) every rollout's scoring and
         write its result into ``rollout.meta["reward_loop"]``."""
-        tasks = [self._pending.pop(r.id, None) or self._score(r) for r in rollouts]
-        results = await gather_or_cancel(*tasks)
+        if self.group_scorer is not None:
+            results = await self._group_results(rollouts)
+        else:
+            tasks = [self._pending.pop(r.id, None) or self._score(r) for r in rollouts]
+            results = await gather_or_cancel(*tasks)
         for rollout, result in zip(rollouts, results):
             rollout.meta[REWARD_KEY] = {
                 "score": result.score,
@@ -157,11 +205,48 @@ class RewardLoop:
             )
 
     async def _score(self, rollout: Rollout) -> RewardResult:
+        assert self.manager is not None
         async with self._workers.get():
             return await self.manager.run_single(self.to_sample(rollout))
 
+    async def _group_results(self, rollouts: list[Rollout]) -> list[RewardResult]:
+        """Each rollout's result from its group's scoring: the one started as the group
+        completed, else (colocate, or a group that arrived otherwise) started now over the
+        group's rollouts in this batch."""
+        batch: dict[Hashable, list[Rollout]] = {}
+        for rollout in rollouts:
+            batch.setdefault(group_key(rollout), []).append(rollout)
+        tasks: list[Any] = []
+        for key, members in batch.items():
+            started = self._groups.pop(key, None)
+            arrived = self._arrived.pop(key, [])
+            if started is not None and {r.id for r in arrived} == {r.id for r in members}:
+                tasks.append(started)
+                continue
+            if started is not None:
+                started.cancel()
+            tasks.append(self._score_group(members))
+        scored: dict[str, RewardResult] = {}
+        for results in await gather_or_cancel(*tasks):
+            scored.update(results)
+        return [scored[r.id] for r in rollouts]
+
+    async def _score_group(self, members: list[Rollout]) -> dict[str, RewardResult]:
+        assert self.group_scorer is not None
+        async with self._workers.get():
+            results = await self.group_scorer.score_group([self.to_sample(r) for r in members])
+        if len(results) != len(members):
+            raise RewardLoopError(
+                f"the group scorer returned {len(results)} results for {len(members)} samples"
+            )
+        return {r.id: result for r, result in zip(members, results)}
+
     async def aclose(self) -> None:
         """Cancel scoring started for rollouts whose batch never reached the hook."""
+        groups, self._groups, self._arrived = list(self._groups.values()), {}, {}
+        for task in groups:
+            task.cancel()
+        await asyncio.gather(*groups, return_exceptions=True)
         pending, self._pending = list(self._pending.values()), {}
         for task in pending:
             task.cancel()

@@ -238,6 +238,25 @@ class GenRMConfig(RewardServersConfig):
     to force the judgement's format."""
 
 
+class GroupJudgeConfig(RewardServersConfig):
+    """A group-relative judge (``ludic serve policy`` on a causal LM): the G completions of
+    one prompt judged together in one chat-completions call, its scores or its ranking
+    forced into compact JSON of G entries (``ludic.rewards.group_judge``; in the manner of
+    ART's RULER). Every member of a group is scored by the same call, hence the same judge
+    version, also in async mode. ``weight`` is unused: the judge's score is the loop's."""
+
+    mode: Literal["scores", "ranking"] = "scores"
+    """scores: an integer 0..10 per answer, reward score / 10; ranking: the answers' order,
+    best first, reward 1 - position / (G - 1)."""
+    template: str | None = None
+    """Prompt with {n}, {question}, {ground_truth}, {answers} (numbered, one per line),
+    {instruction} (the mode's reply format) and any extra_info key (null:
+    ``ludic.rewards.group_judge.GROUP_TEMPLATE``)."""
+    sampling: dict[str, Any] = {"temperature": 0.0}
+    """Chat-completion parameters (max_tokens defaults to 16 + 4 per answer; the
+    structured_outputs regex is set unless given here)."""
+
+
 class RewardRouterConfig(Section):
     """The router every reward server sits behind (``ludic serve router``)."""
 
@@ -275,6 +294,9 @@ class RewardLoopSection(Section):
     """The function's weight when disrm or genrm is set (0 leaves it out)."""
     disrm: DisRMConfig | None = None
     genrm: GenRMConfig | None = None
+    group_judge: GroupJudgeConfig | None = None
+    """Score each prompt's group of completions together with an LLM judge instead of each
+    sample alone (needs a group preset such as grpo); not with function, disrm or genrm."""
     router: RewardRouterConfig = RewardRouterConfig()
     manager: str = "naive"
     """A registered reward manager: naive, dapo, rate_limited; or yours, a
@@ -314,6 +336,22 @@ class RewardLoopSection(Section):
 
     @model_validator(mode="after")
     def _router_or_servers(self) -> RewardLoopSection:
+        if self.group_judge is not None:
+            mixed = [
+                name
+                for name, value in (
+                    ("function", self.function),
+                    ("disrm", self.disrm),
+                    ("genrm", self.genrm),
+                )
+                if value is not None
+            ]
+            if mixed:
+                raise ValueError(
+                    f"group_judge scores whole groups; it does not mix with the per-sample "
+                    f"{mixed} yet: remove {mixed} or group_judge"
+                )
+            return self
         if self.rule_weight == 0 and self.disrm is None and self.genrm is None:
             raise ValueError("rule_weight=0 leaves no reward: set disrm or genrm, or rule_weight")
         return self

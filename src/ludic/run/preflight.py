@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from ludic.envs import ReferenceAnswerEnv
 from ludic.run.builders import (
     build_env,
     make_algorithm,
@@ -42,6 +44,7 @@ def check_config(config: RunConfig) -> None:
     env = build_env(config)
     build_env(config, config.env.eval_kwargs, field="env.eval_kwargs")
     _check_holdout(config)
+    _check_warm_start(config, env)
     _check_agent(config, env)
     _check_algorithm(config)
     _check_trainer_configs(config)
@@ -114,6 +117,27 @@ def _check_agent(config: RunConfig, env: Any) -> None:
         )
 
 
+def _check_warm_start(config: RunConfig, env: Any) -> None:
+    """The warm start's demonstrations exist: a file, or an env with reference answers."""
+    w = config.warm_start
+    if w.steps == 0:
+        return
+    if w.demos != "dataset_answers":
+        if not Path(w.demos).expanduser().is_file():
+            raise RunError(
+                f"warm_start.demos: {w.demos!r} is neither 'dataset_answers' nor an existing "
+                "JSONL file of rollouts"
+            )
+        return
+    if not isinstance(env, ReferenceAnswerEnv):
+        raise RunError(
+            f"warm_start.demos=dataset_answers needs an env with reference answers (a "
+            f"reference_answer() method); env.kind={config.env.kind!r} has none. Set "
+            "warm_start.steps: 0 (no warm start), or pass a JSONL of demonstration rollouts "
+            "as warm_start.demos"
+        )
+
+
 def _check_holdout(config: RunConfig) -> None:
     """Samples held out of training (``env.kwargs.holdout``) are there to be evaluated on."""
     holdout = config.env.kwargs.get("holdout")
@@ -167,6 +191,14 @@ def check_reward_loop(config: RunConfig) -> None:
     ``ludic.pipeline.run_info.require_reward_router``.)"""
     section = config.reward_loop
     if section is None:
+        return
+    if section.group_judge is not None:  # the judge answers once its server is up
+        if make_algorithm(config, reward_client=_RewardClientStandIn()).request_strategy is None:
+            raise RunError(
+                f"reward_loop.group_judge judges each prompt's group of completions; "
+                f"algorithm.name={config.algorithm.name!r} samples no groups: use a group "
+                "preset (grpo, dr_grpo, gspo, cispo, gmpo, decoupled_grpo)"
+            )
         return
     manager = make_manager(section, config, rule_function(section))
     if section.disrm is None and section.genrm is None:  # with servers: once they are up

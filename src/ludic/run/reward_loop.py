@@ -1,7 +1,7 @@
-"""The ``reward_loop`` section as running parts: reward servers (DisRM, GenRM) started
-behind one router, the reward function (rule, or a weighted rule + DisRM + GenRM), the
-manager and the :class:`~ludic.rewards.RewardLoop`; and the algorithm that trains on its
-scores.
+"""The ``reward_loop`` section as running parts: reward servers (DisRM, GenRM, a group
+judge) started behind one router, the reward function (rule, or a weighted rule + DisRM +
+GenRM) and its manager, or the group judge, in a :class:`~ludic.rewards.RewardLoop`; and
+the algorithm that trains on its scores.
 
 Every server the run starts and the router share one API key: ``disrm.server.api_key``,
 else ``genrm.server.api_key``, else ``$LUDIC_API_KEY``, else a fresh random key. The
@@ -36,6 +36,7 @@ from ludic.rewards import (
     rollout_reward_sample,
 )
 from ludic.rewards.genrm import DEFAULT_TEMPLATE
+from ludic.rewards.group_judge import GROUP_TEMPLATE, GroupJudge
 from ludic.rewards.sample import RewardSample
 from ludic.run.builders import build_env
 from ludic.run.config import RunConfig
@@ -71,6 +72,21 @@ def reward_loop_from_config(
         if router is None:
             router = stack.enter_context(reward_router(config, log_dir=log_dir))
         address, key = router
+        to_sample = functools.partial(
+            rollout_reward_sample, data_source=section.data_source or config.env.kind
+        )
+        if section.group_judge is not None:
+            judge = group_judge(section, address, key)
+            probe_group_judge(judge, config)
+            yield RewardLoop(
+                group_scorer=judge,
+                group_size=config.algorithm.group_size,
+                mode=section.mode,
+                num_workers=section.num_workers,
+                max_failure_fraction=section.max_failure_fraction,
+                to_sample=to_sample,
+            )
+            return
         function: Any = rule_function(section)
         if section.disrm is not None or section.genrm is not None:
             function = _hybrid(section, function, address, key)
@@ -87,9 +103,7 @@ def reward_loop_from_config(
             mode=section.mode,
             num_workers=section.num_workers,
             max_failure_fraction=section.max_failure_fraction,
-            to_sample=functools.partial(
-                rollout_reward_sample, data_source=section.data_source or config.env.kind
-            ),
+            to_sample=to_sample,
         )
 
 
@@ -119,6 +133,43 @@ def probe_reward(manager: Any, config: RunConfig) -> None:
             f"reward_loop: a probe sample (env {config.env.kind!r}, seed {config.seed}, "
             f"data_source {data_source!r}, answered with its target {target!r}) failed to "
             f"score before the run: {result.error}"
+        )
+
+
+def group_judge(section: RewardLoopSection, address: str | None, key: str | None) -> GroupJudge:
+    """The configured :class:`GroupJudge` on the reward router."""
+    g = section.group_judge
+    assert g is not None
+    try:
+        return GroupJudge(
+            address,
+            mode=g.mode,
+            template=g.template or GROUP_TEMPLATE,
+            sampling=g.sampling,
+            api_key=key,
+            timeout_s=section.router.request_timeout_s,
+            on_error=section.on_error,
+        )
+    except ValueError as e:
+        raise RunError(f"reward_loop.group_judge: {e}") from None
+
+
+def probe_group_judge(judge: GroupJudge, config: RunConfig) -> None:
+    """Judge one group before the run (the env's problem for seed ``config.seed``,
+    answered with its target and with nothing): a judge that cannot reply in the schema
+    stops the run here, naming the error."""
+    observations = build_env(config).reset(seed=config.seed)
+    question, info = next(iter(observations.values()))
+    target = info.get("target")
+    samples = [
+        RewardSample("probe", answer, target, extra_info={"question": question})
+        for answer in ("" if target is None else str(target), "")
+    ]
+    results = asyncio.run(judge.score_group(samples))
+    if results[0].error is not None:
+        raise RunError(
+            f"reward_loop.group_judge: a probe group (env {config.env.kind!r}, seed "
+            f"{config.seed}) failed to score before the run: {results[0].error}"
         )
 
 
@@ -200,13 +251,14 @@ def _hybrid(section: RewardLoopSection, rule: Any, address: str, key: str | None
 
 
 def starts_reward_servers(config: RunConfig) -> bool:
-    """Whether the reward loop starts servers: ``disrm`` or ``genrm`` set, and no running
+    """Whether the reward loop starts servers: ``disrm``, ``genrm`` or ``group_judge`` set,
+    and no running
     router (``reward_loop.router.address``) to use instead. A router is started then even
     over servers that run already (``server.start_server: false``)."""
     section = config.reward_loop
     return (
         section is not None
-        and (section.disrm is not None or section.genrm is not None)
+        and any(s is not None for s in (section.disrm, section.genrm, section.group_judge))
         and section.router.address is None
     )
 
@@ -231,7 +283,12 @@ def _router_address(config: RunConfig, log_dir: Path, stack: contextlib.ExitStac
         from ludic.inference.vllm.security import API_KEY_ENV
 
         return r.address.rstrip("/"), r.api_key or os.environ.get(API_KEY_ENV) or None
-    groups = [(n, g) for n, g in (("disrm", section.disrm), ("genrm", section.genrm)) if g]
+    servers = (
+        ("disrm", section.disrm),
+        ("genrm", section.genrm),
+        ("group_judge", section.group_judge),
+    )
+    groups = [(n, g) for n, g in servers if g]
     if not groups:
         return None, None
     try:
