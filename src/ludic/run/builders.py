@@ -19,7 +19,9 @@ from ludic.inference import (
     ReturnSpec,
     SamplingSpec,
 )
+from ludic.inference.agent_endpoint import AgentEndpoint
 from ludic.interaction import MultiAgentProtocol, SingleAgentProtocol
+from ludic.interaction.program import ProgramProtocol
 from ludic.run.config import PRESET_FIELDS, RunConfig
 from ludic.run.errors import RunError
 from ludic.run.registries import (
@@ -28,6 +30,7 @@ from ludic.run.registries import (
     CREDIT_ASSIGNER,
     ENV,
     PARSER,
+    PROGRAM,
     TOOL,
     load_part,
     resolve,
@@ -66,14 +69,17 @@ def make_engine(
     def make_env():
         return build_env(config, env_overrides, field=field)
 
-    make_agent = agent_factory(config, client, template, parser)
-    if config.agent.protocol == "multi_agent":
+    if config.agent.kind == "program":
+        make_protocol = program_protocol(config, client, template)
+    elif config.agent.protocol == "multi_agent":
+        make_agent = agent_factory(config, client, template, parser)
         agent_ids = list(make_env().agent_ids)
 
         def make_protocol() -> Any:
             # one agent object per player (agents hold per-episode state), one policy
             return MultiAgentProtocol({aid: make_agent() for aid in agent_ids})
     else:
+        make_agent = agent_factory(config, client, template, parser)
 
         def make_protocol() -> Any:
             return SingleAgentProtocol(make_agent())
@@ -86,6 +92,22 @@ def make_engine(
         env_calls="thread" if config.env.run_in_thread else "inline",
         on_episode=on_episode,
     )
+
+
+def program_protocol(
+    config: RunConfig, client: ChatClient, template: HFChatTemplate
+) -> Callable[[], Any]:
+    """``agent.program`` behind one :class:`AgentEndpoint` of ``client`` (started on the
+    first episode; a daemon thread that ends with the process)."""
+    assert config.agent.program is not None
+    program = load_part(PROGRAM, config.agent.program, field="agent.program")
+    endpoint = AgentEndpoint(
+        client,
+        template,
+        host=config.agent.program_host,
+        structured_outputs=config.inference.backend == "vllm",
+    )
+    return lambda: ProgramProtocol(program, endpoint)
 
 
 def agent_factory(

@@ -23,6 +23,7 @@ from ludic.run.config_common import (
     LoraConfig,
     ParserName,
     PolicyServersConfig,
+    ProgramName,
     Section,
     TinyModelConfig,
     ToolName,
@@ -111,11 +112,22 @@ class EnvConfig(Section):
 
 
 class AgentConfig(Section):
-    kind: Literal["plain", "tool", "react"] = "plain"
+    kind: Literal["plain", "tool", "react", "program"] = "plain"
     """plain: one model call per turn (``Agent``); tool: calls the ``tools`` below until it
     answers (``ToolAgent``); react: the same with a final-answer shot clock after
-    ``max_react_steps`` calls (``ReActAgent``). Tool calls are ``<tool_call>{"name": ...,
+    ``max_react_steps`` calls (``ReActAgent``); program: your agent program (``program``)
+    against an OpenAI-compatible endpoint of the policy, every call recorded with its exact
+    tokens (``ludic.interaction.program``). Tool calls are ``<tool_call>{"name": ...,
     "arguments": {...}}</tool_call>`` blocks; the tools' schemas go to the chat template."""
+    program: ProgramName | None = None
+    """program: ``path/to/file.py:fn`` or ``module:fn``, ``async def fn(client:
+    openai.AsyncOpenAI, task: dict)`` returning a reward, an answer for the env to score,
+    or ``{reward | answer: ..., metrics: {...}}``; ``task`` is ``{prompt, seed, **the env's
+    reset info}``. ``max_steps`` bounds its model calls per episode."""
+    program_host: str = "127.0.0.1"
+    """program: the address the endpoint listens on (always with a fresh API key, which
+    the program's client carries); another host only for programs that run elsewhere
+    (e.g. in a sandbox)."""
     protocol: Literal["single_agent", "multi_agent"] = "single_agent"
     """multi_agent: one agent per env agent id (e.g. ``tic_tac_toe_two_player``'s X and O),
     all sampling from the one policy: self-play. Each player's rollouts form its own
@@ -131,7 +143,8 @@ class AgentConfig(Section):
     function (text: str) -> ``ludic.parsers.ParseResult``."""
     system_prompt: str | None = None
     max_steps: int = Field(1, ge=1)
-    """Protocol limit on env steps per episode (parse failures count)."""
+    """Protocol limit on env steps per episode (parse failures count); for agent.kind
+    program, on model calls per episode."""
     incomplete_completion_penalty: float | None = None
     """If set, a completion cut by max_tokens is a parse failure with this reward."""
     tools: list[ToolName] = []
@@ -146,6 +159,21 @@ class AgentConfig(Section):
 
     @model_validator(mode="after")
     def _tools_match_kind(self) -> AgentConfig:
+        if (self.kind == "program") != (self.program is not None):
+            raise ValueError(
+                "agent.kind=program needs agent.program (file.py:fn), and agent.program "
+                "needs agent.kind: program"
+                if self.kind == "program"
+                else f"agent.program is set but agent.kind is {self.kind!r}; use agent.kind: "
+                "program"
+            )
+        if self.kind == "program":
+            if self.tools or self.protocol != "single_agent":
+                raise ValueError(
+                    "agent.kind=program: the program calls its own tools and plays one agent; "
+                    "leave agent.tools empty and agent.protocol single_agent"
+                )
+            return self
         if self.kind == "plain" and self.tools:
             raise ValueError(
                 f"agent.tools is set but agent.kind is 'plain'; use agent.kind: tool (or "

@@ -31,6 +31,7 @@ from ludic.run.registries import (
     CREDIT_ASSIGNER,
     ENV,
     PARSER,
+    PROGRAM,
     REWARD_FUNCTION,
     TOOL,
     PartKind,
@@ -45,6 +46,7 @@ __all__ = [
     "LoraConfig",
     "ModuleReference",
     "ParserName",
+    "ProgramName",
     "RewardFunctionName",
     "ToolName",
     "PolicyServersConfig",
@@ -81,6 +83,7 @@ AlgorithmName = Annotated[str, _part(ALGORITHM)]
 CreditAssignerName = Annotated[str, _part(CREDIT_ASSIGNER)]
 RewardFunctionName = Annotated[str, _part(REWARD_FUNCTION)]
 ToolName = Annotated[str, _part(TOOL)]
+ProgramName = Annotated[str, _part(PROGRAM)]
 ModuleReference = Annotated[str, AfterValidator(_module_reference)]
 """A module to import: ``package.module`` or ``path/to/file.py`` (made absolute)."""
 

@@ -27,7 +27,7 @@ from ludic.run.builders import (
 from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
 from ludic.run.models import check_model_path, reward_model_folder
-from ludic.run.registries import PARSER, TOOL, load_part
+from ludic.run.registries import PARSER, PROGRAM, TOOL, load_part
 from ludic.run.reward_loop import make_manager, probe_reward, rule_function
 
 
@@ -104,6 +104,8 @@ def _check_agent(config: RunConfig, env: Any) -> None:
     """The tools load, and the protocol fits the env's number of agents."""
     for spec in config.agent.tools:
         load_part(TOOL, spec, field="agent.tools")
+    if config.agent.program is not None:
+        load_part(PROGRAM, config.agent.program, field="agent.program")
     agent_ids = list(getattr(env, "agent_ids", []))
     if len(agent_ids) > 1 and config.agent.protocol != "multi_agent":
         raise RunError(
@@ -129,6 +131,12 @@ def _check_warm_start(config: RunConfig, env: Any) -> None:
                 "JSONL file of rollouts"
             )
         return
+    if config.agent.kind == "program":
+        raise RunError(
+            "warm_start.demos=dataset_answers cannot demonstrate an agent program (its "
+            "prompts are the program's); set warm_start.steps: 0, or pass a JSONL of "
+            "demonstration rollouts as warm_start.demos"
+        )
     if not isinstance(env, ReferenceAnswerEnv):
         raise RunError(
             f"warm_start.demos=dataset_answers needs an env with reference answers (a "

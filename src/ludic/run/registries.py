@@ -32,6 +32,7 @@ __all__ = [
     "ENVS",
     "PARSER",
     "PARSERS",
+    "PROGRAM",
     "REWARD_FUNCTION",
     "REWARD_FUNCTIONS",
     "REWARD_MANAGER",
@@ -138,6 +139,12 @@ def _reward_manager_class(target: Any) -> str | None:
     return f"it is a {what}, not a RewardManager subclass"
 
 
+def _agent_program(target: Any) -> str | None:
+    from ludic.interaction.program import check_program
+
+    return check_program(target)
+
+
 def _signature(target: Any) -> str:
     name = getattr(target, "__qualname__", type(target).__name__)
     try:
@@ -190,6 +197,13 @@ REWARD_MANAGER = PartKind(
     "a ludic.rewards.RewardManager subclass, built with the reward function and "
     "reward_loop.manager_kwargs",
     _reward_manager_class,
+)
+PROGRAM = PartKind(
+    "agent program",
+    {},
+    "an async function (client: openai.AsyncOpenAI, task: dict) returning a reward, an "
+    "answer or {'reward' | 'answer': ..., 'metrics': {...}}",
+    _agent_program,
 )
 TOOL = PartKind(
     "tool", TOOLS, "a Python function with type hints (its docstring describes it to the model)"

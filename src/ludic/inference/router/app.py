@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from ludic.inference.asgi import read_body, send_bytes, send_error, send_json
 from ludic.inference.router.pool import Backend, BackendPool, NoBackendError
 
 DATA_ROUTES: frozenset[str] = frozenset(
@@ -110,24 +111,24 @@ class RouterApp:
                 "healthy": healthy,
                 "backends": len(self.pool.backends),
             }
-            return await _send_json(send, 200 if healthy else 503, body)
+            return await send_json(send, 200 if healthy else 503, body)
         if path == "/router/backends" and method == "GET":
-            return await _send_json(send, 200, {"backends": self.pool.status()})
+            return await send_json(send, 200, {"backends": self.pool.status()})
         if path == "/v1/models" and method == "GET":
-            return await _send_json(send, 200, self._models())
+            return await send_json(send, 200, self._models())
         if path not in self.routes:
-            return await _send_error(
+            return await send_error(
                 send,
                 404,
                 f"the router does not forward {path}; it forwards {sorted(self.routes)} "
                 "(call a server's control routes on that server)",
             )
-        body = await _read_body(receive)
+        body = await read_body(receive, MAX_BODY_BYTES)
         if body is None:
-            return await _send_error(send, 413, f"request body over {MAX_BODY_BYTES} bytes")
+            return await send_error(send, 413, f"request body over {MAX_BODY_BYTES} bytes")
         fields = _json_fields(body)
         if fields.get("stream") is True:
-            return await _send_error(
+            return await send_error(
                 send, 400, "the router does not stream: send stream=false (or omit it)"
             )
         model = fields.get("model") if isinstance(fields.get("model"), str) else None
@@ -144,10 +145,10 @@ class RouterApp:
                 backend = self.pool.pick(path, model, exclude=tried)
             except NoBackendError as e:
                 if errors:
-                    return await _send_error(
+                    return await send_error(
                         send, 502, f"every backend failed {path}: " + "; ".join(errors)
                     )
-                return await _send_error(send, e.status, str(e))
+                return await send_error(send, e.status, str(e))
             tried.append(backend)
             with self.pool.lease(backend) as client:
                 try:
@@ -176,7 +177,7 @@ class RouterApp:
                 if k.lower() not in _RESPONSE_DROP and k.lower() != "content-encoding"
             ]
             out.append((b"x-ludic-backend", backend.url.encode()))
-            return await _send(send, response.status_code, response.content, out)
+            return await send_bytes(send, response.status_code, response.content, out)
 
     def _models(self) -> dict[str, Any]:
         seen: dict[str, dict[str, Any]] = {}
@@ -223,23 +224,6 @@ def _answer_problem(response: httpx.Response) -> str | None:
 
 
 # ------------------------------------------------------------------------------ ASGI helpers
-async def _read_body(receive: Any) -> bytes | None:
-    """The request body, or ``None`` when it exceeds :data:`MAX_BODY_BYTES`."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return b"".join(chunks)
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
 def _json_fields(body: bytes) -> dict[str, Any]:
     """The body's top-level JSON object (empty when it is not one: the backend judges)."""
     try:
@@ -247,18 +231,3 @@ def _json_fields(body: bytes) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError):
         return {}
     return value if isinstance(value, dict) else {}
-
-
-async def _send(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-    headers = [*headers, (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _send_json(send: Any, status: int, value: Any) -> None:
-    body = json.dumps(value).encode()
-    await _send(send, status, body, [(b"content-type", b"application/json")])
-
-
-async def _send_error(send: Any, status: int, message: str) -> None:
-    await _send_json(send, status, {"error": message})

@@ -1,0 +1,425 @@
+"""An OpenAI-compatible endpoint of ludic's own for agent programs, recording exact tokens.
+
+An agent written against the OpenAI API (any framework: a hand-written loop, an SDK's
+agent, a tool-calling workflow) runs unchanged: ludic hands it an ``openai.AsyncOpenAI``
+client whose base URL is an episode of this endpoint. Every call it makes -- chat
+completions (with tools) or completions, any number of them -- is rendered with the
+policy's chat template, sampled by ludic's :class:`~ludic.inference.client.ChatClient`
+(vLLM or the in-process backend) and recorded: the prompt's token ids, the completion's
+token ids and logprobs, and the policy version, keyed by the episode. Training then uses
+those exact tokens (never the text re-tokenized); see
+:class:`~ludic.interaction.program.ProgramProtocol`.
+
+Routes, under ``/episodes/{episode}/v1``: ``POST /chat/completions``, ``POST
+/completions``, ``GET /models``; and ``GET /health``. Like ludic's servers: the API key on
+every route but ``/health`` (a fresh random one unless given, so there is always one),
+loopback unless another host is given, request bodies bounded
+(413 above :data:`MAX_BODY_BYTES`), no streaming (400), ``n`` = 1.
+
+Sampling follows the episode's :class:`~ludic.inference.request.InferenceSpec` (the run's
+``sampling`` section): a request's ``temperature``, ``top_p`` or ``seed`` does not change
+it (the logprobs the trainer corrects with are those of the run's sampler); a request's
+``max_tokens`` (or ``max_completion_tokens``) may lower the run's budget, never raise it;
+``stop`` strings are honoured; ``structured_outputs`` (vLLM's field, ``extra_body`` in the
+SDK) constrains the call when the backend can (``structured_outputs=True``: vLLM), else it
+is refused (400). What a request asked for is kept in the call's record.
+
+Tool calls: the policy writes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+blocks (:class:`~ludic.inference.tool_parser.XMLJsonToolCallParser`); the response carries
+them as OpenAI ``tool_calls`` (ids unique in the episode) with ``finish_reason:
+"tool_calls"``. When the program sends such an assistant message back, it is rendered as
+the policy wrote it (the exact completion text), so the next prompt continues what was
+sampled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ludic.inference.asgi import read_body, send_error, send_json
+from ludic.inference.chat_template import HFChatTemplate
+from ludic.inference.client import ChatClient
+from ludic.inference.request import CompletionRequest, InferenceSpec, ReturnSpec
+from ludic.inference.tool_parser import ToolCallParser, XMLJsonToolCallParser
+from ludic.inference.vllm.security import ApiKeyMiddleware
+from ludic.types import Message, TokenTrace, ToolCall
+
+MAX_BODY_BYTES = 8 * 2**20
+"""Larger request bodies are refused with 413."""
+
+MODEL_NAME = "ludic-policy"
+"""The model the endpoint serves (any ``model`` in a request is accepted)."""
+
+
+@dataclass(frozen=True)
+class RecordedCall:
+    """One model call of an episode, as sampled.
+
+    ``messages`` and ``tools`` are the prompt as rendered (chat; for completions the
+    prompt text as one user message), ``text`` the completion returned to the program,
+    ``trace`` its exact tokens (prompt ids, completion ids and logprobs, policy version).
+    ``requested`` holds the sampling fields the request carried.
+    """
+
+    index: int
+    route: str
+    messages: list[Message]
+    tools: list[dict[str, Any]] | None
+    text: str
+    trace: TokenTrace
+    tool_calls: tuple[ToolCall, ...] = ()
+    requested: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Episode:
+    id: str
+    loop: asyncio.AbstractEventLoop
+    inference: InferenceSpec
+    max_calls: int | None
+    calls: list[RecordedCall] = field(default_factory=list)
+    raw: dict[str, str] = field(default_factory=dict)
+    """Tool-call id -> the exact completion text of the call that made it."""
+    started: int = 0
+    refused: int = 0
+    """Calls refused because ``max_calls`` were made."""
+
+
+class AgentEndpoint:
+    """The endpoint (see the module docstring) over ``client`` and ``template``.
+
+    Start it with :meth:`start` (a server thread; :meth:`close` stops it), then per
+    episode: :meth:`open_episode` in the event loop where ``client`` is used, the
+    program's calls, :meth:`close_episode` for the recorded calls.
+    """
+
+    def __init__(
+        self,
+        client: ChatClient,
+        template: HFChatTemplate,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+        tool_parser: ToolCallParser | None = None,
+        structured_outputs: bool = False,
+    ) -> None:
+        self.client = client
+        self.template = template
+        self.host = host
+        self.port = port
+        self.api_key = api_key or secrets.token_urlsafe(24)  # so never open beyond loopback
+        self.tool_parser = tool_parser or XMLJsonToolCallParser()
+        self.structured_outputs = structured_outputs
+        self._episodes: dict[str, _Episode] = {}
+        self._lock = threading.Lock()
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("AgentEndpoint: not started; call start()")
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> AgentEndpoint:
+        """Serve in a daemon thread; returns once the server accepts connections."""
+        import uvicorn
+
+        with self._lock:
+            if self._server is not None:
+                return self
+            app = ApiKeyMiddleware(self, self.api_key)
+            config = uvicorn.Config(
+                app, host=self.host, port=self.port, log_level="warning", lifespan="off"
+            )
+            server = uvicorn.Server(config)
+            thread = threading.Thread(target=server.run, name="ludic-agent-endpoint", daemon=True)
+            thread.start()
+            deadline = time.monotonic() + timeout_s
+            while not server.started:
+                if not thread.is_alive() or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"AgentEndpoint: the server on {self.host}:{self.port} did not start"
+                    )
+                time.sleep(0.01)
+            self.port = server.servers[0].sockets[0].getsockname()[1]
+            self._server, self._thread = server, thread
+        return self
+
+    def close(self) -> None:
+        """Stop the server (episodes still open get connection errors)."""
+        server, thread = self._server, self._thread
+        if server is None or thread is None:
+            return
+        server.should_exit = True
+        thread.join(timeout=10.0)
+        self._server = self._thread = None
+
+    # ------------------------------------------------------------------ episodes
+    def open_episode(self, inference: InferenceSpec, *, max_calls: int | None = None) -> str:
+        """A new episode's base URL (``.../episodes/ID/v1``); call it in the event loop
+        where ``client`` runs: the episode's calls are sampled there."""
+        self.start()
+        episode = _Episode(
+            id=secrets.token_hex(8),
+            loop=asyncio.get_running_loop(),
+            inference=replace(inference, returns=ReturnSpec.for_rl()),
+            max_calls=max_calls,
+        )
+        with self._lock:
+            self._episodes[episode.id] = episode
+        return f"{self.url}/episodes/{episode.id}/v1"
+
+    def close_episode(self, base_url: str) -> tuple[list[RecordedCall], int]:
+        """The episode's recorded calls in the order they finished, and how many calls
+        were refused past its ``max_calls``; later calls get 404."""
+        episode_id = base_url.rstrip("/").split("/")[-2]
+        with self._lock:
+            episode = self._episodes.pop(episode_id)
+        return list(episode.calls), episode.refused
+
+    def openai_client(self, base_url: str, *, timeout_s: float = 600.0) -> Any:
+        """An ``openai.AsyncOpenAI`` client of the episode (no retries: a failed call is
+        the program's to see)."""
+        import openai
+
+        return openai.AsyncOpenAI(
+            base_url=base_url, api_key=self.api_key, max_retries=0, timeout=timeout_s
+        )
+
+    # ------------------------------------------------------------------ ASGI
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return None
+        path, method = scope["path"], scope["method"]
+        if path == "/health":
+            return await send_json(send, 200, {"status": "ok", "type": "agent_endpoint"})
+        parts = path.strip("/").split("/")
+        if len(parts) < 4 or parts[0] != "episodes" or parts[2] != "v1":
+            return await send_error(send, 404, f"no route {path}; use /episodes/ID/v1/...")
+        with self._lock:
+            episode = self._episodes.get(parts[1])
+        if episode is None:
+            return await send_error(send, 404, f"episode {parts[1]!r} is not open")
+        route = "/".join(parts[3:])
+        if route == "models" and method == "GET":
+            return await send_json(send, 200, _models())
+        if route not in ("chat/completions", "completions") or method != "POST":
+            return await send_error(send, 404, f"no route {method} /v1/{route}")
+        body = await read_body(receive, MAX_BODY_BYTES)
+        if body is None:
+            return await send_error(send, 413, f"request body over {MAX_BODY_BYTES} bytes")
+        try:
+            request = json.loads(body)
+            if not isinstance(request, dict):
+                raise ValueError("the body is not a JSON object")
+            if request.get("stream"):
+                raise ValueError("streaming is not supported: send stream=false (or omit it)")
+            if request.get("n", 1) != 1:
+                raise ValueError(f"n={request['n']}: one choice per call")
+            if "structured_outputs" in request and not self.structured_outputs:
+                raise ValueError(
+                    "structured_outputs needs a backend that constrains sampling "
+                    "(inference.backend: vllm)"
+                )
+            if route == "chat/completions":
+                prompt = self._chat_prompt(episode, request)
+            else:
+                prompt = self._completion_prompt(request)
+        except (ValueError, TypeError, KeyError) as e:
+            return await send_error(send, 400, f"bad request: {e}")
+        if episode.max_calls is not None and episode.started >= episode.max_calls:
+            episode.refused += 1
+            return await send_error(
+                send, 429, f"the episode made its {episode.max_calls} calls (agent.max_steps)"
+            )
+        episode.started += 1
+        future = asyncio.run_coroutine_threadsafe(
+            self._sample(episode, route, request, *prompt), episode.loop
+        )
+        try:
+            answer = await asyncio.wrap_future(future)
+        except Exception as e:  # the backend failed: the program sees a 502
+            return await send_error(
+                send, 502, f"the policy backend failed: {type(e).__name__}: {e}"
+            )
+        return await send_json(send, 200, answer)
+
+    # ------------------------------------------------------------------ requests
+    def _chat_prompt(
+        self, episode: _Episode, request: Mapping[str, Any]
+    ) -> tuple[list[Message], list[dict[str, Any]] | None, list[int]]:
+        messages = [self._message(episode, m) for m in request["messages"]]
+        if not messages:
+            raise ValueError("messages is empty")
+        tools = request.get("tools") or None
+        if tools is not None and not isinstance(tools, list):
+            raise ValueError("tools must be a list of function tools")
+        return messages, tools, self.template.render(messages, tools=tools)
+
+    def _completion_prompt(
+        self, request: Mapping[str, Any]
+    ) -> tuple[list[Message], None, list[int]]:
+        prompt = request["prompt"]
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            ids = list(self.template.tokenizer.encode(prompt, add_special_tokens=False))
+            text = prompt
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            ids, text = list(prompt), self.template.decode(prompt)
+        else:
+            raise ValueError("prompt must be one string or one list of token ids")
+        if not ids:
+            raise ValueError("the prompt is empty")
+        return [{"role": "user", "content": text}], None, ids
+
+    def _message(self, episode: _Episode, message: Any) -> Message:
+        """An OpenAI message as the chat template renders it: text content (parts
+        joined), and an assistant message whose tool calls came from this episode as the
+        exact text the policy wrote."""
+        if not isinstance(message, dict) or "role" not in message:
+            raise ValueError(f"a message must be an object with a role: {message!r}")
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "".join(
+                p.get("text", "")
+                for p in content
+                if isinstance(p, dict) and p.get("type") == "text"
+            )
+        out: Message = {"role": message["role"], "content": content or ""}
+        calls = message.get("tool_calls") or []
+        if message["role"] == "assistant" and calls:
+            raw = {episode.raw.get(c.get("id")) for c in calls if isinstance(c, dict)}
+            if len(raw) == 1 and None not in raw:
+                out["content"] = raw.pop()  # as sampled
+            else:
+                out["tool_calls"] = [_template_tool_call(c) for c in calls]
+        if message["role"] == "tool" and "tool_call_id" in message:
+            out["tool_call_id"] = message["tool_call_id"]
+        if "name" in message:
+            out["name"] = message["name"]
+        return out
+
+    async def _sample(
+        self,
+        episode: _Episode,
+        route: str,
+        request: Mapping[str, Any],
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None,
+        prompt_ids: list[int],
+    ) -> dict[str, Any]:
+        """Sample in the episode's loop, record, and build the OpenAI response."""
+        sampling = episode.inference.sampling
+        asked = request.get("max_completion_tokens") or request.get("max_tokens")
+        max_tokens = sampling.max_tokens if asked is None else min(int(asked), sampling.max_tokens)
+        stop = request.get("stop")
+        stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        extra = dict(episode.inference.extra)
+        if "structured_outputs" in request:  # vLLM's own field (extra_body in the SDK)
+            extra["structured_outputs"] = request["structured_outputs"]
+        spec = replace(
+            episode.inference,
+            sampling=replace(sampling, max_tokens=max(max_tokens, 1), stop=sampling.stop + stop),
+            extra=extra,
+        )
+        response = await self.client.complete(
+            CompletionRequest(prompt_ids, inference=spec, session_id=episode.id)
+        )
+        if response.trace is None:
+            raise RuntimeError("the backend returned no token trace")
+        text = self.template.tokenizer.decode(
+            list(response.trace.completion_token_ids), skip_special_tokens=True
+        )
+        index = len(episode.calls)
+        parsed = self.tool_parser(text) if route == "chat/completions" else None
+        calls: tuple[ToolCall, ...] = ()
+        if parsed is not None and parsed.ok and parsed.calls:
+            calls = tuple(
+                replace(c, id=f"call_{episode.id}_{index}_{i}") for i, c in enumerate(parsed.calls)
+            )
+            for c in calls:
+                episode.raw[c.id] = text
+        requested = {
+            k: request[k]
+            for k in (
+                "temperature",
+                "top_p",
+                "seed",
+                "max_tokens",
+                "max_completion_tokens",
+                "stop",
+                "structured_outputs",
+            )
+            if k in request
+        }
+        episode.calls.append(
+            RecordedCall(index, route, messages, tools, text, response.trace, calls, requested)
+        )
+        usage = {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": len(response.trace.completion_token_ids),
+            "total_tokens": len(prompt_ids) + len(response.trace.completion_token_ids),
+        }
+        finish = response.finish_reason or "stop"
+        created = int(time.time())
+        if route == "completions":
+            return {
+                "id": f"cmpl-{episode.id}-{index}",
+                "object": "text_completion",
+                "created": created,
+                "model": MODEL_NAME,
+                "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+                "usage": usage,
+            }
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls:
+            assert parsed is not None
+            message["content"] = parsed.content or None
+            message["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+                }
+                for c in calls
+            ]
+            finish = "tool_calls"
+        return {
+            "id": f"chatcmpl-{episode.id}-{index}",
+            "object": "chat.completion",
+            "created": created,
+            "model": MODEL_NAME,
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+            ],
+            "usage": usage,
+        }
+
+
+def _template_tool_call(call: Any) -> dict[str, Any]:
+    """An OpenAI tool call as chat templates take it (arguments as an object)."""
+    function = call.get("function", {}) if isinstance(call, dict) else {}
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        with contextlib.suppress(ValueError):
+            arguments = json.loads(arguments)
+    return {"type": "function", "function": {"name": function.get("name"), "arguments": arguments}}
+
+
+def _models() -> dict[str, Any]:
+    return {"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "owned_by": "ludic"}]}
+
+
+__all__: Sequence[str] = ["MAX_BODY_BYTES", "AgentEndpoint", "RecordedCall"]
