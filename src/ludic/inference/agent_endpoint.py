@@ -27,9 +27,10 @@ is refused (400). What a request asked for is kept in the call's record.
 Tool calls: the policy writes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
 blocks (:class:`~ludic.inference.tool_parser.XMLJsonToolCallParser`); the response carries
 them as OpenAI ``tool_calls`` (ids unique in the episode) with ``finish_reason:
-"tool_calls"``. When the program sends such an assistant message back, it is rendered as
-the policy wrote it (the exact completion text), so the next prompt continues what was
-sampled.
+"tool_calls"``. A request whose messages continue an earlier call (its messages, its
+reply -- tool calls included -- then new ones) is prompted with that call's exact prompt
+and completion tokens followed by the new messages (``ChatTemplate.extend``): the policy's
+tokens are never re-tokenized. Other requests are rendered by the chat template.
 """
 
 from __future__ import annotations
@@ -265,7 +266,34 @@ class AgentEndpoint:
         tools = request.get("tools") or None
         if tools is not None and not isinstance(tools, list):
             raise ValueError("tools must be a list of function tools")
-        return messages, tools, self.template.render(messages, tools=tools)
+        return messages, tools, self._continued(episode, messages, tools)
+
+    def _continued(
+        self, episode: _Episode, messages: list[Message], tools: list[dict[str, Any]] | None
+    ) -> list[int]:
+        """The prompt of ``messages``: when they continue an earlier call of the episode
+        (its messages, then its reply), that call's exact prompt and completion tokens
+        followed by the new messages (``ChatTemplate.extend``), so the policy's own tokens
+        are never re-tokenized; else the template's rendering."""
+        for call in reversed(episode.calls):
+            n = len(call.messages)
+            if (
+                call.route == "chat/completions"
+                and call.tools == tools
+                and len(messages) > n + 1
+                and [_key(m) for m in messages[:n]] == [_key(m) for m in call.messages]
+                and _key(messages[n]) == ("assistant", call.text, None)
+            ):
+                try:
+                    return self.template.extend(
+                        list(call.trace.prompt_token_ids),
+                        list(call.trace.completion_token_ids),
+                        messages[n + 1 :],
+                        tools=tools,
+                    )
+                except ValueError:  # a template whose earlier turns change: render
+                    break
+        return self.template.render(messages, tools=tools)
 
     def _completion_prompt(
         self, request: Mapping[str, Any]
@@ -406,6 +434,10 @@ class AgentEndpoint:
             ],
             "usage": usage,
         }
+
+
+def _key(message: Message) -> tuple[Any, Any, Any]:
+    return message.get("role"), message.get("content"), message.get("tool_call_id")
 
 
 def _template_tool_call(call: Any) -> dict[str, Any]:
