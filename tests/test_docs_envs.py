@@ -20,7 +20,7 @@ def _configs() -> list[tuple[str, str]]:
     found = []
     for page in sorted(DOCS.glob("*.md")):
         for block in re.findall(r"```yaml\n(.*?)```", page.read_text(), flags=re.S):
-            if "env:" in block:
+            if "env:" in block or "agent:" in block:
                 found.append((page.name, block))
     return found
 
@@ -31,6 +31,10 @@ def test_a_shortest_config_builds(page, block, tmp_path, monkeypatch) -> None:
         r"```python\n(from ludic.envs import SingleAgentEnv.*?)```", README.read_text(), re.S
     )
     (tmp_path / "my_env.py").write_text(tour.group(1))
+    program = re.search(
+        r"```python\n(async def solve.*?)```", (DOCS / "programs.md").read_text(), re.S
+    )
+    (tmp_path / "my_agent.py").write_text(program.group(1))
     monkeypatch.chdir(tmp_path)
     data = yaml.safe_load(block)
     if "my_algo.py" in block:
