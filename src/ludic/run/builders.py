@@ -101,6 +101,14 @@ def program_protocol(
     first episode; a daemon thread that ends with the process)."""
     assert config.agent.program is not None
     program = load_part(PROGRAM, config.agent.program, field="agent.program")
+    try:
+        import openai  # noqa: F401  (the programs' client)
+        import uvicorn  # noqa: F401  (the endpoint's server)
+    except ImportError as e:
+        raise RunError(
+            f"agent.kind=program needs the openai SDK and uvicorn ({e}): pip install "
+            "'ludic-rl[agents]'"
+        ) from None
     endpoint = AgentEndpoint(
         client,
         template,
