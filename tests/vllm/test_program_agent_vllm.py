@@ -13,25 +13,14 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed")
 pytest.importorskip("openai", reason="the openai SDK is not installed")
 
+from tests.interaction.test_program_agent import TOOLS, Spy  # noqa: E402
+
 from ludic.envs import DatasetQAEnv  # noqa: E402
 from ludic.inference import HFChatTemplate  # noqa: E402
 from ludic.inference.agent_endpoint import AgentEndpoint  # noqa: E402
 from ludic.inference.request import InferenceSpec, SamplingSpec  # noqa: E402
 from ludic.interaction.program import ProgramProtocol  # noqa: E402
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            },
-        },
-    }
-]
 FORCED_CALL = r'<tool_call>\{"name": "add", "arguments": \{"a": [0-9], "b": [0-9]\}\}</tool_call>'
 
 
@@ -55,16 +44,6 @@ async def program(client, task):
         "answer": second.choices[0].message.content or "",
         "metrics": {"sum": args["a"] + args["b"]},
     }
-
-
-class Spy:
-    def __init__(self, inner) -> None:
-        self.inner, self.traces = inner, []
-
-    async def complete(self, request):
-        response = await self.inner.complete(request)
-        self.traces.append(response.trace)
-        return response
 
 
 def test_a_tool_calling_program_on_vllm_records_what_the_server_sampled(served) -> None:
