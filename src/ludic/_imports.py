@@ -9,6 +9,7 @@ field and the value, then says what is wrong.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import sys
@@ -98,7 +99,8 @@ def _import_file(path: Path, *, field: str, spec: str) -> Any:
     if not path.is_file():
         raise FileNotFoundError(f"{field}: {spec!r}: no file {str(path)!r}")
     path = path.resolve()
-    module_name = f"ludic_user_{path.stem}_{abs(hash(str(path)))}"
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:12]  # the same in every process
+    module_name = f"ludic_user_{path.stem}_{digest}"
     module = sys.modules.get(module_name)
     if module is not None:
         return module

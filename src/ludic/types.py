@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import numbers
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
@@ -386,6 +386,24 @@ class Rollout:
 
     def next_step_index(self) -> int:
         return len(self.steps)
+
+
+def rollout_group_key(rollout: Rollout, *, owner: str = "GroupNormalizedReturn") -> Hashable:
+    """The group of ``rollout`` for group-relative advantages: ``("group_id", id,
+    agent_id)`` when ``meta["group_id"]`` is set, else ``("initial_obs", obs)``; delegated sub-agent
+    rollouts get ``("delegated", group_id or obs)``. ``owner`` names the caller in errors."""
+    if rollout.meta.get("delegated"):
+        return ("delegated", rollout.meta.get("group_id", rollout.initial_obs))
+    if "group_id" in rollout.meta:  # per player: self-play's X and O are different roles
+        return ("group_id", rollout.meta["group_id"], rollout.meta.get("agent_id"))
+    obs = rollout.initial_obs
+    if obs is None:
+        raise ValueError(
+            f"{owner}: rollout {rollout.id!r} has no meta['group_id'] and no "
+            "initial observation to group by; set RolloutRequest.meta['group_id'] "
+            "(GRPORequestStrategy does this)"
+        )
+    return ("initial_obs", obs)
 
 
 def rollout_to_dict(rollout: Rollout) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from one policy, each player's rollouts in their own GRPO groups."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 
@@ -73,26 +74,38 @@ def test_an_illegal_move_is_warned_then_loses_and_an_unmoved_player_gets_nothing
     assert final["player_1"].reward == 0.0 and final["player_1"].info["moved"] is False
 
 
-def test_episodes_keep_their_own_randomness_when_interleaved() -> None:
-    """Liar's Dice rolls dice from Python's global random: two games stepped in turn
-    show what each shows alone."""
+def test_episodes_keep_their_own_randomness_when_interleaved(monkeypatch) -> None:
+    """Liar's Dice rolls dice from the global random generators (again after a call): two
+    games stepped in turn show what each shows alone -- and would not without the swap."""
+    moves = ["[Bid: 1, 2]", "[Call]", "[Bid: 1, 3]", "[Call]"]
 
-    def alone(seed: int) -> list[str]:
+    def play(seed: int) -> TextArenaEnv:
         env = TextArenaEnv(game="LiarsDice-v0-train", num_players=3)
-        return [env.reset(seed)["player_0"][0], *_observations(env, ["[Bid: 1, 2]"])]
+        env.reset(seed)
+        return env
 
-    def _observations(env, moves):
-        return [o.obs for _, out in _play(env, moves) for o in out.values()]
+    def observe(env: TextArenaEnv, move: str) -> list[str]:
+        if not env.active_agents:
+            return []
+        (player,) = env.active_agents
+        return sorted(o.obs for o in env.step({player: move}).values())
 
-    a, b = (
-        TextArenaEnv(game="LiarsDice-v0-train", num_players=3),
-        TextArenaEnv(game="LiarsDice-v0-train", num_players=3),
-    )
-    first_a, first_b = a.reset(1)["player_0"][0], b.reset(2)["player_0"][0]
-    seen_b = _observations(b, ["[Bid: 1, 2]"])
-    seen_a = _observations(a, ["[Bid: 1, 2]"])
-    assert [first_a, *seen_a] == alone(1) and [first_b, *seen_b] == alone(2)
-    assert first_a != first_b  # different seeds roll different dice
+    def alone(seed: int) -> list[list[str]]:
+        env = play(seed)
+        return [observe(env, m) for m in moves]
+
+    def interleaved() -> tuple[list[list[str]], list[list[str]]]:
+        a, b = play(1), play(2)
+        seen_a, seen_b = [], []
+        for move in moves:
+            seen_b.append(observe(b, move))
+            seen_a.append(observe(a, move))
+        return seen_a, seen_b
+
+    expected = alone(1), alone(2)
+    assert interleaved() == expected
+    monkeypatch.setattr(TextArenaEnv, "_own_random", lambda self: contextlib.nullcontext())
+    assert interleaved() != expected  # the swap is what keeps them apart
 
 
 def test_bad_games_name_what_is_wrong() -> None:

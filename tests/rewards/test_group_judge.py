@@ -44,6 +44,7 @@ def test_the_request_numbers_the_answers_and_forces_the_schema() -> None:
     request = judge.request(samples)
     prompt = request["messages"][0]["content"]
     assert "Question: 3+4?" in prompt and "Reference answer: 7" in prompt
+    assert 'Reply with JSON {"scores": [...]}' in prompt  # single braces: what to write
     assert "Answer 1: answer 0\nAnswer 2: answer 1\nAnswer 3: answer 2" in prompt
     assert request["structured_outputs"] == {"regex": group_pattern(3, "scores")}
     assert request["temperature"] == 0.0 and request["max_tokens"] == 28
@@ -124,7 +125,9 @@ def test_failed_groups_count_as_failed_samples_and_stop_a_bad_batch() -> None:
     rollouts = [_rollout("g", "a"), _rollout("g", "b")]
     with pytest.raises(RewardLoopError, match="2 of 2 samples of a batch failed.*judge down"):
         asyncio.run(loop(rollouts))
-    with pytest.raises(ValueError, match="no meta\\['group_id'\\]"):
+    with pytest.raises(
+        ValueError, match="RewardLoop: rollout .* has no meta\\[.group_id.\\] and no initial"
+    ):
         asyncio.run(RewardLoop(group_scorer=_Scripted(), group_size=2)([Rollout()]))
     with pytest.raises(ValueError, match="a manager .* or a group_scorer, not both"):
         RewardLoop()

@@ -336,3 +336,18 @@ def test_reward_functions_and_managers_by_name_or_as_code(project) -> None:
         )
     with pytest.raises(ConfigError, match="reward_loop.function: unknown reward function 'gsm9k'"):
         load_config(None, ["reward_loop.function=gsm9k"])
+
+
+def test_an_agent_program_config_refuses_what_it_would_ignore(project) -> None:
+    (project / "agent.py").write_text("async def solve(client, task):\n    return 1.0\n")
+    base = ["agent.kind=program", "agent.program=agent.py:solve", "warm_start.steps=0"]
+    check_config(load_config(None, base))
+    with pytest.raises(ConfigError, match=r"does not use \['parser', 'system_prompt'\]"):
+        load_config(None, [*base, "agent.parser=boxed", "agent.system_prompt=hi"])
+    with pytest.raises(ConfigError, match="agent.kind=program needs agent.program"):
+        load_config(None, ["agent.kind=program"])
+    with pytest.raises(RunError, match="agent.program: .*not an async function"):
+        (project / "sync.py").write_text("def solve(client, task):\n    return 1.0\n")
+        check_config(load_config(None, [*base[:1], "agent.program=sync.py:solve", base[2]]))
+    with pytest.raises(RunError, match="cannot demonstrate an agent program"):
+        check_config(load_config(None, base[:2]))

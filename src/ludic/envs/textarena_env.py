@@ -10,9 +10,11 @@ players: by rank) and the game's own info (role, reason). TextArena handles a ma
 illegal move itself: a warning and a retry, a second one loses the game. A player whose
 game ended before it ever moved gets reward 0 (there is no action to credit).
 
-TextArena draws from Python's global ``random`` (``reset(seed)`` reseeds it), which
-concurrent episodes in one process share; each env here keeps its own random state and
-swaps it in around every call into the game, so an episode is a function of its seed. Needs
+TextArena's games draw from Python's and numpy's global random generators (``reset(seed)``
+reseeds Python's), which concurrent episodes in one process share; each env here keeps its
+own states of both and swaps them in around every call into the game (under a lock), so
+an episode's draws are a function of its seed. A thread that draws from the global
+generators outside ludic's envs during such a call would take from the env's stream. Needs
 the ``envs`` extra (``pip install 'ludic-rl[envs]'``); games that download word lists or
 call remote judges need what TextArena needs for them.
 """
@@ -58,7 +60,7 @@ class TextArenaEnv(LudicEnv):
         self.game_kwargs = dict(game_kwargs or {})
         self._ids = [f"player_{i}" for i in range(num_players)]
         self._rng = random.Random(rng_seed)
-        self._state: object = random.Random(0).getstate()
+        self._state: tuple[Any, Any] = _seeded(0)
         self._env: Any = None
         self._current: int | None = None
         self._moved: set[int] = set()
@@ -73,7 +75,7 @@ class TextArenaEnv(LudicEnv):
 
     def reset(self, seed: int | None = None) -> dict[AgentId, tuple[Observation, Info]]:
         seed = self._rng.randrange(2**31) if seed is None else seed
-        self._state = random.Random(seed).getstate()
+        self._state = _seeded(seed)
         with self._own_random():
             self._env = _textarena().make(self.game, **self.game_kwargs)
             try:
@@ -120,15 +122,27 @@ class TextArenaEnv(LudicEnv):
 
     @contextlib.contextmanager
     def _own_random(self) -> Iterator[None]:
-        """This env's random state in place of the process's, for one call into the game."""
+        """This env's random states (Python's and numpy's global ones) in place of the
+        process's, for one call into the game."""
+        import numpy as np
+
         with _RANDOM:
-            outside = random.getstate()
-            random.setstate(self._state)
+            outside = random.getstate(), np.random.get_state()
+            random.setstate(self._state[0])
+            np.random.set_state(self._state[1])
             try:
                 yield
             finally:
-                self._state = random.getstate()
-                random.setstate(outside)
+                self._state = random.getstate(), np.random.get_state()
+                random.setstate(outside[0])
+                np.random.set_state(outside[1])
+
+
+def _seeded(seed: int) -> tuple[Any, Any]:
+    """Python's and numpy's global random states, seeded with ``seed``."""
+    import numpy as np
+
+    return random.Random(seed).getstate(), np.random.RandomState(seed % 2**32).get_state()
 
 
 def _plain(value: Any) -> bool:

@@ -29,15 +29,19 @@ blocks (:class:`~ludic.inference.tool_parser.XMLJsonToolCallParser`); the respon
 them as OpenAI ``tool_calls`` (ids unique in the episode) with ``finish_reason:
 "tool_calls"``. A request whose messages continue an earlier call (its messages, its
 reply -- tool calls included -- then new ones) is prompted with that call's exact prompt
-and completion tokens followed by the new messages (``ChatTemplate.extend``): the policy's
-tokens are never re-tokenized. Other requests are rendered by the chat template.
+and completion tokens followed by the new messages (``ChatTemplate.extend``), so the
+policy's own tokens are not re-tokenized; any other request (a trimmed or edited history,
+a template ``extend`` cannot diff) is rendered by the chat template. Either way each call
+trains on the prompt tokens it was given and the tokens it sampled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
+import logging
 import secrets
 import threading
 import time
@@ -45,13 +49,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from jinja2 import TemplateError
+
 from ludic.inference.asgi import read_body, send_error, send_json
 from ludic.inference.chat_template import HFChatTemplate
 from ludic.inference.client import ChatClient
 from ludic.inference.request import CompletionRequest, InferenceSpec, ReturnSpec
 from ludic.inference.tool_parser import ToolCallParser, XMLJsonToolCallParser
-from ludic.inference.vllm.security import ApiKeyMiddleware
+from ludic.inference.vllm.security import ApiKeyMiddleware, is_loopback
 from ludic.types import Message, TokenTrace, ToolCall
+
+logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 8 * 2**20
 """Larger request bodies are refused with 413."""
@@ -92,6 +100,9 @@ class _Episode:
     started: int = 0
     refused: int = 0
     """Calls refused because ``max_calls`` were made."""
+    in_flight: int = 0
+    futures: set[Any] = field(default_factory=set)
+    """The calls running in the episode's loop (cancelled when it closes)."""
 
 
 class AgentEndpoint:
@@ -118,6 +129,12 @@ class AgentEndpoint:
         self.host = host
         self.port = port
         self.api_key = api_key or secrets.token_urlsafe(24)  # so never open beyond loopback
+        if not is_loopback(host):
+            logger.warning(
+                "the agent endpoint listens on %s beyond loopback, over plain HTTP (its API "
+                "key travels unencrypted): keep that network private",
+                host,
+            )
         self.tool_parser = tool_parser or XMLJsonToolCallParser()
         self.structured_outputs = structured_outputs
         self._episodes: dict[str, _Episode] = {}
@@ -187,6 +204,9 @@ class AgentEndpoint:
         episode_id = base_url.rstrip("/").split("/")[-2]
         with self._lock:
             episode = self._episodes.pop(episode_id)
+            running = list(episode.futures)
+        for future in running:  # a call of a cancelled or timed-out episode: stop it
+            future.cancel()
         return list(episode.calls), episode.refused
 
     def openai_client(self, base_url: str, *, timeout_s: float = 600.0) -> Any:
@@ -222,38 +242,37 @@ class AgentEndpoint:
             return await send_error(send, 413, f"request body over {MAX_BODY_BYTES} bytes")
         try:
             request = json.loads(body)
-            if not isinstance(request, dict):
-                raise ValueError("the body is not a JSON object")
-            if request.get("stream"):
-                raise ValueError("streaming is not supported: send stream=false (or omit it)")
-            if request.get("n", 1) != 1:
-                raise ValueError(f"n={request['n']}: one choice per call")
-            if "structured_outputs" in request and not self.structured_outputs:
-                raise ValueError(
-                    "structured_outputs needs a backend that constrains sampling "
-                    "(inference.backend: vllm)"
-                )
-            if route == "chat/completions":
-                prompt = self._chat_prompt(episode, request)
-            else:
-                prompt = self._completion_prompt(request)
-        except (ValueError, TypeError, KeyError) as e:
+            _check_request(request, structured_outputs=self.structured_outputs)
+        except (ValueError, TypeError) as e:
             return await send_error(send, 400, f"bad request: {e}")
-        if episode.max_calls is not None and episode.started >= episode.max_calls:
-            episode.refused += 1
+        with self._lock:
+            if episode.max_calls is not None and episode.started >= episode.max_calls:
+                episode.refused += 1
+                over = True
+            else:
+                episode.started += 1
+                over = False
+        if over:
             return await send_error(
                 send, 429, f"the episode made its {episode.max_calls} calls (agent.max_steps)"
             )
-        episode.started += 1
-        future = asyncio.run_coroutine_threadsafe(
-            self._sample(episode, route, request, *prompt), episode.loop
-        )
+        # everything that reads or writes the episode (and the tokenizer) runs in its loop
+        future = asyncio.run_coroutine_threadsafe(self._call(episode, route, request), episode.loop)
+        with self._lock:
+            episode.futures.add(future)
         try:
             answer = await asyncio.wrap_future(future)
+        except _BadRequest as e:
+            return await send_error(send, 400, f"bad request: {e}")
+        except asyncio.CancelledError:
+            return await send_error(send, 404, f"episode {episode.id!r} ended during the call")
         except Exception as e:  # the backend failed: the program sees a 502
             return await send_error(
                 send, 502, f"the policy backend failed: {type(e).__name__}: {e}"
             )
+        finally:
+            with self._lock:
+                episode.futures.discard(future)
         return await send_json(send, 200, answer)
 
     # ------------------------------------------------------------------ requests
@@ -325,7 +344,8 @@ class AgentEndpoint:
                 for p in content
                 if isinstance(p, dict) and p.get("type") == "text"
             )
-        out: Message = {"role": message["role"], "content": content or ""}
+        role = "system" if message["role"] == "developer" else message["role"]
+        out: Message = {"role": role, "content": content or ""}
         calls = message.get("tool_calls") or []
         if message["role"] == "assistant" and calls:
             raw = {episode.raw.get(c.get("id")) for c in calls if isinstance(c, dict)}
@@ -338,6 +358,19 @@ class AgentEndpoint:
         if "name" in message:
             out["name"] = message["name"]
         return out
+
+    async def _call(
+        self, episode: _Episode, route: str, request: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """One call, in the episode's loop: the prompt, the sample, the record."""
+        try:
+            if route == "chat/completions":
+                prompt = self._chat_prompt(episode, request)
+            else:
+                prompt = self._completion_prompt(request)
+        except (ValueError, TypeError, KeyError, TemplateError) as e:
+            raise _BadRequest(f"{type(e).__name__}: {e}") from None
+        return await self._sample(episode, route, request, *prompt)
 
     async def _sample(
         self,
@@ -357,14 +390,22 @@ class AgentEndpoint:
         extra = dict(episode.inference.extra)
         if "structured_outputs" in request:  # vLLM's own field (extra_body in the SDK)
             extra["structured_outputs"] = request["structured_outputs"]
+        index = len(episode.calls) + episode.in_flight
+        seed = None if sampling.seed is None else call_seed(sampling.seed, index)
         spec = replace(
             episode.inference,
-            sampling=replace(sampling, max_tokens=max(max_tokens, 1), stop=sampling.stop + stop),
+            sampling=replace(
+                sampling, max_tokens=max(max_tokens, 1), stop=sampling.stop + stop, seed=seed
+            ),
             extra=extra,
         )
-        response = await self.client.complete(
-            CompletionRequest(prompt_ids, inference=spec, session_id=episode.id)
-        )
+        episode.in_flight += 1
+        try:
+            response = await self.client.complete(
+                CompletionRequest(prompt_ids, inference=spec, session_id=episode.id)
+            )
+        finally:
+            episode.in_flight -= 1
         if response.trace is None:
             raise RuntimeError("the backend returned no token trace")
         text = self.template.tokenizer.decode(
@@ -434,6 +475,42 @@ class AgentEndpoint:
             ],
             "usage": usage,
         }
+
+
+class _BadRequest(ValueError):
+    """A request the endpoint cannot serve (HTTP 400)."""
+
+
+UNSUPPORTED = ("response_format", "logit_bias", "presence_penalty", "frequency_penalty")
+"""Request fields refused rather than ignored: the run's sampler would not honour them."""
+
+
+def _check_request(request: Any, *, structured_outputs: bool) -> None:
+    """Refuse (``ValueError``) what the endpoint would otherwise ignore."""
+    if not isinstance(request, dict):
+        raise ValueError("the body is not a JSON object")
+    if request.get("stream"):
+        raise ValueError("streaming is not supported: send stream=false (or omit it)")
+    if request.get("n", 1) != 1:
+        raise ValueError(f"n={request['n']}: one choice per call")
+    for name in UNSUPPORTED:
+        if request.get(name) not in (None, 0, {}):
+            raise ValueError(f"{name} is not supported (the run's sampling section decides)")
+    if request.get("tool_choice") not in (None, "auto"):
+        raise ValueError(f"tool_choice={request['tool_choice']!r}: only auto is supported")
+    if request.get("logprobs") or request.get("top_logprobs"):
+        raise ValueError("logprobs are recorded for training, not returned: omit logprobs")
+    if "structured_outputs" in request and not structured_outputs:
+        raise ValueError(
+            "structured_outputs needs a backend that constrains sampling (inference.backend: vllm)"
+        )
+
+
+def call_seed(seed: int, index: int) -> int:
+    """The sampling seed of call ``index`` of an episode seeded ``seed``: a 63-bit hash of
+    both, so that two calls never share their random stream."""
+    digest = hashlib.blake2b(f"{seed}:call:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 def _key(message: Message) -> tuple[Any, Any, Any]:

@@ -9,7 +9,8 @@ with one trainable step per call (each call its own turn: its prompt as rendered
 completion's token ids and logprobs, its policy version), the reward on the last.
 
 ``task``: ``{"prompt": the env's first observation, "seed": the env seed, **the reset
-info}`` (the info's JSON values; e.g. a QA env's ``target``). The program's result:
+info}`` (the info's JSON values, less a QA env's ``target``: the program answers, the env
+scores). The program's result:
 
 * a number: the reward;
 * a string: the program's answer, given to ``env.step``, whose reward counts (a QA env's
@@ -92,16 +93,19 @@ class ProgramProtocol:
         agent_id = self.agent_id or _only_agent(env)
         obs, info = (await reset_env(env, env_seed))[agent_id]
         task = {"prompt": obs, "seed": env_seed, **_json_values(info)}
+        task.pop("target", None)  # the env keeps the answer: the program returns one
         base_url = self.endpoint.open_episode(inference, max_calls=max_steps)
-        client = self.endpoint.openai_client(base_url, timeout_s=self.timeout_s)
+        client: Any = None
         error: BaseException | None = None
         try:
+            client = self.endpoint.openai_client(base_url, timeout_s=self.timeout_s)
             result = await self.program(client, task)
         except Exception as e:  # judged below, once the calls are known
             result, error = None, e
         finally:
             calls, refused = self.endpoint.close_episode(base_url)
-            await client.close()
+            if client is not None:
+                await client.close()
         truncated = refused > 0
         if error is not None and not truncated:
             raise RuntimeError(
@@ -152,7 +156,7 @@ class ProgramProtocol:
             outcome = (await step_env(env, {agent_id: answer}))[agent_id]
             step.reward, step.next_obs = outcome.reward, outcome.obs
             step.info = {**outcome.info, **metrics}
-            step.terminated = outcome.terminated or not truncated
+            step.terminated = not truncated
         return step
 
 

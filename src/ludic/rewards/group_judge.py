@@ -31,11 +31,13 @@ GROUP_TEMPLATE = (
     "Question: {question}\nReference answer: {ground_truth}\n\n{answers}\n\n{instruction}"
 )
 """The judge's prompt: ``{n}``, ``{question}``, ``{ground_truth}``, ``{answers}`` (numbered,
-one per line) and ``{instruction}`` (the reply format of the mode)."""
+one per line) and ``{instruction}`` (the reply format of the mode). A ranking cannot tie:
+G equal answers still get 1, ..., 0 (the judge's order of them); use ``scores`` where ties
+are common."""
 
 INSTRUCTIONS: Mapping[str, str] = {
-    "scores": 'Reply with JSON {{"scores": [...]}}: one integer from 0 to 10 per answer, in order.',
-    "ranking": 'Reply with JSON {{"ranking": [...]}}: the answer numbers, best first.',
+    "scores": 'Reply with JSON {"scores": [...]}: one integer from 0 to 10 per answer, in order.',
+    "ranking": 'Reply with JSON {"ranking": [...]}: the answer numbers, best first.',
 }
 
 

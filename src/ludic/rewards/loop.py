@@ -35,7 +35,7 @@ from typing import Any, Literal, Protocol
 from ludic._async import PerLoop, gather_or_cancel
 from ludic.rewards.managers import RewardManager
 from ludic.rewards.sample import RewardResult, RewardSample
-from ludic.types import Rollout
+from ludic.types import Rollout, rollout_group_key
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +82,9 @@ class GroupScorer(Protocol):
 
 
 def group_key(rollout: Rollout) -> Hashable:
-    """The group of ``rollout`` for group scoring: its prompt's ``group_id``, per player."""
-    if "group_id" not in rollout.meta:
-        raise ValueError(
-            f"rollout {rollout.id!r} has no meta['group_id']: group scoring needs the "
-            "rollouts of one prompt grouped (a group preset such as grpo)"
-        )
-    return rollout.meta["group_id"], rollout.meta.get("agent_id")
+    """The group of ``rollout`` for group scoring: the one GRPO normalizes it in
+    (:func:`ludic.types.rollout_group_key`: its prompt's ``group_id``, per player)."""
+    return rollout_group_key(rollout, owner="RewardLoop")
 
 
 class RewardLoop:

@@ -93,7 +93,7 @@ class SamplingConfig(Section):
 class EnvConfig(Section):
     kind: EnvKind = "arithmetic"
     """A built-in env (``ludic.run.registries.ENVS``: arithmetic, dataset_qa, tic_tac_toe,
-    tic_tac_toe_two_player) or yours: ``path/to/file.py:MyEnv`` or
+    tic_tac_toe_two_player, reasoning_gym, textarena) or yours: ``path/to/file.py:MyEnv`` or
     ``package.module:MyEnv``, a ``LudicEnv`` class (e.g. a ``SingleAgentEnv`` subclass) or
     a function returning one. A relative file is taken from the current directory (the
     saved config holds its absolute path)."""
@@ -109,6 +109,10 @@ class EnvConfig(Section):
     """Run env ``reset``/``step`` in a thread, so ``episode_timeout_s`` cuts a blocking env
     (sandbox, simulator, remote call) short. Off by default: the built-in envs are fast, and
     calls on the event loop keep batching, hence results, deterministic."""
+
+
+PROGRAM_IGNORES = ("context", "parser", "system_prompt", "incomplete_completion_penalty")
+"""Agent settings an agent program does not use (set, they are refused)."""
 
 
 class AgentConfig(Section):
@@ -172,6 +176,12 @@ class AgentConfig(Section):
                 raise ValueError(
                     "agent.kind=program: the program calls its own tools and plays one agent; "
                     "leave agent.tools empty and agent.protocol single_agent"
+                )
+            unused = sorted(self.model_fields_set & set(PROGRAM_IGNORES))
+            if unused:
+                raise ValueError(
+                    f"agent.kind=program does not use {unused}: the program builds its own "
+                    "prompts and reads its own replies; remove them"
                 )
             return self
         if self.kind == "plain" and self.tools:

@@ -256,6 +256,12 @@ class GroupJudgeConfig(RewardServersConfig):
     """Chat-completion parameters (max_tokens defaults to 16 + 4 per answer; the
     structured_outputs regex is set unless given here)."""
 
+    @model_validator(mode="after")
+    def _no_weight(self) -> GroupJudgeConfig:
+        if "weight" in self.model_fields_set:
+            raise ValueError("weight: the group judge's score is the reward loop's; remove it")
+        return self
+
 
 class RewardRouterConfig(Section):
     """The router every reward server sits behind (``ludic serve router``)."""

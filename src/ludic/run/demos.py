@@ -61,13 +61,7 @@ def _reference_answers(config: RunConfig, template: HFChatTemplate) -> dict[tupl
     answers: dict[tuple[int, ...], str] = {}
     for seed in range(config.warm_start.num_demos):
         env = factory(**config.env.kwargs)
-        if not isinstance(env, ReferenceAnswerEnv):
-            raise RunError(
-                f"warm_start.demos=dataset_answers needs an env with reference answers "
-                f"(a reference_answer() method); env.kind={config.env.kind!r} has none. Pass "
-                "a JSONL of demonstration rollouts as warm_start.demos, or set "
-                "warm_start.steps=0"
-            )
+        check_demonstrable(config, env)
         agent_id = env.agent_ids[0]
         obs, info = env.reset(seed)[agent_id]
         context = make_context(config)
@@ -75,6 +69,25 @@ def _reference_answers(config: RunConfig, template: HFChatTemplate) -> dict[tupl
         prompt = tuple(template.render(context.on_before_act()))
         answers[prompt] = env.reference_answer()
     return answers
+
+
+def check_demonstrable(config: RunConfig, env: Any) -> None:
+    """``dataset_answers`` can demonstrate ``env`` with ``config``'s agent: the env knows
+    its answers (``ReferenceAnswerEnv``) and the agent is ludic's own (a program's prompts
+    are its own). Raises :class:`RunError` naming the fix."""
+    if config.agent.kind == "program":
+        raise RunError(
+            "warm_start.demos=dataset_answers cannot demonstrate an agent program (its "
+            "prompts are the program's); set warm_start.steps: 0, or pass a JSONL of "
+            "demonstration rollouts as warm_start.demos"
+        )
+    if not isinstance(env, ReferenceAnswerEnv):
+        raise RunError(
+            f"warm_start.demos=dataset_answers needs an env with reference answers (a "
+            f"reference_answer() method); env.kind={config.env.kind!r} has none. Set "
+            "warm_start.steps: 0 (no warm start), or pass a JSONL of demonstration rollouts "
+            "as warm_start.demos"
+        )
 
 
 def synthetic_arithmetic_preferences(

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ludic.envs import ReferenceAnswerEnv
 from ludic.run.builders import (
     build_env,
     make_algorithm,
@@ -25,6 +24,7 @@ from ludic.run.builders import (
     warm_start_trainer_config,
 )
 from ludic.run.config import RunConfig
+from ludic.run.demos import check_demonstrable
 from ludic.run.errors import RunError
 from ludic.run.models import check_model_path, reward_model_folder
 from ludic.run.registries import PARSER, PROGRAM, TOOL, load_part
@@ -131,19 +131,7 @@ def _check_warm_start(config: RunConfig, env: Any) -> None:
                 "JSONL file of rollouts"
             )
         return
-    if config.agent.kind == "program":
-        raise RunError(
-            "warm_start.demos=dataset_answers cannot demonstrate an agent program (its "
-            "prompts are the program's); set warm_start.steps: 0, or pass a JSONL of "
-            "demonstration rollouts as warm_start.demos"
-        )
-    if not isinstance(env, ReferenceAnswerEnv):
-        raise RunError(
-            f"warm_start.demos=dataset_answers needs an env with reference answers (a "
-            f"reference_answer() method); env.kind={config.env.kind!r} has none. Set "
-            "warm_start.steps: 0 (no warm start), or pass a JSONL of demonstration rollouts "
-            "as warm_start.demos"
-        )
+    check_demonstrable(config, env)
 
 
 def _check_holdout(config: RunConfig) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ludic.types import Rollout
+from ludic.types import Rollout, rollout_group_key
 
 GroupStd = Literal["population", "sample"]
 """The standard deviation of a group-relative advantage: divide by G or by G - 1."""
@@ -106,24 +106,6 @@ class GroupNormalizedReturn:
             owner="GroupNormalizedReturn",
         )
         return [[advantages[i]] * len(r.turns()) for i, r in enumerate(rollouts)]
-
-
-def rollout_group_key(rollout: Rollout, *, owner: str = "GroupNormalizedReturn") -> Hashable:
-    """The group of ``rollout`` for group-relative advantages: ``("group_id", id,
-    agent_id)`` when ``meta["group_id"]`` is set, else ``("initial_obs", obs)``; delegated sub-agent
-    rollouts get ``("delegated", group_id or obs)``. ``owner`` names the caller in errors."""
-    if rollout.meta.get("delegated"):
-        return ("delegated", rollout.meta.get("group_id", rollout.initial_obs))
-    if "group_id" in rollout.meta:  # per player: self-play's X and O are different roles
-        return ("group_id", rollout.meta["group_id"], rollout.meta.get("agent_id"))
-    obs = rollout.initial_obs
-    if obs is None:
-        raise ValueError(
-            f"{owner}: rollout {rollout.id!r} has no meta['group_id'] and no "
-            "initial observation to group by; set RolloutRequest.meta['group_id'] "
-            "(GRPORequestStrategy does this)"
-        )
-    return ("initial_obs", obs)
 
 
 def group_relative_advantages(
