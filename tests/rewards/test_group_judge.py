@@ -131,3 +131,19 @@ def test_failed_groups_count_as_failed_samples_and_stop_a_bad_batch() -> None:
         asyncio.run(RewardLoop(group_scorer=_Scripted(), group_size=2)([Rollout()]))
     with pytest.raises(ValueError, match="a manager .* or a group_scorer, not both"):
         RewardLoop()
+
+
+def test_a_group_split_from_what_arrived_is_scored_as_the_batch_has_it() -> None:
+    """A group started on its arrivals but reaching the hook in part (or with others) is
+    scored again as the batch has it: the started judgement is dropped, not mixed in."""
+    scorer = _Scripted()
+    loop = RewardLoop(group_scorer=scorer, group_size=2)
+    a, b = _rollout("g", "a"), _rollout("g", "bb")
+
+    async def run():
+        loop.on_episode([a, b])  # complete: its scoring starts
+        await asyncio.sleep(0)
+        await loop([a])  # only one of them reaches the hook
+
+    asyncio.run(run())
+    assert scorer.calls[-1] == ["a"] and a.meta[REWARD_KEY]["score"] == 1.0

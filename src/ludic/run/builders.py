@@ -97,8 +97,8 @@ def make_engine(
 def program_protocol(
     config: RunConfig, client: ChatClient, template: HFChatTemplate
 ) -> Callable[[], Any]:
-    """``agent.program`` behind one :class:`AgentEndpoint` of ``client`` (started on the
-    first episode; a daemon thread that ends with the process)."""
+    """``agent.program`` behind the :class:`AgentEndpoint` of ``client`` (one per client,
+    started on the first episode: a daemon thread that ends with the process)."""
     assert config.agent.program is not None
     program = load_part(PROGRAM, config.agent.program, field="agent.program")
     try:
@@ -109,13 +109,20 @@ def program_protocol(
             f"agent.kind=program needs the openai SDK and uvicorn ({e}): pip install "
             "'ludic-rl[agents]'"
         ) from None
-    endpoint = AgentEndpoint(
-        client,
-        template,
-        host=config.agent.program_host,
-        structured_outputs=config.inference.backend == "vllm",
-    )
+    key = (id(client), config.agent.program_host)
+    endpoint = _ENDPOINTS.get(key)
+    if endpoint is None or endpoint.client is not client:
+        endpoint = _ENDPOINTS[key] = AgentEndpoint(
+            client,
+            template,
+            host=config.agent.program_host,
+            structured_outputs=config.inference.backend == "vllm",
+        )
     return lambda: ProgramProtocol(program, endpoint)
+
+
+_ENDPOINTS: dict[tuple[int, str], AgentEndpoint] = {}
+"""One endpoint per inference client (the training and the evaluation engines share it)."""
 
 
 def agent_factory(
