@@ -67,7 +67,12 @@ def test_bad_agent_configs_name_the_field(tmp_path) -> None:
 
 
 def test_the_protocol_must_fit_the_env(tiny_tokenizer) -> None:
-    two_player = ["env.kind=tic_tac_toe_two_player", "env.kwargs={}", "agent.max_steps=9"]
+    two_player = [
+        "env.kind=tic_tac_toe_two_player",
+        "env.kwargs={}",
+        "agent.max_steps=9",
+        "warm_start.steps=0",
+    ]
     with pytest.raises(RunError, match=r"agent.protocol: env 'tic_tac_toe_two_player' has"):
         check_config(load_config(DEMO, two_player))
     with pytest.raises(RunError, match="agent.protocol: multi_agent needs an env with several"):

@@ -177,7 +177,11 @@ class AgentConfig(Section):
                     "agent.kind=program: the program calls its own tools and plays one agent; "
                     "leave agent.tools empty and agent.protocol single_agent"
                 )
-            unused = sorted(self.model_fields_set & set(PROGRAM_IGNORES))
+            unused = sorted(  # written with another value (a saved config writes defaults)
+                name
+                for name in PROGRAM_IGNORES
+                if getattr(self, name) != type(self).model_fields[name].default
+            )
             if unused:
                 raise ValueError(
                     f"agent.kind=program does not use {unused}: the program builds its own "
