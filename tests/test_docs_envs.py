@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.envs.pages import write_page_files
 
 from ludic.run.loading import validate_config
 from ludic.run.preflight import check_config
@@ -35,6 +36,7 @@ def test_a_shortest_config_builds(page, block, tmp_path, monkeypatch) -> None:
         r"```python\n(async def solve.*?)```", (DOCS / "programs.md").read_text(), re.S
     )
     (tmp_path / "my_agent.py").write_text(program.group(1))
+    write_page_files(DOCS / page, tmp_path)  # the page's own files (# NAME.py blocks)
     monkeypatch.chdir(tmp_path)
     data = yaml.safe_load(block)
     if "my_algo.py" in block:

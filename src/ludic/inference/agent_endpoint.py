@@ -51,7 +51,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from ludic.inference.asgi import read_body, send_error, send_json
+from ludic.inference.asgi import read_body, send_error, send_json, serve_in_thread
 from ludic.inference.chat_template import HFChatTemplate
 from ludic.inference.client import ChatClient
 from ludic.inference.request import CompletionRequest, InferenceSpec, ReturnSpec
@@ -151,26 +151,17 @@ class AgentEndpoint:
 
     def start(self, timeout_s: float = 30.0) -> AgentEndpoint:
         """Serve in a daemon thread; returns once the server accepts connections."""
-        import uvicorn
-
         with self._lock:
             if self._server is not None:
                 return self
             app = ApiKeyMiddleware(self, self.api_key)
-            config = uvicorn.Config(
-                app, host=self.host, port=self.port, log_level="warning", lifespan="off"
+            server, thread, self.port = serve_in_thread(
+                app,
+                host=self.host,
+                port=self.port,
+                name="ludic-agent-endpoint",
+                timeout_s=timeout_s,
             )
-            server = uvicorn.Server(config)
-            thread = threading.Thread(target=server.run, name="ludic-agent-endpoint", daemon=True)
-            thread.start()
-            deadline = time.monotonic() + timeout_s
-            while not server.started:
-                if not thread.is_alive() or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"AgentEndpoint: the server on {self.host}:{self.port} did not start"
-                    )
-                time.sleep(0.01)
-            self.port = server.servers[0].sockets[0].getsockname()[1]
             self._server, self._thread = server, thread
         return self
 

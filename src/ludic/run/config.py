@@ -93,7 +93,8 @@ class SamplingConfig(Section):
 class EnvConfig(Section):
     kind: EnvKind = "arithmetic"
     """A built-in env (``ludic.run.registries.ENVS``: arithmetic, dataset_qa, tic_tac_toe,
-    tic_tac_toe_two_player, reasoning_gym, textarena) or yours: ``path/to/file.py:MyEnv`` or
+    tic_tac_toe_two_player, reasoning_gym, textarena,
+    verifiers, openenv) or yours: ``path/to/file.py:MyEnv`` or
     ``package.module:MyEnv``, a ``LudicEnv`` class (e.g. a ``SingleAgentEnv`` subclass) or
     a function returning one. A relative file is taken from the current directory (the
     saved config holds its absolute path)."""
@@ -124,7 +125,8 @@ class AgentConfig(Section):
     tokens (``ludic.interaction.program``). Tool calls are ``<tool_call>{"name": ...,
     "arguments": {...}}</tool_call>`` blocks; the tools' schemas go to the chat template."""
     program: ProgramName | None = None
-    """program: ``path/to/file.py:fn`` or ``module:fn``, ``async def fn(client:
+    """program: ``verifiers`` (plays ``env.kind: verifiers`` tasks), or yours,
+    ``path/to/file.py:fn`` or ``module:fn``, ``async def fn(client:
     openai.AsyncOpenAI, task: dict)`` returning a reward, an answer for the env to score,
     or ``{reward | answer: ..., metrics: {...}}``; ``task`` is ``{prompt, seed, **the env's
     reset info}``. ``max_steps`` bounds its model calls per episode."""

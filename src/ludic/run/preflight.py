@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ludic.envs.verifiers_env import VerifiersEnv
 from ludic.run.builders import (
     build_env,
     make_algorithm,
@@ -106,6 +107,14 @@ def _check_agent(config: RunConfig, env: Any) -> None:
         load_part(TOOL, spec, field="agent.tools")
     if config.agent.program is not None:
         load_part(PROGRAM, config.agent.program, field="agent.program")
+    plays_verifiers = config.agent.program == "verifiers"
+    if isinstance(env, VerifiersEnv) != plays_verifiers:
+        raise RunError(
+            "agent.program: a verifiers taskset is played by its agent program; set "
+            "agent.kind: program and agent.program: verifiers"
+            if not plays_verifiers
+            else f"agent.program: verifiers plays env.kind verifiers, not {config.env.kind!r}"
+        )
     agent_ids = list(getattr(env, "agent_ids", []))
     if len(agent_ids) > 1 and config.agent.protocol != "multi_agent":
         raise RunError(

@@ -33,6 +33,7 @@ __all__ = [
     "PARSER",
     "PARSERS",
     "PROGRAM",
+    "PROGRAMS",
     "REWARD_FUNCTION",
     "REWARD_FUNCTIONS",
     "REWARD_MANAGER",
@@ -52,6 +53,8 @@ ENVS: dict[str, str] = {
     "textarena": "ludic.envs.textarena_env:TextArenaEnv",
     "tic_tac_toe": "ludic.envs.tic_tac_toe:TicTacToeEnv",
     "tic_tac_toe_two_player": "ludic.envs.tic_tac_toe:TicTacToeTwoPlayerEnv",
+    "openenv": "ludic.envs.openenv_env:OpenEnvEnv",
+    "verifiers": "ludic.envs.verifiers_env:VerifiersEnv",
 }
 """Env kind -> factory(**env.kwargs) returning a ``LudicEnv``."""
 
@@ -198,9 +201,14 @@ REWARD_MANAGER = PartKind(
     "reward_loop.manager_kwargs",
     _reward_manager_class,
 )
+PROGRAMS: dict[str, str] = {
+    "verifiers": "ludic.envs.verifiers_env:verifiers_program",
+}
+"""Built-in agent programs: ``verifiers`` plays ``env.kind: verifiers`` tasks."""
+
 PROGRAM = PartKind(
     "agent program",
-    {},
+    PROGRAMS,
     "an async function (client: openai.AsyncOpenAI, task: dict) returning a reward, an "
     "answer or {'reward' | 'answer': ..., 'metrics': {...}}",
     _agent_program,

@@ -1,0 +1,170 @@
+"""OpenEnv environments: ``ludic train`` with docs/envs/openenv.md's config (the
+environment of OpenEnv's own classes, served by ludic on loopback); the same environment
+served by a separate process and reached by ``base_url`` with a typed client; invalid
+actions, a raising environment and a dead server."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("openenv.core", reason="OpenEnv is not installed")
+
+from tests.envs.pages import write_page_files  # noqa: E402
+
+from ludic import jobs  # noqa: E402
+from ludic.envs.openenv_env import OpenEnvEnv  # noqa: E402
+from ludic.run.loading import load_config, validate_config  # noqa: E402
+from ludic.run.preflight import check_config  # noqa: E402
+
+TINY = [
+    "model.tiny={hidden_size: 64, num_layers: 1, num_heads: 1, seed: 0}",
+    "trainer.steps=2",
+    "trainer.prompts_per_step=2",
+    "algorithm.group_size=2",
+    "eval.num_problems=2",
+    "logging.console_every=1",
+    "sampling.max_tokens=4",
+]
+
+# A typed client for the page's environment, and an app module for a separate server.
+CLIENT = """
+from openenv.core import EnvClient
+from openenv.core.client_types import StepResult
+from openenv.core.env_server import State
+
+from guess import GuessAction, GuessObservation
+
+
+class GuessClient(EnvClient[GuessAction, GuessObservation, State]):
+    def _step_payload(self, action):
+        return action.model_dump(exclude={"metadata"})
+
+    def _parse_result(self, payload):
+        observation = GuessObservation(**payload["observation"], done=payload["done"])
+        return StepResult(observation=observation, reward=payload.get("reward"), done=payload["done"])
+
+    def _parse_state(self, payload):
+        return State(**payload)
+"""
+APP = """
+from openenv.core.env_server import create_fastapi_app
+
+from guess import GuessAction, GuessNumber, GuessObservation
+
+
+class Exploding(GuessNumber):
+    def step(self, action, timeout_s=None, **kwargs):
+        if action.guess == 7:
+            raise ValueError("the simulator crashed")
+        return super().step(action, timeout_s=timeout_s, **kwargs)
+
+
+app = create_fastapi_app(Exploding, GuessAction, GuessObservation, max_concurrent_envs=8)
+"""
+
+
+def test_the_openenv_page_trains(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = write_page_files("openenv.md", tmp_path)
+    run_dir = jobs.train(load_config(config, [f"output_dir={tmp_path}", *TINY]))
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 8  # 2 steps x 2 prompts x 2 samples
+    for rollout in samples:
+        env_steps = [s for s in rollout["steps"] if s["kind"] == "env"]
+        assert env_steps[0]["prev_obs"] == "Guess a digit."
+        # the tiny model's text is no digit: the server refuses it, the episode goes on
+        assert all(s["info"].get("invalid_action") for s in env_steps)
+        assert env_steps[-1]["next_obs"] == "Invalid action: guess must be an integer"
+        assert rollout["truncated"] and rollout["total_reward"] == 0.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_separate_server_a_typed_client_and_failures(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    write_page_files("openenv.md", tmp_path)
+    (tmp_path / "guess_client.py").write_text(CLIENT)
+    (tmp_path / "guess_app.py").write_text(APP)
+    port = _free_port()
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "guess_app:app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.poll() is None and time.monotonic() < deadline, "no server"
+            time.sleep(0.2)
+        # the two-line config of a running server builds (docs/envs/index.md)
+        two_lines = {"env": {"kind": "openenv", "kwargs": {"base_url": url}}}
+        check_config(validate_config({**two_lines, "warm_start": {"steps": 0}}))
+        env = OpenEnvEnv(base_url=url, client="guess_client.py:GuessClient")
+        assert env.action_field == "guess"  # from the server's /schema
+        obs, _ = env.reset(seed=3)["agent_0"]
+        assert obs == "Guess a digit."
+        wrong = env.step({"agent_0": "seven"})["agent_0"]  # refused by the typed client
+        assert wrong.info["invalid_action"] and not wrong.terminated and wrong.reward == 0.0
+        target = __import__("random").Random(3).randint(0, 9)
+        guess = 0 if target != 0 else 1
+        hint = env.step({"agent_0": str(guess)})["agent_0"]
+        assert hint.obs == ("higher" if guess < target else "lower") and hint.reward == 0.0
+        hit = env.step({"agent_0": str(target)})["agent_0"]
+        assert hit.obs == "correct" and hit.reward == 1.0 and hit.terminated
+        env.close()
+        # the same seed is the same episode, in a new session
+        again = OpenEnvEnv(base_url=url, observation_template="[{feedback}]")
+        again.reset(seed=3)
+        assert again.step({"agent_0": str(target)})["agent_0"].obs == "[correct]"
+        again.close()
+        # an environment that raises fails the episode, loudly
+        crash = OpenEnvEnv(base_url=url)
+        crash.reset(seed=3)
+        with pytest.raises(RuntimeError, match=f"OpenEnv step on {url}: .*the simulator crashed"):
+            crash.step({"agent_0": "7"})
+        crash.close()
+        # a dead server is an error within the timeout, not a hang
+        dead = OpenEnvEnv(base_url=url, action_field="guess", message_timeout_s=2)
+        dead.reset(seed=1)
+        server.kill()
+        server.wait()
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=f"OpenEnv step on {url}: ConnectionClosed"):
+            dead.step({"agent_0": "1"})
+        assert time.monotonic() - started < 10
+    finally:
+        server.kill()
+        server.wait()
+    with pytest.raises(ValueError, match="base_url .* or environment"):
+        OpenEnvEnv()
+    with pytest.raises(ValueError, match="needs action and observation"):
+        OpenEnvEnv(environment="guess.py:GuessNumber")

@@ -1,0 +1,144 @@
+"""verifiers (v1) tasksets: ``ludic train`` with docs/envs/verifiers.md's config and
+taskset on the in-process backend, every call through a verifiers ``Agent`` (its
+interception server) to ludic's agent endpoint; the reward is the taskset's own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("verifiers.v1", reason="verifiers (v1) is not installed")
+
+from tests.envs.pages import write_page_files  # noqa: E402
+
+from ludic import jobs  # noqa: E402
+from ludic.envs.verifiers_env import VerifiersEnv  # noqa: E402
+from ludic.run.errors import RunError  # noqa: E402
+from ludic.run.loading import load_config  # noqa: E402
+from ludic.run.preflight import check_config  # noqa: E402
+
+TINY = [
+    "model.tiny={hidden_size: 64, num_layers: 1, num_heads: 1, seed: 0}",
+    "trainer.steps=2",
+    "trainer.prompts_per_step=2",
+    "algorithm.group_size=2",
+    "eval.num_problems=2",
+    "logging.console_every=1",
+    "sampling.max_tokens=4",
+]
+
+# The reply's length as the reward (the tiny untrained model never sums right), and a
+# metric: both must reach the episode as the taskset computed them.
+LENGTH_TASKS = """
+import verifiers.v1 as vf
+
+
+class Data(vf.TaskData):
+    answer: str
+
+
+class LengthTask(vf.Task[Data]):
+    @vf.reward
+    async def length(self, trace: vf.Trace) -> float:
+        return float(len(trace.last_reply))
+
+    @vf.reward(weight=0.0)
+    async def starts_right(self, trace: vf.Trace) -> float:
+        return float(trace.last_reply.startswith(self.data.answer))
+
+
+class LengthTaskset(vf.Taskset[LengthTask, vf.TasksetConfig]):
+    def load(self):
+        return [LengthTask(Data(prompt=f"{i}+1=", answer=str(i + 1))) for i in range(6)]
+
+
+class Broken(vf.Task[Data]):
+    @vf.reward
+    async def broken(self, trace: vf.Trace) -> float:
+        raise KeyError("no such field")
+
+
+class BrokenTaskset(vf.Taskset[Broken, vf.TasksetConfig]):
+    def load(self):
+        return [Broken(Data(prompt="1+1=", answer="2"))]
+"""
+
+
+def _records(run_dir: Path, name: str) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / name).read_text().splitlines()]
+
+
+def test_the_verifiers_page_trains_on_the_tasksets_reward(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = write_page_files("verifiers.md", tmp_path)
+    (tmp_path / "length_tasks.py").write_text(LENGTH_TASKS)
+    run_dir = jobs.train(
+        load_config(
+            config,
+            [
+                f"output_dir={tmp_path}",
+                *TINY,
+                "env.kwargs.taskset=length_tasks.py:LengthTaskset",
+                "env.kwargs.size=4",
+                "env.eval_kwargs={part: heldout}",
+                "trainer.mode=async",
+            ],
+        )
+    )
+    rl = [r for r in _records(run_dir, "metrics.jsonl") if r["phase"] == "rl"]
+    assert [r["step"] for r in rl] == [1, 2]
+    samples = _records(run_dir, "samples.jsonl")
+    assert len(samples) == 8
+    for rollout in samples:
+        (call,) = [s for s in rollout["steps"] if s["kind"] == "agent"]
+        (end,) = [s for s in rollout["steps"] if s["kind"] == "env"]
+        assert call["trace"]["completion_token_ids"] and call["info"]["route"] == "chat/completions"
+        # the taskset scored the reply the endpoint sampled and recorded
+        assert rollout["total_reward"] == end["reward"] == len(call["completion"])
+        assert end["info"]["reward/length"] == len(call["completion"])
+        assert end["info"]["reward/starts_right"] in (0.0, 1.0)
+        assert rollout["meta"]["initial_obs"] in {f"{i}+1=" for i in range(4)}  # train part
+    assert len({r["total_reward"] for r in samples}) > 1  # a signal GRPO can use
+
+
+def test_parts_and_errors(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = write_page_files("verifiers.md", tmp_path)
+    (tmp_path / "length_tasks.py").write_text(LENGTH_TASKS)
+    train = VerifiersEnv(taskset="my_tasks.py:SumTaskset", size=80)
+    heldout = VerifiersEnv(taskset="my_tasks.py:SumTaskset", size=80, part="heldout")
+    shown = {train.reset(seed=s)["agent_0"][0] for s in range(80)}
+    held = {heldout.reset(seed=s)["agent_0"][0] for s in range(20)}
+    assert len(shown) == 80 and len(held) == 20 and not shown & held
+    with pytest.raises(ValueError, match="size=101; the taskset"):
+        VerifiersEnv(taskset="my_tasks.py:SumTaskset", size=101)
+    with pytest.raises(ValueError, match="heldout_size=None.*0 tasks after"):
+        VerifiersEnv(taskset="my_tasks.py:SumTaskset", part="heldout")
+    with pytest.raises(ValueError, match="not a verifiers.v1 Taskset"):
+        VerifiersEnv(taskset="my_tasks.py:SumData")
+    with pytest.raises(RuntimeError, match="played by its agent program"):
+        train.step({"agent_0": "3"})
+    # an installed taskset (a package exporting its Taskset in __all__) by its id
+    package = tmp_path / "site" / "sum_taskset"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        "from my_tasks import SumData, SumTask, SumTaskset\n__all__ = ['SumTaskset']\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    installed = VerifiersEnv(taskset="sum_taskset", size=3)
+    assert installed.reset(seed=2)["agent_0"][0] == "0+2="
+
+    base = [f"output_dir={tmp_path}", *TINY]
+    with pytest.raises(RunError, match="agent.program: verifiers"):
+        check_config(load_config(config, [*base, "agent.kind=plain", "agent.program=null"]))
+    with pytest.raises(RunError, match="plays env.kind verifiers, not 'arithmetic'"):
+        check_config(load_config(config, [*base, "env={kind: arithmetic}"]))
+    # a reward that raises fails the run, naming the task: never a silent zero
+    broken = load_config(
+        config, [*base, "env.kwargs.taskset=length_tasks.py:BrokenTaskset", "eval.every=0"]
+    )
+    with pytest.raises(RuntimeError, match="verifiers task 0 .*KeyError: 'no such field'"):
+        jobs.train(broken)
