@@ -7,32 +7,23 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
-import httpx
 import pytest
 
 pytest.importorskip("openenv.core", reason="OpenEnv is not installed")
 
 from tests.envs.pages import write_page_files  # noqa: E402
+from tests.http_helpers import wait_healthy  # noqa: E402
+from tests.tiny_run import TINY_RUN  # noqa: E402
 
 from ludic import jobs  # noqa: E402
+from ludic.distributed.weight_transfer.groups import free_port  # noqa: E402
 from ludic.envs.openenv_env import OpenEnvEnv  # noqa: E402
 from ludic.run.loading import load_config, validate_config  # noqa: E402
 from ludic.run.preflight import check_config  # noqa: E402
-
-TINY = [
-    "model.tiny={hidden_size: 64, num_layers: 1, num_heads: 1, seed: 0}",
-    "trainer.steps=2",
-    "trainer.prompts_per_step=2",
-    "algorithm.group_size=2",
-    "eval.num_problems=2",
-    "logging.console_every=1",
-    "sampling.max_tokens=4",
-]
 
 # A typed client for the page's environment, and an app module for a separate server.
 CLIENT = """
@@ -74,7 +65,7 @@ app = create_fastapi_app(Exploding, GuessAction, GuessObservation, max_concurren
 def test_the_openenv_page_trains(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     config = write_page_files("openenv.md", tmp_path)
-    run_dir = jobs.train(load_config(config, [f"output_dir={tmp_path}", *TINY]))
+    run_dir = jobs.train(load_config(config, [f"output_dir={tmp_path}", *TINY_RUN]))
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 8  # 2 steps x 2 prompts x 2 samples
     for rollout in samples:
@@ -86,18 +77,12 @@ def test_the_openenv_page_trains(tmp_path, monkeypatch) -> None:
         assert rollout["truncated"] and rollout["total_reward"] == 0.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_separate_server_a_typed_client_and_failures(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     write_page_files("openenv.md", tmp_path)
     (tmp_path / "guess_client.py").write_text(CLIENT)
     (tmp_path / "guess_app.py").write_text(APP)
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [
             sys.executable,
@@ -116,15 +101,7 @@ def test_a_separate_server_a_typed_client_and_failures(tmp_path, monkeypatch) ->
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, "no server"
-            time.sleep(0.2)
+        wait_healthy(url, server)
         # the two-line config of a running server builds (docs/envs/index.md)
         two_lines = {"env": {"kind": "openenv", "kwargs": {"base_url": url}}}
         check_config(validate_config({**two_lines, "warm_start": {"steps": 0}}))

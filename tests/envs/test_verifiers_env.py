@@ -5,6 +5,7 @@ interception server) to ludic's agent endpoint; the reward is the taskset's own.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -12,22 +13,13 @@ import pytest
 pytest.importorskip("verifiers.v1", reason="verifiers (v1) is not installed")
 
 from tests.envs.pages import write_page_files  # noqa: E402
+from tests.tiny_run import TINY_RUN  # noqa: E402
 
 from ludic import jobs  # noqa: E402
 from ludic.envs.verifiers_env import VerifiersEnv  # noqa: E402
 from ludic.run.errors import RunError  # noqa: E402
 from ludic.run.loading import load_config  # noqa: E402
 from ludic.run.preflight import check_config  # noqa: E402
-
-TINY = [
-    "model.tiny={hidden_size: 64, num_layers: 1, num_heads: 1, seed: 0}",
-    "trainer.steps=2",
-    "trainer.prompts_per_step=2",
-    "algorithm.group_size=2",
-    "eval.num_problems=2",
-    "logging.console_every=1",
-    "sampling.max_tokens=4",
-]
 
 # The reply's length as the reward (the tiny untrained model never sums right), and a
 # metric: both must reach the episode as the taskset computed them.
@@ -79,7 +71,7 @@ def test_the_verifiers_page_trains_on_the_tasksets_reward(tmp_path, monkeypatch)
             config,
             [
                 f"output_dir={tmp_path}",
-                *TINY,
+                *TINY_RUN,
                 "env.kwargs.taskset=length_tasks.py:LengthTaskset",
                 "env.kwargs.size=4",
                 "env.eval_kwargs={part: heldout}",
@@ -101,6 +93,8 @@ def test_the_verifiers_page_trains_on_the_tasksets_reward(tmp_path, monkeypatch)
         assert end["info"]["reward/starts_right"] in (0.0, 1.0)
         assert rollout["meta"]["initial_obs"] in {f"{i}+1=" for i in range(4)}  # train part
     assert len({r["total_reward"] for r in samples}) > 1  # a signal GRPO can use
+    # the endpoint's key was in the environment only while episodes ran
+    assert not [name for name in os.environ if name.startswith("LUDIC_AGENT_ENDPOINT_KEY_")]
 
 
 def test_parts_and_errors(tmp_path, monkeypatch) -> None:
@@ -131,7 +125,7 @@ def test_parts_and_errors(tmp_path, monkeypatch) -> None:
     installed = VerifiersEnv(taskset="sum_taskset", size=3)
     assert installed.reset(seed=2)["agent_0"][0] == "0+2="
 
-    base = [f"output_dir={tmp_path}", *TINY]
+    base = [f"output_dir={tmp_path}", *TINY_RUN]
     with pytest.raises(RunError, match="agent.program: verifiers"):
         check_config(load_config(config, [*base, "agent.kind=plain", "agent.program=null"]))
     with pytest.raises(RunError, match="plays env.kind verifiers, not 'arithmetic'"):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tests.http_helpers import wait_healthy
 
 from ludic.distributed.weight_transfer.groups import free_port
 from ludic.inference.router import start_router
@@ -36,15 +37,7 @@ class Backend:
             [sys.executable, str(SCRIPT), str(self.port), name, model],
             start_new_session=True,
         )
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, f"backend {name} did not start"
-            time.sleep(0.1)
+        wait_healthy(self.url, self.process, timeout_s=20)
 
     def set_health(self, ok: bool) -> None:
         httpx.post(f"{self.url}/set_health?ok={int(ok)}", timeout=5)

@@ -11,19 +11,12 @@ import pytest
 
 pytest.importorskip("openai", reason="the openai SDK is not installed")
 
+from tests.tiny_run import TINY_RUN  # noqa: E402
+
 from ludic import jobs  # noqa: E402
 from ludic.run.loading import load_config  # noqa: E402
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "envs" / "programs.md"
-TINY = [
-    "model.tiny={hidden_size: 64, num_layers: 1, num_heads: 1, seed: 0}",
-    "trainer.steps=2",
-    "trainer.prompts_per_step=2",
-    "algorithm.group_size=2",
-    "eval.num_problems=2",
-    "logging.console_every=1",
-    "sampling.max_tokens=4",
-]
 
 
 def program_config(folder: Path, *extra: str):
@@ -32,7 +25,7 @@ def program_config(folder: Path, *extra: str):
     (folder / "my_agent.py").write_text(re.search(r"```python\n(.*?)```", text, re.S).group(1))
     config = folder / "run.yaml"
     config.write_text(re.search(r"```yaml\n(.*?)```", text, re.S).group(1))
-    return load_config(config, [f"output_dir={folder}", *TINY, *extra])
+    return load_config(config, [f"output_dir={folder}", *TINY_RUN, *extra])
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

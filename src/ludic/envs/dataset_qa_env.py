@@ -14,6 +14,7 @@ from fractions import Fraction
 from typing import Any, TypeAlias
 
 from ludic.envs.single_agent_env import DEFAULT_AGENT_ID, SingleAgentEnv
+from ludic.envs.templates import fill_template
 from ludic.types import AgentId, Info, Observation, StepOutcome
 
 Verifier: TypeAlias = Callable[[str, str], float | bool]
@@ -159,14 +160,10 @@ class DatasetQAEnv(SingleAgentEnv):
         question = str(sample[self.question_key])
         if self.prompt_template is None:
             return question
-        try:
-            return self.prompt_template.format(**{**sample, "question": question})
-        except (KeyError, IndexError) as e:
-            raise ValueError(
-                f"{type(self).__name__}: prompt_template {self.prompt_template!r} uses "
-                f"placeholder {e} that the sample lacks (keys: {sorted(sample)}); use "
-                "{question} or a sample key"
-            ) from None
+        fields = {**sample, "question": question}
+        return fill_template(
+            f"{type(self).__name__}: prompt_template", self.prompt_template, fields, "the sample"
+        )
 
     def env_reset(self, seed: int | None = None) -> tuple[Observation, Info]:
         n = len(self.samples)

@@ -23,6 +23,7 @@ from typing import Any
 
 from ludic._imports import load_object
 from ludic.envs.single_agent_env import DEFAULT_AGENT_ID, SingleAgentEnv
+from ludic.envs.templates import fill_template
 from ludic.inference.asgi import serve_in_thread
 from ludic.types import AgentId, Info, Observation, StepOutcome
 
@@ -173,13 +174,9 @@ class OpenEnvEnv(SingleAgentEnv):
     def _render(self, observation: Any) -> str:
         fields = self._fields(observation)
         if self.observation_template is not None:
-            try:
-                return self.observation_template.format(**fields)
-            except (KeyError, IndexError) as e:
-                raise ValueError(
-                    f"observation_template {self.observation_template!r} uses {e}, which "
-                    f"the observation lacks (fields: {sorted(fields)})"
-                ) from None
+            return fill_template(
+                "observation_template", self.observation_template, fields, "the observation"
+            )
         if len(fields) == 1:
             return str(next(iter(fields.values())))
         return json.dumps(fields, sort_keys=True, default=str)

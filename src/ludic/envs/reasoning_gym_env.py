@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from ludic.envs.single_agent_env import DEFAULT_AGENT_ID, SingleAgentEnv
+from ludic.envs.templates import fill_template
 from ludic.types import AgentId, Info, Observation, StepOutcome
 
 Part = Literal["train", "heldout"]
@@ -101,13 +102,9 @@ class ReasoningGymEnv(SingleAgentEnv):
         if self.prompt_template is None:
             return str(entry["question"])
         fields = {**entry.get("metadata", {}), "question": entry["question"]}
-        try:
-            return self.prompt_template.format(**fields)
-        except (KeyError, IndexError) as e:
-            raise ValueError(
-                f"prompt_template {self.prompt_template!r} uses placeholder {e}, which "
-                f"{self.task!r} problems lack (fields: {sorted(fields)})"
-            ) from None
+        return fill_template(
+            "prompt_template", self.prompt_template, fields, f"a {self.task!r} problem"
+        )
 
     def env_reset(self, seed: int | None = None) -> tuple[Observation, Info]:
         if seed is None:

@@ -18,14 +18,16 @@ built-in ones run their program with ``uv`` in a subprocess). Needs the ``verifi
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import json
 import math
 import os
 import sys
 import threading
 import types
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
 from ludic._imports import is_code_spec, load_object
@@ -166,15 +168,17 @@ async def verifiers_program(client: Any, task: dict[str, Any]) -> dict[str, Any]
     _register_harness()
     settings = json.dumps(task["verifiers_config"], sort_keys=True)
     vf_task = _tasks(task["verifiers_taskset"], settings)[task["verifiers_task"]]
-    key_var = _export_key(str(client.api_key))
-    config = vf.AgentConfig(
-        model="ludic-policy",
-        harness=dict(task["verifiers_harness"]),
-        runtime=SubprocessConfig(),
-        client=vf.EvalClientConfig(base_url=str(client.base_url).rstrip("/"), api_key_var=key_var),
-    )
-    async with vf.make_agent(config) as agent:
-        trace = await agent.run(vf_task)
+    with _exported_key(str(client.api_key)) as key_var:
+        config = vf.AgentConfig(
+            model="ludic-policy",
+            harness=dict(task["verifiers_harness"]),
+            runtime=SubprocessConfig(),
+            client=vf.EvalClientConfig(
+                base_url=str(client.base_url).rstrip("/"), api_key_var=key_var
+            ),
+        )
+        async with vf.make_agent(config) as agent:
+            trace = await agent.run(vf_task)
     if trace.errors:
         raise RuntimeError(
             f"verifiers task {task['verifiers_task']} of {task['verifiers_taskset']!r}: "
@@ -193,17 +197,26 @@ async def verifiers_program(client: Any, task: dict[str, Any]) -> dict[str, Any]
 
 
 _key_lock = threading.Lock()
+_key_users: dict[str, int] = {}
 
 
-def _export_key(api_key: str) -> str:
+@contextlib.contextmanager
+def _exported_key(api_key: str) -> Iterator[str]:
     """verifiers reads a client's key from an environment variable: the endpoint's key,
-    under a name of its own (one per endpoint; the value never leaves this process)."""
-    import hashlib
-
+    under a name of its own, set while an episode of that endpoint runs (and removed after
+    the last, so no later subprocess inherits it)."""
     name = "LUDIC_AGENT_ENDPOINT_KEY_" + hashlib.sha1(api_key.encode()).hexdigest()[:12]
     with _key_lock:
+        _key_users[name] = _key_users.get(name, 0) + 1
         os.environ[name] = api_key
-    return name
+    try:
+        yield name
+    finally:
+        with _key_lock:
+            _key_users[name] -= 1
+            if not _key_users[name]:
+                del _key_users[name]
+                os.environ.pop(name, None)
 
 
 @functools.cache

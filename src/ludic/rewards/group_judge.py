@@ -21,6 +21,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from ludic.envs.templates import fill_template
 from ludic.rewards.genrm import chat_complete
 from ludic.rewards.sample import RewardResult, RewardSample
 
@@ -132,12 +133,7 @@ class GroupJudge:
             "answers": answers,
             "instruction": INSTRUCTIONS[self.mode],
         }
-        try:
-            return self.template.format(**fields)
-        except (KeyError, IndexError) as e:
-            raise ValueError(
-                f"GroupJudge: template uses placeholder {e}; it may use {sorted(fields)}"
-            ) from None
+        return fill_template("GroupJudge: template", self.template, fields, "a group's request")
 
     def request(self, samples: Sequence[RewardSample]) -> dict[str, Any]:
         """The chat-completions request judging ``samples``."""
