@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -55,6 +56,8 @@ class Exploding(GuessNumber):
     def step(self, action, timeout_s=None, **kwargs):
         if action.guess == 7:
             raise ValueError("the simulator crashed")
+        if action.guess == 8:  # the environment's own bug: a validation error inside step
+            return GuessObservation(feedback=None)
         return super().step(action, timeout_s=timeout_s, **kwargs)
 
 
@@ -73,7 +76,7 @@ def test_the_openenv_page_trains(tmp_path, monkeypatch) -> None:
         assert env_steps[0]["prev_obs"] == "Guess a digit."
         # the tiny model's text is no digit: the server refuses it, the episode goes on
         assert all(s["info"].get("invalid_action") for s in env_steps)
-        assert env_steps[-1]["next_obs"] == "Invalid action: guess must be an integer"
+        assert env_steps[-1]["next_obs"].startswith("Invalid action: guess: Input should be")
         assert rollout["truncated"] and rollout["total_reward"] == 0.0
 
 
@@ -123,21 +126,33 @@ def test_a_separate_server_a_typed_client_and_failures(tmp_path, monkeypatch) ->
         again.reset(seed=3)
         assert again.step({"agent_0": str(target)})["agent_0"].obs == "[correct]"
         again.close()
-        # an environment that raises fails the episode, loudly
-        crash = OpenEnvEnv(base_url=url)
-        crash.reset(seed=3)
+        # text the schema's type refuses is an invalid action, checked before sending
+        generic = OpenEnvEnv(base_url=url)
+        generic.reset(seed=3)
+        refused = generic.step({"agent_0": "seven"})["agent_0"]
+        assert refused.obs == "Invalid action: guess must be an integer"
+        # an environment that raises fails the episode, loudly, even with a validation error
         with pytest.raises(RuntimeError, match=f"OpenEnv step on {url}: .*the simulator crashed"):
-            crash.step({"agent_0": "7"})
-        crash.close()
-        # a dead server is an error within the timeout, not a hang
-        dead = OpenEnvEnv(base_url=url, action_field="guess", message_timeout_s=2)
+            generic.step({"agent_0": "7"})
+        with pytest.raises(RuntimeError, match="VALIDATION_ERROR.*set env.kwargs.action"):
+            generic.step({"agent_0": "8"})
+        generic.close()
+        # a server that stops answering is an error after message_timeout_s, not a hang
+        hung = OpenEnvEnv(base_url=url, action_field="guess", message_timeout_s=2)
+        hung.reset(seed=1)
+        server.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=f"OpenEnv step on {url}: TimeoutError"):
+            hung.step({"agent_0": "1"})
+        assert time.monotonic() - started < 10
+        server.send_signal(signal.SIGCONT)
+        # a dead server: the session's next call fails at once
+        dead = OpenEnvEnv(base_url=url, action_field="guess")
         dead.reset(seed=1)
         server.kill()
         server.wait()
-        started = time.monotonic()
         with pytest.raises(RuntimeError, match=f"OpenEnv step on {url}: ConnectionClosed"):
             dead.step({"agent_0": "1"})
-        assert time.monotonic() - started < 10
     finally:
         server.kill()
         server.wait()

@@ -36,7 +36,7 @@ class LengthTask(vf.Task[Data]):
     async def length(self, trace: vf.Trace) -> float:
         return float(len(trace.last_reply))
 
-    @vf.reward(weight=0.0)
+    @vf.metric
     async def starts_right(self, trace: vf.Trace) -> float:
         return float(trace.last_reply.startswith(self.data.answer))
 
@@ -55,7 +55,42 @@ class Broken(vf.Task[Data]):
 class BrokenTaskset(vf.Taskset[Broken, vf.TasksetConfig]):
     def load(self):
         return [Broken(Data(prompt="1+1=", answer="2"))]
+
+
+class WithTools(LengthTask):
+    @classmethod
+    def toolsets(cls, config):
+        return [object()]  # a tool server (its kind does not matter to the check)
+
+
+class ToolTaskset(vf.Taskset[WithTools, vf.TasksetConfig]):
+    def load(self):
+        return [WithTools(Data(prompt="1+1=", answer="2"))]
+
+
+class Boxed(LengthTask):
+    NEEDS_CONTAINER = True
+
+
+class BoxedTaskset(vf.Taskset[Boxed, vf.TasksetConfig]):
+    def load(self):
+        return [Boxed(Data(prompt="1+1=", answer="2"))]
+
+
+class Endless(vf.Taskset[LengthTask, vf.TasksetConfig]):
+    INFINITE = True
+
+    def load(self):
+        i = 0
+        while True:
+            yield LengthTask(Data(prompt=f"{i}+1=", answer=str(i + 1)))
+            i += 1
 """
+
+
+def end_answer(rollout: dict) -> str:
+    """The answer of the rollout's task (its prompt is ``i+1=``)."""
+    return str(int(rollout["meta"]["initial_obs"].split("+")[0]) + 1)
 
 
 def _records(run_dir: Path, name: str) -> list[dict]:
@@ -87,14 +122,15 @@ def test_the_verifiers_page_trains_on_the_tasksets_reward(tmp_path, monkeypatch)
         (call,) = [s for s in rollout["steps"] if s["kind"] == "agent"]
         (end,) = [s for s in rollout["steps"] if s["kind"] == "env"]
         assert call["trace"]["completion_token_ids"] and call["info"]["route"] == "chat/completions"
-        # the taskset scored the reply the endpoint sampled and recorded
-        assert rollout["total_reward"] == end["reward"] == len(call["completion"])
-        assert end["info"]["reward/length"] == len(call["completion"])
-        assert end["info"]["reward/starts_right"] in (0.0, 1.0)
+        # the taskset scored the reply the endpoint sampled and recorded (verifiers strips it)
+        reply = call["completion"].strip()
+        assert rollout["total_reward"] == end["reward"] == len(reply)
+        assert end["info"]["reward/length"] == len(reply)
+        assert end["info"]["metric/starts_right"] == float(reply.startswith(end_answer(rollout)))
         assert rollout["meta"]["initial_obs"] in {f"{i}+1=" for i in range(4)}  # train part
     assert len({r["total_reward"] for r in samples}) > 1  # a signal GRPO can use
     # the endpoint's key was in the environment only while episodes ran
-    assert not [name for name in os.environ if name.startswith("LUDIC_AGENT_ENDPOINT_KEY_")]
+    assert not [name for name in os.environ if name.startswith("LUDIC_AGENT_ENDPOINT_API_KEY")]
 
 
 def test_parts_and_errors(tmp_path, monkeypatch) -> None:
@@ -114,6 +150,15 @@ def test_parts_and_errors(tmp_path, monkeypatch) -> None:
         VerifiersEnv(taskset="my_tasks.py:SumData")
     with pytest.raises(RuntimeError, match="played by its agent program"):
         train.step({"agent_0": "3"})
+    # what ludic's in-process harness cannot play is refused when the env is built
+    with pytest.raises(ValueError, match="WithTools has tools"):
+        VerifiersEnv(taskset="length_tasks.py:ToolTaskset")
+    with pytest.raises(ValueError, match="Boxed needs a container"):
+        VerifiersEnv(taskset="length_tasks.py:BoxedTaskset")
+    with pytest.raises(ValueError, match="unbounded; set size and heldout_size"):
+        VerifiersEnv(taskset="length_tasks.py:Endless", size=3)
+    endless = VerifiersEnv(taskset="length_tasks.py:Endless", size=3, heldout_size=2)
+    assert endless.reset(seed=4)["agent_0"][0] == "1+1="  # the train part: tasks 0-2
     # an installed taskset (a package exporting its Taskset in __all__) by its id
     package = tmp_path / "site" / "sum_taskset"
     package.mkdir(parents=True)

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import threading
 from collections.abc import Mapping
 from typing import Any
 
-from ludic._imports import load_object
+from ludic._imports import absolute_spec, load_object
 from ludic.envs.single_agent_env import DEFAULT_AGENT_ID, SingleAgentEnv
 from ludic.envs.templates import fill_template
 from ludic.inference.asgi import serve_in_thread
@@ -53,9 +54,11 @@ class OpenEnvEnv(SingleAgentEnv):
             one field, read from the server's ``/schema``).
         observation_template: a ``str.format`` template over the observation's fields
             (default: the one field's text, or the fields as JSON).
-        invalid_action_reward: the reward of an action the server refuses as invalid (its
-            model does not validate, e.g. text for an integer field); the episode goes on
-            with the server's message as the observation.
+        action: the ``Action`` class; with ``base_url`` optional, but then text is checked
+            only against the type in the server's schema before it is sent.
+        invalid_action_reward: the reward of text that is not a valid action (checked
+            before anything is sent: by the action class, the typed client's, or the
+            field's type in the schema); the episode goes on with why as the observation.
         max_sessions: the served environment's concurrent sessions (episodes at once).
         message_timeout_s: the client's wait for each reply (a dead server is an error).
 
@@ -88,6 +91,10 @@ class OpenEnvEnv(SingleAgentEnv):
                 "name the server: base_url (one already running) or environment (with its "
                 "action and observation classes, served by ludic), not both"
             )
+        environment, action, observation, client = (
+            None if spec is None else absolute_spec(spec)
+            for spec in (environment, action, observation, client)
+        )
         if environment is not None:
             if action is None or observation is None:
                 raise ValueError(
@@ -105,12 +112,14 @@ class OpenEnvEnv(SingleAgentEnv):
             if client is None
             else load_object(client, field="env.kwargs.client")
         )
+        self.action_class = _action_type(self.client_class) or (
+            None if action is None else load_object(action, field="env.kwargs.action")
+        )
         self.action_field = action_field or _only_action_field(self.base_url)
         self.observation_template = observation_template
         self.invalid_action_reward = invalid_action_reward
         self.message_timeout_s = message_timeout_s
         self._client: Any = None
-        self._action_type: Any = None
 
     # -- the session -------------------------------------------------------------------
     def _session(self) -> Any:
@@ -120,7 +129,6 @@ class OpenEnvEnv(SingleAgentEnv):
             )
             self._client = client.sync()
             self._client.connect()
-            self._action_type = _action_type(self.client_class)
         return self._client
 
     def close(self) -> None:
@@ -140,21 +148,18 @@ class OpenEnvEnv(SingleAgentEnv):
 
     def env_step(self, action: str) -> StepOutcome:
         try:
-            session = self._session()
-            payload = {self.action_field: action}
-            typed = payload if self._action_type is None else self._action_type(**payload)
-            result = session.step(typed)
-        except Exception as e:
-            reason = _invalid_action(e)
-            if reason is None:
-                raise self._failed("step", e) from e
-            reason = _expected(self.base_url, self.action_field) or reason
+            checked = self._action(action)
+        except InvalidAction as e:
             return StepOutcome(
-                obs=f"Invalid action: {reason}",
+                obs=f"Invalid action: {e}",
                 reward=self.invalid_action_reward,
                 terminated=False,
                 info={"invalid_action": True},
             )
+        try:
+            result = self._session().step(checked)
+        except Exception as e:
+            raise self._failed("step", e) from e
         return StepOutcome(
             obs=self._render(result.observation),
             reward=float(result.reward or 0.0),
@@ -162,9 +167,34 @@ class OpenEnvEnv(SingleAgentEnv):
             info=self._info(result),
         )
 
+    def _action(self, text: str) -> Any:
+        """The action ``text`` makes, checked before it is sent; :class:`InvalidAction`
+        says why it is none. The server's own refusal fails the episode (it cannot be told
+        apart from an environment whose code raised a validation error)."""
+        if self.action_class is not None:
+            from pydantic import ValidationError
+
+            try:
+                return self.action_class.model_validate({self.action_field: text})
+            except ValidationError as e:
+                reasons = (
+                    f"{'.'.join(map(str, d['loc'])) or 'action'}: {d['msg']}" for d in e.errors()
+                )
+                raise InvalidAction("; ".join(reasons)) from None
+        return {self.action_field: _typed(self.base_url, self.action_field, text)}
+
     def _failed(self, call: str, error: Exception) -> RuntimeError:
         """An environment that raised, a server that died: the episode fails, naming it."""
-        return RuntimeError(f"OpenEnv {call} on {self.base_url}: {type(error).__name__}: {error}")
+        hint = ""
+        if "VALIDATION_ERROR" in str(error) and self.action_class is None:
+            hint = (
+                " (the server refused the action, or the environment raised a validation "
+                "error; set env.kwargs.action to the Action class so that ludic checks "
+                "actions before sending them)"
+            )
+        return RuntimeError(
+            f"OpenEnv {call} on {self.base_url}: {type(error).__name__}: {error}{hint}"
+        )
 
     # -- text --------------------------------------------------------------------------
     def _fields(self, observation: Any) -> dict[str, Any]:
@@ -197,19 +227,8 @@ class OpenEnvEnv(SingleAgentEnv):
         return info
 
 
-def _invalid_action(error: Exception) -> str | None:
-    """The reason an action was refused as invalid, or None for any other failure (an
-    environment that raised, a dead server: those fail the episode)."""
-    try:
-        from pydantic import ValidationError
-    except ImportError:  # pragma: no cover - pydantic comes with OpenEnv
-        ValidationError = ()  # type: ignore[assignment]  # noqa: N806
-    if isinstance(error, ValidationError):
-        return "; ".join(str(d.get("msg")) for d in error.errors())
-    text = str(error)
-    if isinstance(error, RuntimeError) and "(code: VALIDATION_ERROR)" in text:
-        return text.removeprefix("Server error: ")
-    return None
+class InvalidAction(ValueError):
+    """Text that is not a valid action; the message says why."""
 
 
 def _action_type(client_class: type) -> Any:
@@ -247,10 +266,20 @@ def _only_action_field(base_url: str) -> str:
     return fields[0]
 
 
-def _expected(base_url: str, field: str) -> str:
-    """What ``field`` takes, in words, from the action's schema."""
+def _typed(base_url: str, field: str, text: str) -> Any:
+    """``text`` as the JSON type the action's schema gives ``field`` (integer, number,
+    boolean, string); :class:`InvalidAction` when it is not one."""
     kind = _action_schema(base_url).get("properties", {}).get(field, {}).get("type")
-    return f"{field} must be {'an' if str(kind)[:1] in 'aeiou' else 'a'} {kind}" if kind else ""
+    value = text.strip()
+    if kind == "integer" and re.fullmatch(r"[+-]?\d+", value):
+        return int(value)
+    if kind == "number" and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", value):
+        return float(value)
+    if kind == "boolean" and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if kind in ("integer", "number", "boolean"):
+        raise InvalidAction(f"{field} must be {'an' if kind == 'integer' else 'a'} {kind}")
+    return text
 
 
 _servers: dict[tuple[str, ...], str] = {}

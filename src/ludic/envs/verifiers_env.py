@@ -9,11 +9,10 @@ policy and recorded with its exact tokens, and the episode's reward is the task'
 score (``trace.reward``: its rewards, weighted), with each reward and metric kept as a
 metric.
 
-The agent's harness (the program the model runs in) is ludic's in-process chat harness by
-default: the task's system prompt and prompt, one chat call, the reply scored. Name any
-other installed verifiers harness with ``env.kwargs.harness`` (``{"id": ...}``; verifiers'
-built-in ones run their program with ``uv`` in a subprocess). Needs the ``verifiers`` extra
-(``pip install 'ludic-rl[verifiers]'``; tested with verifiers 0.4.0).
+The agent's harness (the program the model runs in) is ludic's in-process chat harness: the
+task's system prompt and prompt, one chat call, the reply scored. Tasksets whose tasks need
+tools (MCP servers) or a container are refused when the env is built. Needs the
+``verifiers`` extra (``pip install 'ludic-rl[verifiers]'``; tested with verifiers 0.4.0).
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -39,7 +39,7 @@ Part = Literal["train", "heldout"]
 HARNESS_ID = "ludic_chat_harness"
 """The verifiers harness id of ludic's in-process chat harness (registered on first use)."""
 
-TASK_KEYS = ("verifiers_taskset", "verifiers_config", "verifiers_task", "verifiers_harness")
+TASK_KEYS = ("verifiers_taskset", "verifiers_config", "verifiers_limit", "verifiers_task")
 """The reset info the ``verifiers`` program reads (all JSON values)."""
 
 
@@ -64,7 +64,6 @@ class VerifiersEnv(SingleAgentEnv):
         part: ``train`` (the first ``size`` tasks) or ``heldout`` (the ``heldout_size``
             tasks after them: never a trained task).
         heldout_size: the held-out part's size (default: the rest of a bounded taskset).
-        harness: the verifiers harness config (default ``{"id": "ludic_chat_harness"}``).
 
     ``reset(seed)`` shows task ``seed % len(tasks)`` (``seed=None``: task 0 onwards in
     turn); the observation is its prompt, the info names the task for the program.
@@ -80,7 +79,6 @@ class VerifiersEnv(SingleAgentEnv):
         size: int | None = None,
         part: Part = "train",
         heldout_size: int | None = None,
-        harness: Mapping[str, Any] | None = None,
         agent_id: AgentId = DEFAULT_AGENT_ID,
     ) -> None:
         super().__init__(agent_id=agent_id)
@@ -88,11 +86,9 @@ class VerifiersEnv(SingleAgentEnv):
             raise ValueError(f"part={part!r}; choose 'train' or 'heldout'")
         self.taskset = taskset
         self.config = dict(config or {})
-        self.harness = dict(harness or {"id": HARNESS_ID})
-        if "id" not in self.harness:
-            raise ValueError(f"harness={self.harness!r} names no harness 'id'")
         settings = json.dumps(self.config, sort_keys=True)
-        tasks = _tasks(taskset, settings)
+        self.limit = None if size is None or heldout_size is None else size + heldout_size
+        tasks = _tasks(taskset, settings, self.limit)
         train = len(tasks) if size is None else size
         if train < 1 or train > len(tasks):
             raise ValueError(f"size={size}; the taskset {taskset!r} has {len(tasks)} tasks")
@@ -116,8 +112,8 @@ class VerifiersEnv(SingleAgentEnv):
         info = {
             "verifiers_taskset": self.taskset,
             "verifiers_config": self.config,
+            "verifiers_limit": self.limit,
             "verifiers_task": self._index,
-            "verifiers_harness": self.harness,
         }
         return data.prompt_text, info
 
@@ -129,8 +125,9 @@ class VerifiersEnv(SingleAgentEnv):
 
 
 @functools.lru_cache(maxsize=8)
-def _tasks(taskset: str, settings: str) -> tuple[Any, ...]:
-    """The taskset's tasks (cached: a run builds an env per episode)."""
+def _tasks(taskset: str, settings: str, limit: int | None) -> tuple[Any, ...]:
+    """The taskset's first ``limit`` tasks (all: None), checked for what ludic's harness
+    can play (cached: a run builds an env per episode)."""
     vf = _vf()
     if is_code_spec(taskset):
         cls = load_object(taskset, field="env.kwargs.taskset")
@@ -143,20 +140,48 @@ def _tasks(taskset: str, settings: str) -> tuple[Any, ...]:
     from verifiers.v1.utils.generic import concrete_type
 
     config_type = concrete_type(cls, vf.TasksetConfig, origin=vf.Taskset) or vf.TasksetConfig
-    instance = cls(config_type(**json.loads(settings)))
-    if not instance.bounded:
-        raise ValueError(f"taskset={taskset!r} is unbounded; ludic needs a finite taskset")
-    tasks = tuple(instance)
+    config = config_type(**json.loads(settings))
+    instance = cls(config)
+    if limit is None and not instance.bounded:
+        raise ValueError(
+            f"taskset={taskset!r} is unbounded; set size and heldout_size to take a finite part"
+        )
+    tasks = tuple(itertools.islice(instance, limit))
     if not tasks:
         raise ValueError(f"taskset={taskset!r} has no tasks")
+    _check_playable(taskset, cls.toolsets(config), tasks)
     return tasks
+
+
+def _check_playable(taskset: str, shared_tools: list[Any], tasks: tuple[Any, ...]) -> None:
+    """ludic's harness makes chat calls in this process: no tools, no container."""
+    if shared_tools:
+        raise ValueError(
+            f"taskset={taskset!r} serves tools to its tasks ({len(shared_tools)} tool "
+            "server(s)); ludic's verifiers harness runs tasks without tools"
+        )
+    first_of_type = {}
+    for task in tasks:
+        first_of_type.setdefault(type(task), task)
+    for task_type, task in first_of_type.items():
+        if task_type.NEEDS_CONTAINER:
+            raise ValueError(
+                f"taskset={taskset!r}: {task_type.__name__} needs a container; ludic's "
+                "verifiers harness runs tasks in this process"
+            )
+        if task_type.toolsets(task.config):
+            raise ValueError(
+                f"taskset={taskset!r}: {task_type.__name__} has tools (MCP servers); ludic's "
+                "verifiers harness runs tasks without tools"
+            )
 
 
 async def verifiers_program(client: Any, task: dict[str, Any]) -> dict[str, Any]:
     """The ``verifiers`` agent program: play one task of a :class:`VerifiersEnv` with a
     verifiers ``Agent`` whose client is ``client``'s endpoint; the reward is the task's
-    score (``trace.reward``), its rewards and metrics the episode's metrics. A trace with
-    errors (a harness that failed, a reward that raised) raises: loud, never a zero."""
+    score (``trace.reward``), its rewards and metrics the episode's metrics. A trace that
+    is not ``ok`` (a harness that failed, a reward that raised, a timeout) raises: loud,
+    never a zero."""
     missing = [key for key in TASK_KEYS if key not in task]
     if missing:
         raise ValueError(
@@ -167,11 +192,12 @@ async def verifiers_program(client: Any, task: dict[str, Any]) -> dict[str, Any]
 
     _register_harness()
     settings = json.dumps(task["verifiers_config"], sort_keys=True)
-    vf_task = _tasks(task["verifiers_taskset"], settings)[task["verifiers_task"]]
+    tasks = _tasks(task["verifiers_taskset"], settings, task["verifiers_limit"])
+    vf_task = tasks[task["verifiers_task"]]
     with _exported_key(str(client.api_key)) as key_var:
         config = vf.AgentConfig(
             model="ludic-policy",
-            harness=dict(task["verifiers_harness"]),
+            harness={"id": HARNESS_ID},
             runtime=SubprocessConfig(),
             client=vf.EvalClientConfig(
                 base_url=str(client.base_url).rstrip("/"), api_key_var=key_var
@@ -179,10 +205,11 @@ async def verifiers_program(client: Any, task: dict[str, Any]) -> dict[str, Any]
         )
         async with vf.make_agent(config) as agent:
             trace = await agent.run(vf_task)
-    if trace.errors:
+    if trace.errors or not trace.ok or trace.is_timeout:
+        why = "; ".join(str(getattr(e, "message", e)) for e in trace.errors)
         raise RuntimeError(
             f"verifiers task {task['verifiers_task']} of {task['verifiers_taskset']!r}: "
-            + "; ".join(str(getattr(e, "message", e)) for e in trace.errors)
+            + (why or f"the trace is not ok (stop: {trace.stop_condition!r})")
         )
     metrics = {
         f"reward/{name}": float(reward.score)
@@ -203,9 +230,10 @@ _key_users: dict[str, int] = {}
 @contextlib.contextmanager
 def _exported_key(api_key: str) -> Iterator[str]:
     """verifiers reads a client's key from an environment variable: the endpoint's key,
-    under a name of its own, set while an episode of that endpoint runs (and removed after
-    the last, so no later subprocess inherits it)."""
-    name = "LUDIC_AGENT_ENDPOINT_KEY_" + hashlib.sha1(api_key.encode()).hexdigest()[:12]
+    under a name of its own, set while an episode of that endpoint runs and removed after
+    the last (the name holds ``API_KEY``: verifiers' subprocess runtime keeps such
+    variables from the programs it starts)."""
+    name = "LUDIC_AGENT_ENDPOINT_API_KEY_" + hashlib.sha1(api_key.encode()).hexdigest()[:12]
     with _key_lock:
         _key_users[name] = _key_users.get(name, 0) + 1
         os.environ[name] = api_key
@@ -233,8 +261,7 @@ def _register_harness() -> None:
     class LudicChatHarness(Harness[LudicChatHarnessConfig]):
         """One chat call on the task's system prompt and prompt, in process (no
         subprocess, no ``uv``): the call goes through verifiers' interception to ludic's
-        endpoint; the reply is what the task scores. Tasks with tools (MCP servers) are
-        refused: name a verifiers harness that runs them."""
+        endpoint; the reply is what the task scores."""
 
         APPENDS_SYSTEM_PROMPT = True
         SUPPORTS_RESUME = True
@@ -257,11 +284,6 @@ def _register_harness() -> None:
         ) -> Any:
             from openai import AsyncOpenAI
 
-            if mcp_urls:
-                raise ValueError(
-                    f"the task has tools ({sorted(mcp_urls)}); ludic's chat harness runs "
-                    "none: set env.kwargs.harness to a verifiers harness that does"
-                )
             system_prompt, prompt = self.resolve_prompt(data)
             messages: list[dict[str, Any]] = []
             if system_prompt:

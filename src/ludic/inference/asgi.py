@@ -59,6 +59,7 @@ def serve_in_thread(
     deadline = time.monotonic() + timeout_s
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
             raise RuntimeError(f"{name}: the server on {host}:{port} did not start")
         time.sleep(0.01)
     return server, thread, server.servers[0].sockets[0].getsockname()[1]
