@@ -1,0 +1,235 @@
+"""ludic's GRPO step on the path users run (``ludic train``) against TRL's ``GRPOTrainer``.
+
+    .venv/bin/python benchmarks/vs_trl.py                      # ~6 min on 2 cores
+    .venv/bin/python benchmarks/vs_trl.py --rounds 5 --cores 0 0,1
+    pip install 'ludic-rl[bench]'                              # TRL
+
+Both train the same tiny model folder (``save_tiny_model``, the demo's shape) on the same
+problems (the demo's arithmetic env: 100 single-digit additions), with the same batch and
+hyperparameters: ``--prompts`` prompts x ``--group`` samples, up to ``--new-tokens`` new
+tokens (both stop a row at EOS), temperature 1, learning rate 1e-4, no KL, one optimizer
+step per batch, the same reward (ludic's ``answer`` parser and the env's ``numeric_match``:
+1 right, 0 wrong, -0.1 empty).
+
+* ludic: the ``ludic train`` command on the demo config (``src/ludic/configs/arithmetic_demo.
+  yaml``) with only those settings overridden (and no warm start): every other default is
+  the user's (the in-process backend re-synced after every step, checkpoints every 25
+  steps, the console and metrics logs).
+* TRL: ``GRPOTrainer`` (``use_vllm=False``: it generates with the training model) with
+  ``GRPOConfig``'s defaults but for those settings (and ``use_cpu``, ``report_to: none``,
+  ``save_strategy: no``, ``seed: 0``); the prompts as chat messages (the tokenizer's chat
+  template, as ludic renders them).
+
+**What is timed**: a run's wall time from process start to exit, at ``--short`` and
+``--long`` steps; the time per step is the difference over the extra steps, so start-up,
+model loading and the evaluations at the start and end (the same in both runs) cancel and
+what remains is what a step costs on that path (generation, reward, loss, update, sync,
+logging, checkpoints). Each process is pinned to ``--cores`` (``taskset``) with as many
+torch threads. The runs are interleaved in rounds (ludic short, TRL short, ludic long, TRL
+long, after one untimed warm-up run of each), so a change in machine load hits both; the ratio printed is the median over rounds
+of ludic's step time over TRL's (below 1: ludic is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "src" / "ludic" / "configs" / "arithmetic_demo.yaml"
+
+
+# ----------------------------------------------------------------------------- TRL side
+def trl_main(argv: list[str]) -> None:
+    """Train with TRL's GRPOTrainer (run in its own process: ``vs_trl.py trl ...``)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("folder")
+    parser.add_argument("workdir")
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--prompts", type=int, required=True)
+    parser.add_argument("--group", type=int, required=True)
+    parser.add_argument("--new-tokens", type=int, required=True)
+    args = parser.parse_args(argv)
+
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from ludic.envs import ArithmeticQAEnv
+    from ludic.envs.dataset_qa_env import numeric_match
+    from ludic.run.parts import plain_answer_parser
+
+    env = ArithmeticQAEnv(**_demo_env_kwargs())
+    rows = []
+    for seed in range(len(env.samples)):
+        (obs, _), target = env.reset(seed=seed)[env.agent_id], env.reference_answer()
+        rows.append({"prompt": [{"role": "user", "content": obs}], "target": target})
+    data = Dataset.from_list(rows * (args.steps * args.prompts // len(rows) + 2))
+
+    def reward(completions, target, **_):
+        scores = []
+        for completion, answer in zip(completions, target):
+            text = completion[-1]["content"] if isinstance(completion, list) else completion
+            parsed = plain_answer_parser(text)
+            scores.append(
+                parsed.reward if parsed.action is None else float(numeric_match(parsed.action, answer))
+            )
+        return scores
+
+    config = GRPOConfig(
+        output_dir=args.workdir,
+        per_device_train_batch_size=args.prompts * args.group,
+        num_generations=args.group,
+        max_completion_length=args.new_tokens,
+        temperature=1.0,
+        learning_rate=1e-4,
+        beta=0.0,
+        max_steps=args.steps,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+    )
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(args.folder, dtype=torch.float32),
+        reward_funcs=reward,
+        args=config,
+        train_dataset=data,
+        processing_class=AutoTokenizer.from_pretrained(args.folder),
+    )
+    trainer.train()
+
+
+def _demo_env_kwargs() -> dict:
+    import yaml
+
+    return dict(yaml.safe_load(DEMO.read_text())["env"]["kwargs"])
+
+
+# ----------------------------------------------------------------------------- the runs
+def run_timed(command: list[str], cores: str, log: Path) -> float:
+    """Wall seconds of ``command`` pinned to ``cores``; fails loudly on an error."""
+    threads = str(len(cores.split(",")))
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    start = time.perf_counter()
+    with log.open("w") as out:
+        done = subprocess.run(
+            ["taskset", "-c", cores, *command], stdout=out, stderr=subprocess.STDOUT, env=env
+        )
+    elapsed = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command[:4])}... failed (rc {done.returncode}); see {log}")
+    return elapsed
+
+
+def ludic_command(folder: Path, out: Path, steps: int, args: argparse.Namespace) -> list[str]:
+    return [
+        str(Path(sys.executable).parent / "ludic"),
+        "train",
+        str(DEMO),
+        f"output_dir={out}",
+        f"model.path={folder}",
+        "warm_start.steps=0",
+        f"trainer.steps={steps}",
+        f"trainer.prompts_per_step={args.prompts}",
+        f"algorithm.group_size={args.group}",
+        f"sampling.max_tokens={args.new_tokens}",
+        "sampling.temperature=1.0",
+        "trainer.lr=1e-4",
+    ]
+
+
+def trl_command(folder: Path, out: Path, steps: int, args: argparse.Namespace) -> list[str]:
+    return [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "trl",
+        str(folder),
+        str(out),
+        f"--steps={steps}",
+        f"--prompts={args.prompts}",
+        f"--group={args.group}",
+        f"--new-tokens={args.new_tokens}",
+    ]
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "trl":
+        return trl_main(sys.argv[2:])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--short", type=int, default=5, help="steps of the short runs")
+    parser.add_argument("--long", type=int, default=65, help="steps of the long runs")
+    parser.add_argument("--cores", nargs="+", default=["0", "0,1"], help="taskset core lists")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--keep", type=Path, help="keep the runs' logs and outputs here")
+    args = parser.parse_args()
+
+    from ludic.models.tiny import save_tiny_model
+
+    work = Path(tempfile.mkdtemp(prefix="vs_trl-")) if args.keep is None else args.keep
+    work.mkdir(parents=True, exist_ok=True)
+    folder = save_tiny_model(work / "model", hidden_size=128, num_layers=2, num_heads=2)
+    print(
+        f"batch {args.prompts} prompts x {args.group} samples, up to {args.new_tokens} new "
+        f"tokens; step time = (run of {args.long} steps - run of {args.short}) / "
+        f"{args.long - args.short}; {args.rounds} interleaved rounds"
+    )
+    commands = {"ludic": ludic_command, "trl": trl_command}
+    for name, command in commands.items():  # warm-up (caches, compiled files): not timed
+        out = work / f"{name}-warmup"
+        out.mkdir(exist_ok=True)
+        run_timed(command(folder, out, args.short, args), args.cores[-1], out / "log.txt")
+    results = {}
+    for cores in args.cores:
+        per_step: dict[str, list[float]] = {"ludic": [], "trl": []}
+        for round_ in range(args.rounds):
+            walls: dict[tuple[str, int], float] = {}
+            for steps in (args.short, args.long):
+                for name, command in commands.items():
+                    out = work / f"{name}-c{cores.replace(',', '_')}-r{round_}-{steps}"
+                    shutil.rmtree(out, ignore_errors=True)
+                    out.mkdir()
+                    walls[name, steps] = run_timed(
+                        command(folder, out, steps, args), cores, out / "log.txt"
+                    )
+            for name in commands:
+                step = (walls[name, args.long] - walls[name, args.short]) / (
+                    args.long - args.short
+                )
+                per_step[name].append(step)
+            print(
+                f"cores {cores} round {round_}: ludic {per_step['ludic'][-1] * 1e3:.0f} ms/step, "
+                f"TRL {per_step['trl'][-1] * 1e3:.0f} ms/step "
+                f"(load {os.getloadavg()[0]:.2f})",
+                flush=True,
+            )
+        ratios = [a / b for a, b in zip(per_step["ludic"], per_step["trl"])]
+        results[cores] = {
+            "ludic_ms": [round(t * 1e3, 1) for t in per_step["ludic"]],
+            "trl_ms": [round(t * 1e3, 1) for t in per_step["trl"]],
+            "ratio_median": round(statistics.median(ratios), 3),
+        }
+        print(
+            f"cores {cores}: ludic step / TRL step = {statistics.median(ratios):.2f} "
+            f"(median of {[round(r, 2) for r in ratios]})",
+            flush=True,
+        )
+    print(json.dumps(results))
+    if args.keep is None:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
