@@ -8,6 +8,7 @@ and a byte-level tokenizer keep prompts short. Generation is deterministic: the 
 
 from __future__ import annotations
 
+import functools
 import operator
 import random
 from collections.abc import Callable, Sequence
@@ -50,6 +51,25 @@ def make_arithmetic_samples(
     the first ones and evaluation on the rest, then holds problems out); ``n`` must not
     exceed the number of distinct problems. The same arguments give the same list.
     """
+    samples = _generated(
+        n, seed, tuple(operators), min_digits, max_digits, non_negative, distinct
+    )
+    return [dict(sample) for sample in samples]  # the caller's own copies
+
+
+@functools.lru_cache(maxsize=32)
+def _generated(
+    n: int,
+    seed: int,
+    operators: tuple[str, ...],
+    min_digits: int,
+    max_digits: int,
+    non_negative: bool,
+    distinct: bool,
+) -> tuple[dict[str, Any], ...]:
+    """The problems of :func:`make_arithmetic_samples`, generated once per argument set: a
+    run builds an env per episode, and drawing ``distinct`` problems up to the last few
+    possible ones takes many draws."""
     if n < 1:
         raise ValueError(f"make_arithmetic_samples: n={n}; pass a positive number of problems")
     unknown = [op for op in operators if op not in OPERATORS]
@@ -86,7 +106,7 @@ def make_arithmetic_samples(
                 "b": b,
             }
         )
-    return samples
+    return tuple(samples)
 
 
 def _check_distinct_count(
