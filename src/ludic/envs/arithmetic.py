@@ -51,9 +51,7 @@ def make_arithmetic_samples(
     the first ones and evaluation on the rest, then holds problems out); ``n`` must not
     exceed the number of distinct problems. The same arguments give the same list.
     """
-    samples = _generated(
-        n, seed, tuple(operators), min_digits, max_digits, non_negative, distinct
-    )
+    samples = _generated(n, seed, tuple(operators), min_digits, max_digits, non_negative, distinct)
     return [dict(sample) for sample in samples]  # the caller's own copies
 
 
