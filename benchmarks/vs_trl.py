@@ -24,10 +24,16 @@ step per batch, the same reward (ludic's ``answer`` parser and the env's ``numer
 ``--long`` steps; the time per step is the difference over the extra steps, so start-up,
 model loading and the evaluations at the start and end (the same in both runs) cancel and
 what remains is what a step costs on that path (generation, reward, loss, update, sync,
-logging, checkpoints). Each process is pinned to ``--cores`` (``taskset``) with as many
-torch threads. The runs are interleaved in rounds (ludic short, TRL short, ludic long, TRL
+logging, checkpoints). Each process is pinned to ``--cores`` (``taskset``) and picks its
+own torch threads, as a user's run does (``OMP_NUM_THREADS`` is unset). The runs are interleaved in rounds (ludic short, TRL short, ludic long, TRL
 long, after one untimed warm-up run of each), so a change in machine load hits both; the ratio printed is the median over rounds
 of ludic's step time over TRL's (below 1: ludic is faster).
+
+**ludic's step split**: the mean per step, over the long runs' steps after the fifth, of the
+trainer's ``time/`` metrics: the wait for the batch and, inside it, the stages of
+:mod:`ludic.timing` (chat template and tokenization, sampling, env, parser, credit
+assignment), then the update and the weight sync, and logging and checkpoints; "rest of the
+wait" is the wait less its stages (the rollout engine, the agent, the event loop).
 """
 
 from __future__ import annotations
@@ -81,7 +87,9 @@ def trl_main(argv: list[str]) -> None:
             text = completion[-1]["content"] if isinstance(completion, list) else completion
             parsed = plain_answer_parser(text)
             scores.append(
-                parsed.reward if parsed.action is None else float(numeric_match(parsed.action, answer))
+                parsed.reward
+                if parsed.action is None
+                else float(numeric_match(parsed.action, answer))
             )
         return scores
 
@@ -118,8 +126,10 @@ def _demo_env_kwargs() -> dict:
 # ----------------------------------------------------------------------------- the runs
 def run_timed(command: list[str], cores: str, log: Path) -> float:
     """Wall seconds of ``command`` pinned to ``cores``; fails loudly on an error."""
-    threads = str(len(cores.split(",")))
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    # Each side picks its own torch threads, as a user's run would (torch: one per usable
+    # core; ludic: one fewer, see ludic.run.threads).
+    drop = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     start = time.perf_counter()
     with log.open("w") as out:
         done = subprocess.run(
@@ -129,6 +139,34 @@ def run_timed(command: list[str], cores: str, log: Path) -> float:
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command[:4])}... failed (rc {done.returncode}); see {log}")
     return elapsed
+
+
+WAIT_STAGES = ("template", "sample", "env", "parser", "credit")
+"""The stages of ludic.timing that run while the trainer waits for its batch."""
+
+
+def step_split(run_dirs) -> dict[str, float]:
+    """Mean ms per step of ludic's step parts over the steps after the fifth of the runs
+    in ``run_dirs`` (their ``metrics.jsonl``)."""
+    rows = []
+    for run_dir in run_dirs:
+        for path in Path(run_dir).glob("**/metrics.jsonl"):
+            lines = [json.loads(line) for line in path.read_text().splitlines()]
+            rows += [r for r in lines if "time/wait_s" in r and r.get("step", 0) > 5]
+    if not rows:
+        raise SystemExit(f"no step metrics under {run_dirs}")
+
+    def mean_ms(key: str) -> float:
+        return round(1e3 * statistics.fmean(r.get(key, 0.0) for r in rows), 1)
+
+    split = {"wait": mean_ms("time/wait_s")}
+    split |= {stage: mean_ms(f"time/stage/{stage}_s") for stage in WAIT_STAGES}
+    split["rest of the wait"] = round(split["wait"] - sum(split[s] for s in WAIT_STAGES), 1)
+    split["update"] = mean_ms("time/train_s")
+    split["sync"] = mean_ms("time/sync_s")
+    split["logging"] = mean_ms("time/stage/logging_s")
+    split["checkpoint"] = mean_ms("time/stage/checkpoint_s")
+    return split
 
 
 def ludic_command(folder: Path, out: Path, steps: int, args: argparse.Namespace) -> list[str]:
@@ -205,9 +243,7 @@ def main() -> None:
                         command(folder, out, steps, args), cores, out / "log.txt"
                     )
             for name in commands:
-                step = (walls[name, args.long] - walls[name, args.short]) / (
-                    args.long - args.short
-                )
+                step = (walls[name, args.long] - walls[name, args.short]) / (args.long - args.short)
                 per_step[name].append(step)
             print(
                 f"cores {cores} round {round_}: ludic {per_step['ludic'][-1] * 1e3:.0f} ms/step, "
@@ -215,11 +251,18 @@ def main() -> None:
                 f"(load {os.getloadavg()[0]:.2f})",
                 flush=True,
             )
+        split = step_split(work.glob(f"ludic-c{cores.replace(',', '_')}-r*-{args.long}"))
+        print(
+            f"cores {cores}: ludic's step, mean ms: "
+            + ", ".join(f"{name} {ms:.1f}" for name, ms in split.items()),
+            flush=True,
+        )
         ratios = [a / b for a, b in zip(per_step["ludic"], per_step["trl"])]
         results[cores] = {
             "ludic_ms": [round(t * 1e3, 1) for t in per_step["ludic"]],
             "trl_ms": [round(t * 1e3, 1) for t in per_step["trl"]],
             "ratio_median": round(statistics.median(ratios), 3),
+            "ludic_split_ms": split,
         }
         print(
             f"cores {cores}: ludic step / TRL step = {statistics.median(ratios):.2f} "

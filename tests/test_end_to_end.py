@@ -116,12 +116,20 @@ def test_backend_tokens_make_the_first_step_exactly_on_policy(tiny_tokenizer):
     assert metrics["loss/clip_frac"] == 0.0
 
 
-def test_second_step_rolls_out_with_the_published_policy(tiny_tokenizer):
+def test_second_step_rolls_out_with_the_published_policy_and_times_its_stages(tiny_tokenizer):
     trainer, _, _, _ = _grpo_trainer(tiny_tokenizer, make_grpo(group_size=4))
-    asyncio.run(trainer.train(2))
+    history = asyncio.run(trainer.train(2))
     rollouts = trainer.batch_source.last_rollouts
     versions = {s.trace.policy_version for r in rollouts for s in r.agent_steps}
     assert versions == {1}
+    # Where step 2's time went (ludic.timing): every stage that ran has its seconds, and
+    # the stages of the wait fit in it (they run one after the other here but for the env
+    # and parser calls, which run on the event loop between sampling calls).
+    last = history[-1]
+    for stage in ("template", "sample", "env", "parser", "credit", "logging"):
+        assert last[f"time/stage/{stage}_s"] > 0, stage
+    inside = sum(last[f"time/stage/{s}_s"] for s in ("template", "sample", "env", "parser"))
+    assert inside < last["time/wait_s"]
 
 
 def test_sft_on_offline_demonstrations_lowers_the_loss(tiny_tokenizer, tmp_path):

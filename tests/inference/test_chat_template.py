@@ -37,6 +37,17 @@ def test_render_encodes_the_tokenizers_template_text(template, tiny_tokenizer) -
     assert template.decode(template.render(HISTORY)).endswith("<|im_start|>assistant\n")
 
 
+def test_a_prompt_rendered_again_gives_the_same_tokens_from_the_kept_copy() -> None:
+    template = HFChatTemplate(build_tiny_tokenizer())  # its own: the template is changed
+    first = template.render(HISTORY)
+    first.append(-1)  # the caller's list: changing it leaves the kept tokens alone
+    template.tokenizer.chat_template = "changed"  # not read again for a kept prompt...
+    assert template.render(HISTORY) == first[:-1]
+    # ...while a prompt not rendered before is
+    changed = _encode(template.tokenizer, "changed")
+    assert template.render(HISTORY, add_generation_prompt=False) == changed
+
+
 def test_render_without_generation_prompt_omits_assistant_header(template) -> None:
     text = template.decode(template.render(HISTORY, add_generation_prompt=False))
     assert not text.endswith("<|im_start|>assistant\n")

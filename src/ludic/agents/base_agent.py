@@ -23,6 +23,7 @@ from ludic.inference.chat_template import ChatTemplate
 from ludic.inference.client import ChatClient
 from ludic.inference.request import CompletionRequest, InferenceSpec
 from ludic.parsers import Parser, ParseResult
+from ludic.timing import timed
 from ludic.types import (
     AgentAct,
     AgentStep,
@@ -197,7 +198,8 @@ class Agent:
         if penalty is not None and step.info.get("finish_reason") == "length":
             step.info["incomplete_completion"] = True
             return ParseResult(action=None, reward=penalty, obs=INCOMPLETE_FEEDBACK)
-        result = self.parser(step.completion)
+        with timed("parser"):
+            result = self.parser(step.completion)
         if not isinstance(result, ParseResult):
             name = getattr(self.parser, "__qualname__", type(self.parser).__name__)
             raise ContractError(

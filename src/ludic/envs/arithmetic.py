@@ -11,7 +11,8 @@ from __future__ import annotations
 import functools
 import operator
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from ludic.envs.dataset_qa_env import DatasetQAEnv, Verifier, numeric_match
@@ -64,10 +65,10 @@ def _generated(
     max_digits: int,
     non_negative: bool,
     distinct: bool,
-) -> tuple[dict[str, Any], ...]:
-    """The problems of :func:`make_arithmetic_samples`, generated once per argument set: a
-    run builds an env per episode, and drawing ``distinct`` problems up to the last few
-    possible ones takes many draws."""
+) -> tuple[Mapping[str, Any], ...]:
+    """The problems of :func:`make_arithmetic_samples`, read-only, generated once per
+    argument set: a run builds an env per episode, and drawing ``distinct`` problems up to
+    the last few possible ones takes many draws."""
     if n < 1:
         raise ValueError(f"make_arithmetic_samples: n={n}; pass a positive number of problems")
     unknown = [op for op in operators if op not in OPERATORS]
@@ -84,7 +85,7 @@ def _generated(
     if distinct:
         _check_distinct_count(n, operators, min_digits, max_digits, non_negative)
     rng = random.Random(seed)
-    samples: list[dict[str, Any]] = []
+    samples: list[Mapping[str, Any]] = []
     seen: set[tuple[int, str, int]] = set()
     while len(samples) < n:
         op = rng.choice(list(operators))
@@ -96,13 +97,15 @@ def _generated(
             continue
         seen.add((a, op, b))
         samples.append(
-            {
-                "question": f"{a}{op}{b}",
-                "answer": str(OPERATORS[op](a, b)),
-                "a": a,
-                "op": op,
-                "b": b,
-            }
+            MappingProxyType(
+                {
+                    "question": f"{a}{op}{b}",
+                    "answer": str(OPERATORS[op](a, b)),
+                    "a": a,
+                    "op": op,
+                    "b": b,
+                }
+            )
         )
     return tuple(samples)
 
@@ -146,14 +149,14 @@ class ArithmeticQAEnv(DatasetQAEnv):
         agent_id: AgentId = DEFAULT_AGENT_ID,
         rng_seed: int | None = None,
     ) -> None:
-        samples = make_arithmetic_samples(
+        samples = _generated(  # read-only and shared: a run builds an env per episode
             num_problems,
             problem_seed,
-            operators=operators,
-            min_digits=min_digits,
-            max_digits=max_digits,
-            non_negative=non_negative,
-            distinct=distinct,
+            tuple(operators),
+            min_digits,
+            max_digits,
+            non_negative,
+            distinct,
         )
         super().__init__(
             samples,

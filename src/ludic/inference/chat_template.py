@@ -7,8 +7,11 @@ all calls of a turn concatenate into one training sequence.
 
 from __future__ import annotations
 
+import json
+import threading
 from typing import Any, Protocol, runtime_checkable
 
+from ludic.timing import timed
 from ludic.types import Message
 
 
@@ -37,6 +40,9 @@ class ChatTemplate(Protocol):
 
     def decode(self, token_ids: list[int]) -> str: ...
 
+
+RENDERED_KEPT = 1024
+"""How many distinct rendered prompts :meth:`HFChatTemplate.render` keeps."""
 
 _PROBE_USER = "ludic-probe-user"
 _PROBE_ASSISTANT = "ludic-probe-assistant-7f3a"
@@ -68,6 +74,11 @@ class HFChatTemplate:
     Templates whose rendering of earlier messages changes when messages are appended (e.g.
     ones that strip earlier ``<think>`` blocks) fail the diff and raise ``ValueError``.
 
+    ``render`` keeps the tokens of the last :data:`RENDERED_KEPT` distinct prompts (a GRPO
+    group asks for one prompt ``group_size`` times); a template whose text depends on
+    anything but its arguments (one that writes today's date) is re-rendered only once the
+    prompt has left that window.
+
     Args:
         tokenizer: a Hugging Face tokenizer with a ``chat_template``.
     """
@@ -79,6 +90,8 @@ class HFChatTemplate:
                 "set tokenizer.chat_template to a Jinja template string first"
             )
         self.tokenizer = tokenizer
+        self._rendered: dict[str, tuple[int, ...]] = {}
+        self._lock = threading.Lock()
 
     def render_text(
         self,
@@ -102,8 +115,8 @@ class HFChatTemplate:
         tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
     ) -> list[int]:
-        text = self.render_text(messages, tools=tools, add_generation_prompt=add_generation_prompt)
-        return self._encode(text)
+        with timed("template"):
+            return self._render(messages, tools, add_generation_prompt)
 
     def extend(
         self,
@@ -113,9 +126,10 @@ class HFChatTemplate:
         *,
         tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
-        closing, rest = self._continuation_text(new_messages, tools)
-        tail = self._encode(closing + rest)
-        overlap = self._produced_overlap(list(completion_ids), tail, closing)
+        with timed("template"):
+            closing, rest = self._continuation_text(new_messages, tools)
+            tail = self._encode(closing + rest)
+            overlap = self._produced_overlap(list(completion_ids), tail, closing)
         return list(prompt_ids) + list(completion_ids) + tail[overlap:]
 
     def decode(self, token_ids: list[int]) -> str:
@@ -123,6 +137,27 @@ class HFChatTemplate:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=False)
 
     # ---- helpers ----------------------------------------------------------------------
+    def _render(
+        self, messages: list[Message], tools: list[dict[str, Any]] | None, generation: bool
+    ) -> list[int]:
+        try:  # a GRPO group renders one prompt group_size times: the tokens are kept
+            key = json.dumps([messages, tools, generation], sort_keys=True)
+        except (TypeError, ValueError):  # content JSON cannot write: rendered each time
+            key = None
+        with self._lock:
+            kept = self._rendered.get(key) if key is not None else None
+        if kept is not None:
+            return list(kept)
+        ids = self._encode(
+            self.render_text(messages, tools=tools, add_generation_prompt=generation)
+        )
+        if key is not None:
+            with self._lock:
+                self._rendered[key] = tuple(ids)
+                if len(self._rendered) > RENDERED_KEPT:  # the oldest goes first
+                    del self._rendered[next(iter(self._rendered))]
+        return ids
+
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 

@@ -12,15 +12,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ludic._async import on_compute_thread, raise_if_abandoned
 from ludic.distributed.weight_transfer.verify import check_copy
 from ludic.inference.batch_sampling import RowSampling, sample_next_tokens
+from ludic.inference.kv_decoder import KVDecoder, decoder_problem
 from ludic.inference.request import CompletionRequest
+from ludic.timing import timed
 from ludic.types import ChatResponse, TokenTrace
 
 
@@ -44,6 +47,9 @@ class TransformersChatClient:
         verify_sync: read the weights back after ``sync_weights`` and check their
             checksums against the trainer's (``ludic.distributed.weight_transfer.verify``):
             ``"every"`` sync (default), the ``"first"`` only, or ``"off"``.
+        lean_decode: decode with :class:`~ludic.inference.kv_decoder.KVDecoder` when it
+            serves the model (``decode`` then reads ``"lean"``; the model's own forward,
+            ``"transformers"``, otherwise or when False).
     """
 
     def __init__(
@@ -55,6 +61,7 @@ class TransformersChatClient:
         max_batch_size: int = 32,
         policy_version: int = 0,
         verify_sync: str = "every",
+        lean_decode: bool = True,
     ) -> None:
         if verify_sync not in ("every", "first", "off"):
             raise ValueError(f"verify_sync={verify_sync!r}; expected 'every', 'first' or 'off'")
@@ -72,6 +79,7 @@ class TransformersChatClient:
             else min(self.eos_token_ids)
         )
         self.max_batch_size = max_batch_size
+        self.decode = "lean" if lean_decode and decoder_problem(model) is None else "transformers"
         self.policy_version = policy_version
         self.verify_sync = verify_sync
         self.syncs = 0
@@ -130,7 +138,7 @@ class TransformersChatClient:
                         fut.set_result(resp)
 
     def _generate(self, requests: list[CompletionRequest]) -> list[ChatResponse]:
-        with self._lock, torch.no_grad(), _eval_mode(self.model):
+        with timed("sample"), self._lock, torch.no_grad(), _eval_mode(self.model):
             version = self.policy_version
             rows = self._sample(requests)
         return [self._response(row, version) for row in rows]
@@ -153,7 +161,6 @@ class TransformersChatClient:
             input_ids[i, width - len(p) :] = torch.tensor(p)
             attention[i, width - len(p) :] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
         rows = torch.tensor(group, device=device)
         sampling = RowSampling.from_specs([r.sampling for r in requests])
         budget = torch.tensor([r.sampling.max_tokens for r in requests])
@@ -165,22 +172,11 @@ class TransformersChatClient:
         lengths = torch.zeros(n, dtype=torch.long)  # tokens generated per row
         stopped = torch.zeros(n, dtype=torch.bool)  # EOS or a stop string
         done = budget <= 0
-        past = None
+        next_logits = self._decoder(input_ids, attention, rows, width + max_new)
+        chosen: torch.Tensor | None = None  # the previous step's tokens
         for t in range(max_new):
             raise_if_abandoned()
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=attention,
-                position_ids=positions,
-                past_key_values=past,
-                use_cache=True,
-            )
-            past = out.past_key_values
-            logits = out.logits[:, -1, :].float()
-            if t == 0:  # from one row per distinct prompt to one per request
-                past.reorder_cache(rows)
-                logits, attention, positions = logits[rows], attention[rows], positions[rows]
-            logits = logits.cpu()  # [B, V]
+            logits = next_logits(chosen).float().cpu()  # [B, V]
             chosen = sample_next_tokens(logits, sampling)
             chosen_logp = torch.log_softmax(logits, dim=-1).gather(1, chosen[:, None])[:, 0]
             live = ~done
@@ -196,9 +192,6 @@ class TransformersChatClient:
             done = stopped | (lengths >= budget)
             if bool(done.all()):
                 break
-            input_ids = chosen.to(device)[:, None]
-            attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
-            positions = positions[:, -1:] + 1
         return [
             _Row(
                 request=r,
@@ -208,6 +201,51 @@ class TransformersChatClient:
             )
             for i, r in enumerate(requests)
         ]
+
+    def _decoder(
+        self, input_ids: torch.Tensor, attention: torch.Tensor, rows: torch.Tensor, capacity: int
+    ) -> Callable[[torch.Tensor | None], torch.Tensor]:
+        """``next_logits(chosen)``: the logits ``[B, V]`` after the tokens ``chosen`` ``[B]``
+        (None: after the prompts). The prompts ``input_ids`` (left-padded, one row per
+        distinct prompt) are prefilled on the first call, then expanded to one row per
+        request by ``rows``. A :class:`KVDecoder` decodes models it serves; other models
+        decode through their own forward with a transformers cache."""
+        if self.decode == "lean":
+            decoder = KVDecoder(self.model, capacity)
+
+            def lean(chosen: torch.Tensor | None) -> torch.Tensor:
+                if chosen is not None:
+                    return decoder.step(chosen.to(input_ids.device))
+                logits = decoder.prefill(input_ids, attention)
+                decoder.select(rows)
+                return logits[rows]
+
+            return lean
+        state: dict[str, Any] = {"attention": attention, "past": None}
+
+        def forward(chosen: torch.Tensor | None) -> torch.Tensor:
+            attention = state["attention"]
+            if chosen is None:
+                ids, positions = input_ids, (attention.cumsum(-1) - 1).clamp(min=0)
+            else:
+                attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
+                ids, positions = chosen.to(input_ids.device)[:, None], state["positions"] + 1
+            out = self.model(
+                input_ids=ids,
+                attention_mask=attention,
+                position_ids=positions,
+                past_key_values=state["past"],
+                use_cache=True,
+            )
+            logits, past = out.logits[:, -1, :], out.past_key_values
+            positions = positions[:, -1:]
+            if chosen is None:  # from one row per distinct prompt to one per request
+                past.reorder_cache(rows)
+                logits, attention, positions = logits[rows], attention[rows], positions[rows]
+            state.update(attention=attention, past=past, positions=positions)
+            return logits
+
+        return forward
 
     def _response(self, row: _Row, version: int) -> ChatResponse:
         text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)

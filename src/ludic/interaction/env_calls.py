@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from ludic._async import in_daemon_thread
+from ludic.timing import timed
 from ludic.types import AgentId, ContractError, Info, Observation, StepOutcome
 
 T = TypeVar("T")
@@ -71,7 +72,7 @@ async def call_env(env: object, method: Callable[..., T], /, *args: Any, **kwarg
     lock = _env_lock(env)
 
     def locked() -> T:
-        with lock:
+        with lock, timed("env"):
             return method(*args, **kwargs)
 
     if _IN_THREADS.get():

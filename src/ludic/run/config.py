@@ -555,6 +555,11 @@ class RunConfig(Section):
     output_dir: str = "runs"
     """Run directories are created as OUTPUT_DIR/NAME-TIMESTAMP."""
     seed: int = 0
+    torch_threads: int | None = Field(None, ge=1)
+    """CPU threads of torch's ops (sampling in process, the update) in a sync or async run
+    and ``ludic eval``; null: the ``OMP_NUM_THREADS`` environment variable when set, else the
+    usable cores, divided among the trainer ranks of one machine, less one left to the event
+    loop (envs, agent, chat template, rewards). A pipeline's processes keep torch's default."""
     model: ModelConfig = ModelConfig()
     inference: InferenceConfig = InferenceConfig()
     env: EnvConfig = EnvConfig()

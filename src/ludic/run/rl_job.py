@@ -22,6 +22,7 @@ the checkpoint it loads, so after a crash at any moment the file and the checkpo
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -60,6 +61,7 @@ from ludic.run.run_dir import RunDirectory, open_run, removed_if_start_fails
 from ludic.run.run_loggers import run_loggers
 from ludic.run.servers import inference_backend, published_weights, reward_backend
 from ludic.run.steps import checkpoint_on_failure
+from ludic.run.threads import use_torch_threads
 from ludic.run.trainer_ranks import (
     follow,
     join_trainer_group,
@@ -98,6 +100,7 @@ RESUMABLE_CHANGES = {
 def train_rl(config: RunConfig, *, resume: str | Path | None = None) -> Path:
     """Run (or resume) an RL job in this process (rank 0 leads, other ranks follow);
     returns the run directory. The config has passed :func:`~ludic.run.preflight.check_config`."""
+    use_torch_threads(config, processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     ranks = join_trainer_group(config)  # trainer.world_size > 1: this is one of torchrun's
     try:
         if ranks is not None and not ranks.is_main:
@@ -151,6 +154,7 @@ def _lead(config: RunConfig, *, resume: str | Path | None, ranks: TrainerRanks |
 def evaluate_rl(config: RunConfig, *, run_dir: str | Path | None = None) -> dict[str, float]:
     """Greedy evaluation of the newest checkpoint in ``run_dir`` (or of the config's
     initial model when ``run_dir`` is None); returns the metrics."""
+    use_torch_threads(config)
     run = RunDirectory.open(run_dir) if run_dir is not None else None
     model_dir = run.model_dir if run is not None else Path(tempfile.mkdtemp(prefix="ludic-eval-"))
     policy, tokenizer = load_policy(config, model_dir)

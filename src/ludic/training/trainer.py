@@ -47,6 +47,7 @@ from ludic.distributed.interfaces import PolicyPublisher
 from ludic.distributed.weight_transfer.extractor import gather_full_tensors
 from ludic.distributed.weights import policy_state_dict
 from ludic.stats import Reducer, aggregate_stats
+from ludic.timing import take_stage_seconds, timed
 from ludic.training.checkpoint import CheckpointConfig
 from ludic.training.collate import CollatedBatch, collate, require_fits, split_microbatches
 from ludic.training.config import TrainerConfig
@@ -298,13 +299,16 @@ class Trainer(HasTrainingCore):
         if made:
             timing["time/generate_s"] = float(sum(made))
         timing["time/idle_fraction"] = waited / max(sum(timing[k] for k in STEP_TIMES), 1e-9)
+        for stage, seconds in take_stage_seconds().items():
+            timing[f"time/stage/{stage}_s"] = seconds
         no_reward = [i for i in batch.items if i.meta.get("reward_dropped")]
         self.audit.add(no_reward, dropped=True)  # trained with weight 0
         self.audit.add((i for i in batch.items if not i.meta.get("reward_dropped")), dropped=False)
         if self.ranks is None or self.ranks.is_main:  # the rank that saw the batches made
             self._close_ledger(batch.items, no_reward)
         metrics = self._metrics(batch, result, selection, timing)
-        self.logger.log(self.step, metrics)
+        with timed("logging"):
+            self.logger.log(self.step, metrics)
         if not self._audit_warned and (warning := self.audit.warning()) is not None:
             self._audit_warned = True  # once per run: the metrics keep the figures
             log.warning("step %d: %s", self.step, warning)
@@ -312,7 +316,9 @@ class Trainer(HasTrainingCore):
             for raw in raw_batches:
                 self.batch_source.mark_trained(raw)
         # After the log: a checkpoint never gets ahead of its step's metrics line.
-        if self.core.maybe_checkpoint(self._checkpoint_extra) is not None:
+        with timed("checkpoint"):
+            checkpointed = self.core.maybe_checkpoint(self._checkpoint_extra) is not None
+        if checkpointed:
             self._checkpointed()
         return metrics
 
@@ -825,7 +831,8 @@ class Trainer(HasTrainingCore):
             self.batch_source.on_policy_version(version)
 
     def save_checkpoint(self) -> Path:
-        path = self.core.save_checkpoint(self._checkpoint_extra())
+        with timed("checkpoint"):
+            path = self.core.save_checkpoint(self._checkpoint_extra())
         self._checkpointed()
         return path
 

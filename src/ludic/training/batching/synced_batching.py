@@ -15,6 +15,7 @@ from ludic.inference.chat_template import ChatTemplate
 from ludic.rollouts.engine import RolloutEngine
 from ludic.rollouts.hooks import check_rollout_hooks, run_rollout_hooks
 from ludic.rollouts.strategies import RequestStrategy
+from ludic.timing import timed
 from ludic.training.batching.saw import SampleFilter, build_saw_batch, check_retokenize_args
 from ludic.training.ledger import ABORTED, DROPPED_FILTER, GENERATE_S, GENERATED
 from ludic.training.types import (
@@ -119,13 +120,14 @@ class RolloutBatchSource:
             # Set after the last await: batches generated concurrently (AsyncBatchSource)
             # read it right after next_batch returns.
             self.last_rollouts = rollouts
-            batch = build_saw_batch(
-                rollouts,
-                credit_assigner=self.credit_assigner,
-                retokenize=self.retokenize,
-                chat_template=self.chat_template,
-                sample_filter=self.sample_filter,
-            )
+            with timed("credit"):
+                batch = build_saw_batch(
+                    rollouts,
+                    credit_assigner=self.credit_assigner,
+                    retokenize=self.retokenize,
+                    chat_template=self.chat_template,
+                    sample_filter=self.sample_filter,
+                )
             if batch.items:
                 batch.meta["attempts"] = attempt
                 batch.meta[GENERATE_S] = time.perf_counter() - started  # every attempt

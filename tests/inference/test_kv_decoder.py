@@ -1,0 +1,137 @@
+"""KVDecoder: the lean decoding forward agrees with each served model's own forward, and
+the in-process client samples the same tokens through it as through the model's forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from ludic.inference.kv_decoder import KVDecoder, decoder_problem
+from ludic.inference.request import CompletionRequest, InferenceSpec, SamplingSpec
+from ludic.inference.transformers_client import TransformersChatClient
+
+SHAPE = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,  # grouped-query attention
+    max_position_embeddings=64,
+)
+
+
+def _model(kind: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if kind == "qwen2":
+        return Qwen2ForCausalLM(Qwen2Config(**SHAPE)).eval()
+    if kind == "qwen3":
+        return Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=8)).eval()
+    if kind == "mistral":
+        return MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=None)).eval()
+    return LlamaForCausalLM(LlamaConfig(**SHAPE, attention_bias=True)).eval()
+
+
+def _reference(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=attention, position_ids=positions).logits[:, -1]
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama", "mistral"])
+def test_prefill_and_every_step_match_the_models_forward(kind: str) -> None:
+    model = _model(kind)
+    assert decoder_problem(model) is None
+    ids = torch.randint(1, 64, (3, 6))
+    attention = torch.ones(3, 6, dtype=torch.long)
+    attention[0, :4] = 0  # left padding of different widths
+    attention[2, :1] = 0
+    decoder = KVDecoder(model, capacity=6 + 5)
+    torch.testing.assert_close(decoder.prefill(ids, attention), _reference(model, ids, attention))
+    rows = torch.tensor([0, 0, 1, 2, 2, 2])  # one row per request, as a group asks
+    decoder.select(rows)
+    seq, mask = ids[rows], attention[rows]
+    for _ in range(5):
+        token = torch.randint(1, 64, (6,))
+        logits = decoder.step(token)
+        seq = torch.cat([seq, token[:, None]], dim=1)
+        mask = torch.cat([mask, torch.ones(6, 1, dtype=torch.long)], dim=1)
+        torch.testing.assert_close(logits, _reference(model, seq, mask), atol=2e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="cache is full"):
+        decoder.step(torch.ones(6, dtype=torch.long))
+
+
+def test_a_lora_adapter_is_applied_as_in_the_models_forward() -> None:
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(
+        _model("qwen2"), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"])
+    )
+    for name, p in model.named_parameters():
+        if "lora_B" in name:  # non-zero, so that the adapter changes the logits
+            torch.nn.init.normal_(p, std=0.5)
+    ids, attention = torch.randint(1, 64, (2, 5)), torch.ones(2, 5, dtype=torch.long)
+    decoder = KVDecoder(model, capacity=8)
+    logits = decoder.prefill(ids, attention)
+    torch.testing.assert_close(logits, _reference(model, ids, attention))
+    with model.disable_adapter():
+        assert not torch.allclose(logits, _reference(model, ids, attention))
+
+
+def test_unserved_models_are_named_with_the_reason() -> None:
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2))
+    assert "gpt2" in decoder_problem(gpt2)
+    sliding = Qwen2Config(**SHAPE, use_sliding_window=True, sliding_window=4, max_window_layers=0)
+    assert "sliding_attention" in decoder_problem(Qwen2ForCausalLM(sliding))
+    windowed = MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=4))
+    assert "sliding" in decoder_problem(windowed)
+    with pytest.raises(ValueError, match="gpt2"):
+        KVDecoder(gpt2, capacity=8)
+    client = TransformersChatClient(gpt2, _Tokenizer())
+    assert client.decode == "transformers"
+
+
+class _Tokenizer:
+    eos_token_id = 0
+    pad_token_id = 0
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return " ".join(str(int(i)) for i in ids)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_the_client_samples_the_same_tokens_lean_or_through_the_models_forward(kind) -> None:
+    model = _model(kind)
+    lean = TransformersChatClient(model, _Tokenizer(), eos_token_ids=[0])
+    plain = TransformersChatClient(model, _Tokenizer(), eos_token_ids=[0], lean_decode=False)
+    assert (lean.decode, plain.decode) == ("lean", "transformers")
+    requests = [
+        CompletionRequest(
+            prompt_token_ids=prompt,
+            inference=InferenceSpec(
+                sampling=SamplingSpec(temperature=temperature, max_tokens=8, seed=seed)
+            ),
+        )
+        for prompt, temperature, seed in [
+            ([5, 6, 7], 1.0, 1),
+            ([5, 6, 7], 1.0, 2),
+            ([9], 0.0, None),
+            ([3, 4, 5, 6, 7, 8], 0.7, 3),
+        ]
+    ]
+    got = [r.trace for r in lean._generate(requests)]
+    want = [r.trace for r in plain._generate(requests)]
+    for a, b in zip(got, want):
+        assert a.completion_token_ids == b.completion_token_ids
+        assert a.completion_logprobs == pytest.approx(b.completion_logprobs, abs=1e-5)
