@@ -63,6 +63,11 @@ def trl_main(argv: list[str]) -> None:
     parser.add_argument("--prompts", type=int, required=True)
     parser.add_argument("--group", type=int, required=True)
     parser.add_argument("--new-tokens", type=int, required=True)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--lr-schedule", default="constant")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--save", type=Path, help="save the trained model here")
     args = parser.parse_args(argv)
 
     import torch
@@ -98,14 +103,15 @@ def trl_main(argv: list[str]) -> None:
         per_device_train_batch_size=args.prompts * args.group,
         num_generations=args.group,
         max_completion_length=args.new_tokens,
-        temperature=1.0,
-        learning_rate=1e-4,
+        temperature=args.temperature,
+        learning_rate=args.lr,
+        lr_scheduler_type=args.lr_schedule,
         beta=0.0,
         max_steps=args.steps,
         use_cpu=True,
         report_to="none",
         save_strategy="no",
-        seed=0,
+        seed=args.seed,
     )
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(args.folder, dtype=torch.float32),
@@ -114,7 +120,10 @@ def trl_main(argv: list[str]) -> None:
         train_dataset=data,
         processing_class=AutoTokenizer.from_pretrained(args.folder),
     )
-    trainer.train()
+    output = trainer.train()
+    if args.save is not None:
+        trainer.save_model(str(args.save))
+        (args.save / "train_runtime.json").write_text(json.dumps(output.metrics))
 
 
 def _demo_env_kwargs() -> dict:
@@ -203,6 +212,8 @@ def trl_command(folder: Path, out: Path, steps: int, args: argparse.Namespace) -
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "trl":
         return trl_main(sys.argv[2:])
+    if len(sys.argv) > 1 and sys.argv[1] == "accuracy":
+        return accuracy_main(sys.argv[2:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--short", type=int, default=5, help="steps of the short runs")
@@ -272,6 +283,155 @@ def main() -> None:
     print(json.dumps(results))
     if args.keep is None:
         shutil.rmtree(work, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- time to accuracy
+def accuracy_main(argv: list[str]) -> None:
+    """``vs_trl.py accuracy``: the demo's RL phase in ludic and in TRL from the same
+    warm-started weights; the time ludic takes to reach TRL's final held-out accuracy."""
+    parser = argparse.ArgumentParser(prog="vs_trl.py accuracy")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--cores", default="0", help="taskset core list of every run")
+    parser.add_argument("--keep", type=Path, help="keep the runs' logs and outputs here")
+    args = parser.parse_args(argv)
+    import yaml
+
+    demo = yaml.safe_load(DEMO.read_text())
+    steps, sampling, algorithm = demo["trainer"]["steps"], demo["sampling"], demo["algorithm"]
+    work = Path(tempfile.mkdtemp(prefix="vs_trl_acc-")) if args.keep is None else args.keep
+    work.mkdir(parents=True, exist_ok=True)
+    ludic = str(Path(sys.executable).parent / "ludic")
+    print(
+        f"the demo's RL phase ({steps} steps, {demo['trainer']['prompts_per_step']} prompts x "
+        f"{algorithm['group_size']} samples, temperature {sampling['temperature']}, "
+        f"{sampling['max_tokens']} new tokens, lr {demo['trainer']['lr']} "
+        f"{demo['trainer']['lr_schedule']}) from the demo's warm start, cores {args.cores}"
+    )
+    results = []
+    for seed in args.seeds:
+        out = work / f"seed{seed}"
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        # 1. the warm start: the demo's SFT phase (and one RL step), exported
+        run_timed(
+            [
+                ludic,
+                "train",
+                str(DEMO),
+                f"output_dir={out / 'warm'}",
+                f"seed={seed}",
+                "trainer.steps=1",
+            ],
+            args.cores,
+            out / "warm.log",
+        )
+        warm_run = next((out / "warm").iterdir())
+        warm = out / "warm_model"
+        run_timed(
+            [ludic, "export", str(warm_run), str(warm), "--phase", "warm_start"],
+            args.cores,
+            out / "export.log",
+        )
+        # 2. ludic's RL phase: the demo's settings, evaluated every 100 steps
+        run_timed(
+            [
+                ludic,
+                "train",
+                str(DEMO),
+                f"output_dir={out / 'ludic'}",
+                f"seed={seed}",
+                f"model.path={warm}",
+                "warm_start.steps=0",
+            ],
+            args.cores,
+            out / "ludic.log",
+        )
+        curve, seconds = ludic_curve(next((out / "ludic").iterdir()))
+        # 3. TRL's: the same settings; its final model evaluated by ludic eval
+        trl_model = out / "trl_model"
+        run_timed(
+            [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "trl",
+                str(warm),
+                str(out / "trl"),
+                f"--steps={steps}",
+                f"--prompts={demo['trainer']['prompts_per_step']}",
+                f"--group={algorithm['group_size']}",
+                f"--new-tokens={sampling['max_tokens']}",
+                f"--temperature={sampling['temperature']}",
+                f"--lr={demo['trainer']['lr']}",
+                f"--lr-schedule={demo['trainer']['lr_schedule']}",
+                f"--seed={seed}",
+                f"--save={trl_model}",
+            ],
+            args.cores,
+            out / "trl.log",
+        )
+        trl_seconds = json.loads((trl_model / "train_runtime.json").read_text())["train_runtime"]
+        trl_accuracy = evaluate_folder(trl_model, seed)
+        reached = next(((st, acc) for st, acc in curve if acc >= trl_accuracy), None)
+        row = {
+            "seed": seed,
+            "trl_final_accuracy": trl_accuracy,
+            "trl_seconds": round(trl_seconds, 1),
+            "ludic_curve": curve,
+            "ludic_seconds": round(seconds[-1][1], 1),
+            "ludic_reached_at_step": reached[0] if reached else None,
+            "ludic_seconds_to_reach": (round(dict(seconds)[reached[0]], 1) if reached else None),
+        }
+        row["ratio"] = round(row["ludic_seconds_to_reach"] / trl_seconds, 3) if reached else None
+        results.append(row)
+        print(
+            f"seed {seed}: TRL {trl_seconds:.0f} s to {trl_accuracy:.3f}; ludic "
+            + (
+                f"reached it at step {reached[0]} in {row['ludic_seconds_to_reach']:.0f} s "
+                f"(ratio {row['ratio']:.2f}); "
+                if reached
+                else "never reached it; "
+            )
+            + f"ludic's curve {curve} in {row['ludic_seconds']:.0f} s "
+            f"(load {os.getloadavg()[0]:.2f})",
+            flush=True,
+        )
+    print(json.dumps(results))
+    if args.keep is None:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def ludic_curve(run_dir: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """``([(step, held-out success)], [(step, seconds of RL steps so far)])`` of a ludic
+    run: the evaluations, and the steps' own time (wait, update, sync, logging,
+    checkpoints; the evaluations left out, as TRL's run has none)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    curve = [
+        (int(r["step"]), round(float(r["success_rate"]), 3))
+        for r in rows
+        if r.get("phase") == "eval"
+    ]
+    parts = (
+        "time/wait_s",
+        "time/train_s",
+        "time/sync_s",
+        "time/stage/logging_s",
+        "time/stage/checkpoint_s",
+    )
+    total, seconds = 0.0, [(0, 0.0)]
+    for r in rows:
+        if r.get("phase") == "rl" and "time/wait_s" in r:
+            total += sum(float(r.get(k, 0.0)) for k in parts)
+            seconds.append((int(r["step"]), total))
+    return curve, seconds
+
+
+def evaluate_folder(folder: Path, seed: int) -> float:
+    """The held-out greedy success of a model folder on the demo's evaluation."""
+    from ludic.jobs import evaluate
+    from ludic.run.loading import load_config
+
+    config = load_config(DEMO, [f"model.path={folder}", f"seed={seed}"])
+    return round(float(evaluate(config)["success_rate"]), 3)
 
 
 if __name__ == "__main__":
