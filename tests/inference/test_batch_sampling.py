@@ -8,7 +8,7 @@ import asyncio
 import pytest
 import torch
 
-from ludic.inference.batch_sampling import RowSampling, sample_next_tokens
+from ludic.inference.batch_sampling import RowNoise, RowSampling, sample_next_tokens
 from ludic.inference.request import CompletionRequest, InferenceSpec, SamplingSpec
 from ludic.inference.transformers_client import TransformersChatClient
 
@@ -93,3 +93,20 @@ def test_seeded_requests_reproduce_their_completion_in_any_batch(tiny_model, tin
     again = asyncio.run(gather(request(8), request(7)))
     assert again[1].trace.completion_token_ids == alone.trace.completion_token_ids
     assert again[0].trace.completion_token_ids != alone.trace.completion_token_ids
+
+
+@pytest.mark.parametrize("buffer", [1 << 22, 2 * 7])  # one chunk; a chunk per step
+def test_row_noise_gives_each_seeded_row_its_generators_draw_per_step(monkeypatch, buffer):
+    monkeypatch.setattr("ludic.inference.batch_sampling.NOISE_BUFFER", buffer)
+    seeds = (3, None, 4)
+    noise = RowNoise(
+        tuple(None if s is None else torch.Generator().manual_seed(s) for s in seeds), 7, 5
+    )
+    steps = [noise.next() for _ in range(5)]
+    for row, seed in enumerate(seeds):
+        if seed is None:
+            assert all((step[row] > 0).all() for step in steps)
+            continue
+        gen = torch.Generator().manual_seed(seed)
+        for step in steps:  # what one draw of V values per step from the generator gives
+            assert torch.equal(step[row], torch.empty(7).exponential_(generator=gen))

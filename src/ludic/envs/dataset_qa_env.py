@@ -42,7 +42,10 @@ def parse_number(text: str) -> Fraction | None:
     sign), ``1{,}000``, thin spaces (``\\,``), ``\\$``. The whole string (after
     stripping) must be the number: ``"x = 3"`` is not parsed.
     """
-    s = text.strip().removeprefix("\\$").removeprefix("$").removesuffix(".").strip()
+    s = text.strip()
+    if s.isascii() and s.isdigit():  # the common answer, without the regexes
+        return Fraction(int(s))
+    s = s.removeprefix("\\$").removeprefix("$").removesuffix(".").strip()
     s = _DIGIT_COMMA.sub("", _LATEX_NOISE.sub("", s))
     if _DECIMAL.fullmatch(s):
         return Fraction(s)

@@ -20,7 +20,10 @@ import torch
 
 from ludic.inference.request import SamplingSpec
 
-__all__ = ["RowSampling", "sample_next_tokens"]
+__all__ = ["RowNoise", "RowSampling", "sample_next_tokens"]
+
+NOISE_BUFFER = 1 << 22
+"""Most noise values :class:`RowNoise` draws at once (16 MiB of float32)."""
 
 
 @dataclass(frozen=True)
@@ -59,13 +62,45 @@ class RowSampling:
         )
 
 
-def sample_next_tokens(logits: torch.Tensor, rows: RowSampling) -> torch.Tensor:
+class RowNoise:
+    """The ``Exp(1)`` noise of a batch's decoding steps, ``[B, V]`` per :meth:`next` call.
+
+    Drawn several steps at a time (as many as fit in :data:`NOISE_BUFFER` values, at most
+    ``steps``): one draw per seeded row per chunk, not per step. A generator fills a
+    tensor from its stream in order, so a seeded row gets the same noise at each step as
+    one draw of ``V`` values per step from its generator gives.
+    """
+
+    def __init__(
+        self, generators: tuple[torch.Generator | None, ...], vocab: int, steps: int
+    ) -> None:
+        self.generators = generators
+        self.vocab = vocab
+        self.left = steps  # steps not yet drawn
+        self.chunk = torch.empty(len(generators), 0, vocab)  # [B, steps, V]
+        self.used = 0  # steps of the chunk handed out
+
+    def next(self) -> torch.Tensor:
+        if self.used == self.chunk.shape[1]:
+            rows = len(self.generators)
+            steps = max(1, min(self.left, NOISE_BUFFER // max(1, rows * self.vocab)))
+            self.chunk = _exponential_noise(torch.Size([rows, steps, self.vocab]), self.generators)
+            self.left -= steps
+            self.used = 0
+        self.used += 1
+        return self.chunk[:, self.used - 1]
+
+
+def sample_next_tokens(
+    logits: torch.Tensor, rows: RowSampling, noise: torch.Tensor | None = None
+) -> torch.Tensor:
     """One token id per row of ``logits`` ``[B, V]`` (float32) under each row's sampling.
 
     Greedy rows (temperature 0) take the argmax of the raw logits. Others divide by the
     temperature, keep the ``top_k`` largest scores (when ``top_k > 0``) and the smallest
     set of tokens whose probability reaches ``top_p`` (the token that crosses it is kept),
-    then race exponential noise.
+    then race exponential noise: ``noise`` ``[B, V]`` (a :class:`RowNoise` step), else
+    drawn here.
     """
     scores = logits / rows.temperature
     if rows.any_top_k:
@@ -73,7 +108,8 @@ def sample_next_tokens(logits: torch.Tensor, rows: RowSampling) -> torch.Tensor:
     if rows.any_top_p:
         scores = _mask_top_p(scores, rows.top_p)
     probs = torch.softmax(scores, dim=-1)
-    noise = _exponential_noise(probs.shape, rows.generators)
+    if noise is None:
+        noise = _exponential_noise(probs.shape, rows.generators)
     sampled = (probs / noise).argmax(dim=-1)
     if bool(rows.greedy.any()):
         sampled = torch.where(rows.greedy, logits.argmax(dim=-1), sampled)
@@ -99,7 +135,7 @@ def _mask_top_p(scores: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 def _exponential_noise(
     shape: torch.Size, generators: tuple[torch.Generator | None, ...]
 ) -> torch.Tensor:
-    """``Exp(1)`` noise ``[B, V]``: seeded rows from their generator, the rest at once."""
+    """``Exp(1)`` noise ``[B, ...]``: seeded rows from their generator, the rest at once."""
     noise = torch.empty(shape).exponential_()
     for i, gen in enumerate(generators):
         if gen is not None:

@@ -20,7 +20,7 @@ import torch
 
 from ludic._async import on_compute_thread, raise_if_abandoned
 from ludic.distributed.weight_transfer.verify import check_copy
-from ludic.inference.batch_sampling import RowSampling, sample_next_tokens
+from ludic.inference.batch_sampling import RowNoise, RowSampling, sample_next_tokens
 from ludic.inference.kv_decoder import KVDecoder, decoder_problem
 from ludic.inference.request import CompletionRequest
 from ludic.timing import timed
@@ -173,11 +173,14 @@ class TransformersChatClient:
         stopped = torch.zeros(n, dtype=torch.bool)  # EOS or a stop string
         done = budget <= 0
         next_logits = self._decoder(input_ids, attention, rows, width + max_new)
+        noise = None
         chosen: torch.Tensor | None = None  # the previous step's tokens
         for t in range(max_new):
             raise_if_abandoned()
             logits = next_logits(chosen).float().cpu()  # [B, V]
-            chosen = sample_next_tokens(logits, sampling)
+            if noise is None:
+                noise = RowNoise(sampling.generators, logits.shape[-1], max_new)
+            chosen = sample_next_tokens(logits, sampling, noise.next())
             chosen_logp = torch.log_softmax(logits, dim=-1).gather(1, chosen[:, None])[:, 0]
             live = ~done
             chosen = torch.where(live, chosen, self.pad_token_id)
