@@ -1,8 +1,9 @@
 """ludic's GRPO step on the path users run (``ludic train``) against TRL's ``GRPOTrainer``.
 
-    .venv/bin/python benchmarks/vs_trl.py                      # ~6 min on 2 cores
-    .venv/bin/python benchmarks/vs_trl.py --rounds 5 --cores 0 0,1
-    pip install 'ludic-rl[bench]'                              # TRL
+    .venv/bin/python benchmarks/vs_trl.py --rounds 3 --long 125  # step time, ~12 min
+    .venv/bin/python benchmarks/vs_trl.py accuracy --seeds 0 1 2 # time to accuracy
+    .venv/bin/python benchmarks/vs_trl.py split torch_threads=2  # ludic's split, one change
+    pip install 'ludic-rl[bench]'                                # TRL
 
 Both train the same tiny model folder (``save_tiny_model``, the demo's shape) on the same
 problems (the demo's arithmetic env: 100 single-digit additions), with the same batch and
@@ -214,6 +215,8 @@ def main() -> None:
         return trl_main(sys.argv[2:])
     if len(sys.argv) > 1 and sys.argv[1] == "accuracy":
         return accuracy_main(sys.argv[2:])
+    if len(sys.argv) > 1 and sys.argv[1] == "split":
+        return split_main(sys.argv[2:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--short", type=int, default=5, help="steps of the short runs")
@@ -283,6 +286,40 @@ def main() -> None:
     print(json.dumps(results))
     if args.keep is None:
         shutil.rmtree(work, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- one split
+def split_main(argv: list[str]) -> None:
+    """``vs_trl.py split [OVERRIDE ...]``: ludic's step split on the benchmark's batch,
+    from runs of ``ludic train`` with extra config overrides (one setting at a time)."""
+    parser = argparse.ArgumentParser(prog="vs_trl.py split")
+    parser.add_argument("overrides", nargs="*", help="extra ludic train overrides")
+    parser.add_argument("--cores", default="0,1", help="taskset core list")
+    parser.add_argument("--steps", type=int, default=45)
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=16)
+    args = parser.parse_args(argv)
+    from ludic.models.tiny import save_tiny_model
+
+    with tempfile.TemporaryDirectory(prefix="vs_trl_split-") as tmp:
+        work = Path(tmp)
+        folder = save_tiny_model(work / "model", hidden_size=128, num_layers=2, num_heads=2)
+        for run in range(args.runs):
+            out = work / f"run{run}"
+            out.mkdir()
+            command = ludic_command(folder, out, args.steps, args) + args.overrides
+            run_timed(command, args.cores, out / "log.txt")
+            split = step_split([out])
+            step = sum(split[k] for k in ("wait", "update", "sync", "logging", "checkpoint"))
+            print(
+                f"cores {args.cores} {' '.join(args.overrides) or '(defaults)'}, run {run}: "
+                f"step {step:.1f} ms = "
+                + ", ".join(f"{name} {ms:.1f}" for name, ms in split.items())
+                + f" (load {os.getloadavg()[0]:.2f})",
+                flush=True,
+            )
 
 
 # ----------------------------------------------------------------------------- time to accuracy

@@ -75,6 +75,10 @@ class InferenceConfig(Section):
     backend: Literal["transformers", "vllm"] = "transformers"
     """transformers: in-process, embedded; vllm: a vLLM server with live weight sync."""
     max_batch_size: int = Field(64, ge=1)
+    lean_decode: bool = True
+    """transformers backend: decode Llama, Mistral, Qwen2 and Qwen3 models with
+    ``KVDecoder`` (the model's modules, a preallocated KV cache); false, or another model:
+    the model's own forward."""
     vllm: PolicyServersConfig = PolicyServersConfig()
 
 

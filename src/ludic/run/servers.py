@@ -38,6 +38,7 @@ def inference_backend(
             serving_copy(policy),
             tokenizer,
             max_batch_size=config.inference.max_batch_size,
+            lean_decode=config.inference.lean_decode,
             verify_sync=config.inference.vllm.verify_sync,
         )
         return
