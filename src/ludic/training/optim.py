@@ -61,9 +61,9 @@ def build_optimizer(model: torch.nn.Module, config: TrainerConfig) -> torch.opti
 
 
 def _can_fuse(params: list[torch.nn.Parameter]) -> bool:
-    """Torch's fused AdamW (one kernel over every tensor: 0.29 ms against 1.29 ms a step
-    for the demo's model on one core) takes plain floating-point tensors on one CPU or CUDA
-    device; sharded (DTensor) parameters keep the default implementation."""
+    """Torch's fused AdamW (one kernel over every tensor, not a loop over them) takes plain
+    floating-point tensors on one CPU or CUDA device; sharded (DTensor) parameters keep the
+    default implementation."""
     devices = {p.device.type for p in params}
     return (
         len(devices) == 1
