@@ -96,8 +96,8 @@ def test_a_cancelled_generation_stops_drawing_from_the_global_rng(
     client = TransformersChatClient(tiny_model, tiny_tokenizer, eos_token_ids=[never])
     sampling = SamplingSpec(temperature=1.0, max_tokens=900)
     request = CompletionRequest((5, 6, 7), InferenceSpec(sampling=sampling))
-    forwards: list[int] = []
-    tiny_model.register_forward_hook(lambda *_: forwards.append(1))
+    forwards: list[int] = []  # the output head runs once per decoded token, either decoder
+    hook = tiny_model.lm_head.register_forward_hook(lambda *_: forwards.append(1))
 
     async def run() -> None:
         with contextlib.suppress(TimeoutError):
@@ -107,6 +107,7 @@ def test_a_cancelled_generation_stops_drawing_from_the_global_rng(
     started = time.monotonic()
     while compute_calls_in_flight() and time.monotonic() < started + 10:
         time.sleep(0.01)
+    hook.remove()
     assert compute_calls_in_flight() == 0
     assert 0 < len(forwards) < 900  # stopped after the cancel, not run to the end
     state = torch.get_rng_state()
