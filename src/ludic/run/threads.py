@@ -4,9 +4,10 @@ A run's process does two kinds of CPU work at once: torch's ops (sampling with t
 in-process backend, the update), parallelized over an OpenMP team, and the event loop
 (envs, the agent, chat templates, tokenization, rewards, logging). Torch's default team has
 one thread per usable core; the event loop then takes a core from the team, and every
-parallel op waits at its barrier for the thread the event loop displaced. Measured on
-2 cores (``benchmarks/vs_trl.py``, docs in ``benchmarks/README.md``): a demo step took
-157 ms with 2 threads and 120 ms with 1. The default leaves the event loop a core.
+parallel op waits at its barrier for the thread the event loop displaced. On 2 cores, a
+step of the ``vs_trl.py`` benchmark's batch on the demo's model took 83-85 ms with one
+thread and 138-148 ms with two (``benchmarks/vs_trl.py split --cores 0,1 [torch_threads=2]``,
+``benchmarks/README.md``). The default leaves the event loop a core.
 """
 
 from __future__ import annotations
