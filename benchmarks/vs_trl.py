@@ -1,6 +1,6 @@
 """ludic's GRPO step on the path users run (``ludic train``) against TRL's ``GRPOTrainer``.
 
-    .venv/bin/python benchmarks/vs_trl.py --rounds 3 --long 125  # step time, ~12 min
+    .venv/bin/python benchmarks/vs_trl.py --rounds 3 --long 125  # step time, ~7 min
     .venv/bin/python benchmarks/vs_trl.py accuracy --seeds 0 1 2 # time to accuracy
     .venv/bin/python benchmarks/vs_trl.py split torch_threads=2  # ludic's split, one change
     pip install 'ludic-rl[bench]'                                # TRL

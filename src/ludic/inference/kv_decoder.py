@@ -5,7 +5,8 @@ transformers 5 forward wraps the model's math in mask building, cache classes, o
 capturing and decorators at every decoded token. :class:`KVDecoder` runs the same model's
 own modules (its embedding, norms, projections, MLPs, rotary embedding and
 ``apply_rotary_pos_emb``) in the order the model's ``forward`` does, with a preallocated
-key/value cache and one ``scaled_dot_product_attention`` call per layer, and nothing else.
+key/value cache and one attention per layer (``scaled_dot_product_attention`` over a
+prompt, two matmuls for a decode step), and nothing else.
 Because it calls the modules, a LoRA adapter attached by peft (which wraps the projections)
 is applied as in the model's own forward.
 
@@ -14,8 +15,8 @@ It serves the architectures whose decoder layer is ``x + attn(norm(x))`` then
 (without an active sliding window) and Qwen3 (its per-head query/key norms included).
 :func:`decoder_problem` says why another model is not served; the caller then uses the
 model's own forward. Logits agree with the model's forward to float32 rounding
-(``tests/inference/test_kv_decoder.py``); sampling takes its logprobs from these logits, so
-they are exactly those of the distribution the tokens were drawn from.
+(``tests/inference/test_kv_decoder.py``); the in-process backend samples from them and
+returns their log-softmax as it does with the model's forward.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ in-process backend, the update), parallelized over an OpenMP team, and the event
 (envs, the agent, chat templates, tokenization, rewards, logging). Torch's default team has
 one thread per usable core; the event loop then takes a core from the team, and every
 parallel op waits at its barrier for the thread the event loop displaced. On 2 cores, a
-step of the ``vs_trl.py`` benchmark's batch on the demo's model took 83-85 ms with one
-thread and 138-148 ms with two (``benchmarks/vs_trl.py split --cores 0,1 [torch_threads=2]``,
-``benchmarks/README.md``). The default leaves the event loop a core.
+step of the demo's model was faster with one thread than with two (``benchmarks/vs_trl.py
+split --cores 0,1 [torch_threads=2]``; figures in ``benchmarks/README.md``). The default
+leaves the event loop a core.
 """
 
 from __future__ import annotations
