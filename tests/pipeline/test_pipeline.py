@@ -11,6 +11,7 @@ import pytest
 from tests.pipeline.helpers import new_queue, rollout_source
 
 from ludic.pipeline.batch_source import (
+    RUN_ENDED,
     AdmissionTimeoutError,
     PipelineBatchSource,
     run_pipeline_actor,
@@ -138,6 +139,39 @@ def test_an_actor_whose_source_runs_out_gives_up_its_claim(redis_server) -> None
     assert q.records("abandoned")["batch-2"]["reason"] == "the actor's data ran out"
     assert q.client.hlen(q.keys.claims) == 0
     assert q.claim_index("a") == 3
+
+
+class ServerGoneAfterOneBatch:
+    """The first batch, then what an actor sees once the learner stopped its vLLM server:
+    ``on_second`` runs (the learner ends the run, or not) and generation fails."""
+
+    def __init__(self, on_second) -> None:
+        self.calls, self.on_second = 0, on_second
+
+    async def next_batch(self) -> SAWBatch:
+        self.calls += 1
+        if self.calls > 1:
+            self.on_second()
+            raise ConnectionError("connection to vLLM server failed: Server disconnected")
+        return SAWBatch(_items(0, 0))
+
+
+def test_an_actor_whose_generation_fails_after_the_run_ended_ends_as_at_the_runs_end(
+    redis_server,
+) -> None:
+    q = new_queue(redis_server, max_queued=8)
+    source = ServerGoneAfterOneBatch(on_second=q.finish_run)
+    pushed = asyncio.run(run_pipeline_actor(source, q, actor_id="a", max_staleness=None))
+    assert pushed == ["batch-0"] and source.calls == 2
+    assert q.records("abandoned")["batch-1"]["reason"] == RUN_ENDED
+    # while the run goes on, the same failure is the actor's error
+    q = new_queue(redis_server, max_queued=8)
+    with pytest.raises(ConnectionError, match="Server disconnected"):
+        asyncio.run(
+            run_pipeline_actor(
+                ServerGoneAfterOneBatch(on_second=lambda: None), q, actor_id="a", max_staleness=None
+            )
+        )
 
 
 def test_an_actor_with_another_max_staleness_than_the_learner_is_refused(redis_server) -> None:

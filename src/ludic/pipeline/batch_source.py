@@ -387,8 +387,9 @@ async def run_pipeline_actor(
     """Pull batches from ``source`` and push them to ``queue`` until ``num_batches`` are
     pushed, ``stop`` is set, the source raises ``DataExhausted``, the queue is closed or
     the learner ended the run (``queue.finish_run``: checked before each batch, while
-    waiting for admission and while waiting on a full queue). Returns the pushed batch
-    ids (each push confirmed by Redis).
+    waiting for admission and while waiting on a full queue; a batch whose generation
+    fails after the run ended, e.g. on the learner's stopped vLLM server, ends the actor
+    as the run's end does). Returns the pushed batch ids (each push confirmed by Redis).
 
     * ``actor_id``: unique among running actors; an actor restarted with the same id
       regenerates the batch index it had claimed (``stop`` keeps the claim for it).
@@ -449,6 +450,15 @@ async def _push_batches(
             batch = await source.next_batch()
         except DataExhausted:
             await asyncio.to_thread(queue.abandon_claim, actor_id, "the actor's data ran out")
+            break
+        except Exception as err:
+            # The learner ended the run while this batch generated (and, with the vllm
+            # backend, stopped the server it was generating on): the batch could not be
+            # pushed anyway, so the actor ends as at any other end of the run.
+            if not await asyncio.to_thread(queue.is_done):
+                raise
+            log.info("actor %s: the run ended while batch %d generated (%s)", actor_id, index, err)
+            await asyncio.to_thread(queue.abandon_claim, actor_id, RUN_ENDED)
             break
         producer = Producer(f"batch-{index}", actor_id, index, _producer_version(batch, version))
         payload = encode_batch(_stamp_versions(batch, version), producer)
