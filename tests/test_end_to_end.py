@@ -51,7 +51,7 @@ def identity_parser(text: str) -> ParseResult:
     return ParseResult(action=text)
 
 
-def _grpo_trainer(tokenizer, algorithm, group_size: int = 4):
+def _grpo_trainer(tokenizer, algorithm, group_size: int = 4, temperature: float = 1.0):
     policy = build_tiny_causal_lm(tokenizer, seed=0)
     serving = build_tiny_causal_lm(tokenizer, seed=0)  # the inference side's own copy
     client = TransformersChatClient(serving, tokenizer)
@@ -67,7 +67,7 @@ def _grpo_trainer(tokenizer, algorithm, group_size: int = 4):
         {"qa": lambda: DatasetQAEnv(SAMPLES, verifier=ascii_fraction)},
         {"single": single_agent_protocol},
     )
-    inference = InferenceSpec(SamplingSpec(temperature=1.0, max_tokens=6, seed=0))
+    inference = InferenceSpec(SamplingSpec(temperature=temperature, max_tokens=6, seed=0))
 
     def requests() -> list[RolloutRequest]:
         return [
@@ -107,12 +107,15 @@ def test_a_group_step_on_a_toy_env_changes_weights_and_syncs_the_server(tiny_tok
     assert metrics["num_items"] == 8
 
 
-def test_backend_tokens_make_the_first_step_exactly_on_policy(tiny_tokenizer):
+@pytest.mark.parametrize("temperature", [1.0, 1.3])
+def test_backend_tokens_make_the_first_step_exactly_on_policy(tiny_tokenizer, temperature):
     """Token-in, token-out: the trainer rescoring the backend's own tokens reproduces the
-    behaviour logprobs, so the PPO ratio is 1 and nothing is clipped."""
-    trainer, *_ = _grpo_trainer(tiny_tokenizer, make_grpo(group_size=4))
+    behaviour logprobs, so the PPO ratio is 1 and nothing is clipped; at temperature 1.3
+    both sides take the policy softmax(logits / 1.3)."""
+    trainer, *_ = _grpo_trainer(tiny_tokenizer, make_grpo(group_size=4), temperature=temperature)
     metrics = asyncio.run(trainer.train_step())
     assert metrics["loss/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["loss/approx_kl"] == pytest.approx(0.0, abs=1e-6)
     assert metrics["loss/clip_frac"] == 0.0
 
 

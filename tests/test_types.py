@@ -17,6 +17,7 @@ from ludic.types import (
     StepOutcome,
     TokenTrace,
     ToolCall,
+    logprob_temperature,
     rollout_from_dict,
     rollout_to_dict,
 )
@@ -30,6 +31,21 @@ def test_token_trace_rejects_logprobs_misaligned_with_tokens() -> None:
 def test_token_trace_rejects_unknown_finish_reason() -> None:
     with pytest.raises(ValueError, match="finish_reason='eos'"):
         TokenTrace((1,), (2,), finish_reason="eos")
+
+
+@pytest.mark.parametrize("temperature", [0.0, -0.5, math.nan, math.inf])
+def test_logprob_temperatures_must_be_positive_and_finite(temperature) -> None:
+    with pytest.raises(ValueError, match="TokenTrace: logprob_temperature="):
+        TokenTrace((1,), (2,), logprob_temperature=temperature)
+    with pytest.raises(ValueError, match="SAWItem: logprob_temperature="):
+        SAWItem((1, 2), (0, 1), weight=1.0, logprob_temperature=temperature)
+
+
+def test_a_trace_keeps_its_logprob_temperature_through_a_dict() -> None:
+    trace = TokenTrace((1,), (2,), (-0.5,), logprob_temperature=1.3)
+    assert TokenTrace.from_dict(json.loads(json.dumps(trace.to_dict()))) == trace
+    assert logprob_temperature(0.0) == 1.0  # greedy: the raw logits
+    assert logprob_temperature(0.7) == 0.7
 
 
 def test_chat_response_finish_reason_must_match_its_trace() -> None:

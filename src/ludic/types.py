@@ -56,6 +56,22 @@ the interaction protocol must handle, e.g. delegation to a sub-agent)."""
 FINISH_REASONS = ("stop", "length", "tool_calls", "abort")
 
 
+def logprob_temperature(sampling_temperature: float) -> float:
+    """The temperature a sampled token's logprob is taken under: the sampling
+    temperature, or 1.0 for greedy decoding (temperature 0), which takes the argmax of the
+    raw logits (vLLM's ``processed_logprobs`` do the same)."""
+    return float(sampling_temperature) if sampling_temperature > 0 else 1.0
+
+
+def check_logprob_temperature(owner: str, value: float) -> None:
+    """``value`` must be a finite float > 0; raise ``ValueError`` naming ``owner``."""
+    if not (isinstance(value, numbers.Real) and math.isfinite(value) and value > 0):
+        raise ValueError(
+            f"{owner}: logprob_temperature={value!r}; expected a finite temperature > 0 "
+            "(1.0 for greedy decoding, see ludic.types.logprob_temperature)"
+        )
+
+
 def new_id() -> str:
     return uuid.uuid4().hex
 
@@ -79,6 +95,13 @@ class TokenTrace:
     ``x-ludic-policy-version-end``): the tokens' versions then lie somewhere between the
     known ones and ``version_end``, token by token unknown. ``None``: the known versions
     are exact. :meth:`newest_version` is what a staleness span uses.
+
+    ``logprob_temperature``: the softmax temperature ``T`` of the policy the tokens were
+    drawn from, ``pi_T(y) = softmax(logits / T)[y]``: the request's temperature, or 1.0
+    for a greedy request (temperature 0: the argmax of the raw logits), see
+    :func:`logprob_temperature`. ``completion_logprobs`` are under ``pi_T``, and the
+    trainer scores these tokens under ``pi_T`` too, so the policy it trains is the one
+    that sampled (the temperature-scaled one, as in TRL's and verl's GRPO).
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -88,8 +111,11 @@ class TokenTrace:
     policy_version: int | None = None
     completion_versions: tuple[int, ...] | None = None
     version_end: int | None = None
+    logprob_temperature: float = 1.0
 
     def __post_init__(self) -> None:
+        check_logprob_temperature("TokenTrace", self.logprob_temperature)
+        object.__setattr__(self, "logprob_temperature", float(self.logprob_temperature))
         object.__setattr__(self, "prompt_token_ids", tuple(self.prompt_token_ids))
         object.__setattr__(self, "completion_token_ids", tuple(self.completion_token_ids))
         if self.completion_versions is not None:
@@ -170,6 +196,7 @@ class TokenTrace:
                 None if self.completion_versions is None else list(self.completion_versions)
             ),
             "version_end": self.version_end,
+            "logprob_temperature": self.logprob_temperature,
         }
 
     @classmethod
@@ -186,6 +213,7 @@ class TokenTrace:
                 None if d.get("completion_versions") is None else tuple(d["completion_versions"])
             ),
             version_end=d.get("version_end"),
+            logprob_temperature=d.get("logprob_temperature", 1.0),
         )
 
 

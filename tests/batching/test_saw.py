@@ -51,6 +51,21 @@ def test_multi_call_turn_masks_tool_tokens_between_completions(fakes):
     assert item.meta["parse_error"] is True  # any call's
 
 
+def test_the_item_is_scored_at_the_temperature_its_calls_sampled_at(fakes):
+    s0 = fakes.agent_step(0, "t0", [1, 2], [3, 4], finish_reason="tool_calls", temperature=1.3)
+    s1 = fakes.agent_step(1, "t0", [1, 2, 3, 4, 9], [5], temperature=1.3)
+    [item] = rollouts_to_saw_items([Rollout(steps=[s0, s1, fakes.env_step(2, "t0", 1.0)])], [[1.0]])
+    assert item.logprob_temperature == 1.3
+    [plain] = rollouts_to_saw_items([fakes.one_turn_rollout(1.0)], [[1.0]])
+    assert plain.logprob_temperature == 1.0
+    s1 = fakes.agent_step(1, "t0", [1, 2, 3, 4, 9], [5], temperature=1.0)
+    mixed = Rollout(steps=[s0, s1, fakes.env_step(2, "t0", 1.0)], id="rm")
+    with pytest.raises(
+        ValueError, match=r"turn 0 of rollout rm.*different temperatures \[1.0, 1.3\]"
+    ):
+        rollouts_to_saw_items([mixed], [[1.0]])
+
+
 def test_prompt_that_does_not_extend_earlier_tokens_raises(fakes):
     s0 = fakes.agent_step(0, "t0", [1, 2], [3, 4])
     s1 = fakes.agent_step(1, "t0", [1, 2, 3, 7, 9], [5])  # 7 != completion token 4

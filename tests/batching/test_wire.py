@@ -35,7 +35,14 @@ def _batch() -> SAWBatch:
         ),
         SAWItem([1, 2, 3], [0, 1, 0], weight=-1.5, policy_version=5, meta={"reward": 0.0}),
         # sampled while an update to version 7 landed without a pause
-        SAWItem([4, 5, 6], [0, 1, 1], weight=0.5, policy_version=6, version_end=7),
+        SAWItem(
+            [4, 5, 6],
+            [0, 1, 1],
+            weight=0.5,
+            policy_version=6,
+            version_end=7,
+            logprob_temperature=1.3,
+        ),
         SAWItem([7, 8], [0, 1], weight=0.0),
     ]
     return SAWBatch(items=items, meta={"num_rollouts": 3, "reward_mean": 0.5, "tag": "x"})
@@ -79,6 +86,7 @@ def test_round_trip_keeps_items_meta_and_producer() -> None:
         assert got.action_versions == want.action_versions
         assert got.version_end == want.version_end
         assert got.version_span == want.version_span
+        assert got.logprob_temperature == want.logprob_temperature
         assert got.meta == want.meta
         if want.old_logprobs is None:
             assert got.old_logprobs is None
@@ -86,6 +94,7 @@ def test_round_trip_keeps_items_meta_and_producer() -> None:
             assert got.old_logprobs == pytest.approx(want.old_logprobs, abs=1e-7)
     assert wire.batch.items[0].policy_version == 3  # derived from action_versions
     assert [item.version_span for item in wire.batch.items] == [1, 0, 1, 0]
+    assert [item.logprob_temperature for item in wire.batch.items] == [1.0, 1.0, 1.3, 1.0]
 
 
 def test_token_ids_use_int32_when_they_fit_and_int64_otherwise() -> None:
@@ -204,6 +213,16 @@ def test_a_nan_weight_is_rejected_naming_the_item() -> None:
     at = len(payload) - len(body) + _array_offset(header, "weight") + 8  # item 1
     payload[at : at + 8] = struct.pack("<d", float("nan"))
     with pytest.raises(WireFormatError, match="item 1: weight is nan"):
+        decode_batch(bytes(payload))
+
+
+@pytest.mark.parametrize("temperature", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_temperature_that_is_not_positive_and_finite_is_rejected(temperature) -> None:
+    payload = bytearray(encode_batch(_batch(), PRODUCER))
+    header, body = _split(bytes(payload))
+    at = len(payload) - len(body) + _array_offset(header, "logprob_temperature") + 16  # item 2
+    payload[at : at + 8] = struct.pack("<d", temperature)
+    with pytest.raises(WireFormatError, match="item 2: SAWItem: logprob_temperature="):
         decode_batch(bytes(payload))
 
 

@@ -18,7 +18,7 @@ LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
 def draw(specs: list[SamplingSpec], logits: torch.Tensor | None = None) -> torch.Tensor:
     if logits is None:
         logits = LOGITS.expand(len(specs), -1)
-    return sample_next_tokens(logits, RowSampling.from_specs(specs))
+    return sample_next_tokens(logits, RowSampling.from_specs(specs))[0]
 
 
 def frequencies(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -60,6 +60,30 @@ def test_rows_with_different_settings_share_one_batch() -> None:
     assert bool((tokens[1::3] == 0).all()) and bool((tokens[2::3] == 0).all())
     unrestricted = draw([SamplingSpec()] * 300)
     assert len(set(unrestricted.tolist())) >= 4  # the plain rows really sample
+
+
+def test_logprobs_are_those_of_the_distribution_each_token_was_drawn_from() -> None:
+    """vLLM's processed_logprobs: after temperature and the top-k / top-p masks; a greedy
+    row's are of the raw logits (its top-k / top-p are ignored, as in vLLM)."""
+    specs = [
+        SamplingSpec(temperature=1.3),
+        SamplingSpec(temperature=0.5, top_k=3),
+        SamplingSpec(temperature=2.0, top_p=0.7),
+        SamplingSpec(temperature=0.0, top_k=1, top_p=0.1),
+    ] * 25
+    logits = LOGITS.expand(len(specs), -1)
+    tokens, logprobs = sample_next_tokens(logits, RowSampling.from_specs(specs))
+    tempered = torch.log_softmax(LOGITS / 1.3, dim=-1)
+    top3 = torch.log_softmax((LOGITS / 0.5)[:3], dim=-1)
+    probs = torch.softmax(LOGITS / 2.0, dim=-1)  # 0.31, 0.19, 0.15, 0.11, 0.07, 0.03
+    kept = int((probs.cumsum(0) - probs < 0.7).sum())
+    nucleus = torch.log_softmax((LOGITS / 2.0)[:kept], dim=-1)
+    raw = torch.log_softmax(LOGITS, dim=-1)
+    for i, (token, logp) in enumerate(zip(tokens.tolist(), logprobs.tolist())):
+        expected = (tempered, top3, nucleus, raw)[i % 4][token]
+        assert logp == pytest.approx(float(expected), abs=1e-5), (i, token)
+    assert set(tokens[3::4].tolist()) == {0}  # greedy
+    assert len(set(tokens[0::4].tolist())) > 2  # the tempered rows really sample
 
 
 def test_a_seeded_row_draws_the_same_token_whatever_its_neighbours() -> None:

@@ -17,10 +17,10 @@ def _request(prompt, **sampling) -> CompletionRequest:
     return CompletionRequest(tuple(prompt), InferenceSpec(sampling=SamplingSpec(**sampling)))
 
 
-def _forward_logprobs(model, prompt, completion) -> torch.Tensor:
+def _forward_logprobs(model, prompt, completion, temperature: float = 1.0) -> torch.Tensor:
     ids = torch.tensor([list(prompt) + list(completion)])
     with torch.no_grad():
-        logp = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
+        logp = torch.log_softmax(model(ids).logits[0, :-1].float() / temperature, dim=-1)
     idx = torch.arange(len(prompt) - 1, ids.shape[1] - 1)
     return logp[idx, ids[0, idx + 1]]
 
@@ -37,6 +37,28 @@ def test_logprobs_equal_a_plain_forward_of_the_same_tokens(tiny_model, tiny_toke
     assert trace is not None and len(trace.completion_token_ids) >= 1
     expected = _forward_logprobs(tiny_model, prompt, trace.completion_token_ids)
     torch.testing.assert_close(torch.tensor(trace.completion_logprobs), expected, atol=1e-4, rtol=0)
+
+
+def test_logprobs_are_under_the_temperature_the_tokens_were_sampled_at(
+    tiny_model, tiny_tokenizer
+) -> None:
+    """The behaviour policy at temperature T is softmax(logits / T): its logprobs, and
+    the trace says T so the trainer scores the same policy; greedy: the raw logits."""
+    client = TransformersChatClient(tiny_model, tiny_tokenizer)
+    prompt = tiny_tokenizer.encode("2+3=", add_special_tokens=False)
+    hot = asyncio.run(client.complete(_request(prompt, temperature=1.3, max_tokens=12, seed=3)))
+    trace = hot.trace
+    assert trace is not None and trace.logprob_temperature == 1.3
+    expected = _forward_logprobs(tiny_model, prompt, trace.completion_token_ids, 1.3)
+    torch.testing.assert_close(torch.tensor(trace.completion_logprobs), expected, atol=1e-4, rtol=0)
+    raw = _forward_logprobs(tiny_model, prompt, trace.completion_token_ids)
+    assert (expected - raw).abs().max() > 1e-2  # the temperature shows
+    greedy = asyncio.run(client.complete(_request(prompt, temperature=0.0, max_tokens=6)))
+    assert greedy.trace is not None and greedy.trace.logprob_temperature == 1.0
+    expected = _forward_logprobs(tiny_model, prompt, greedy.trace.completion_token_ids)
+    torch.testing.assert_close(
+        torch.tensor(greedy.trace.completion_logprobs), expected, atol=1e-4, rtol=0
+    )
 
 
 def test_sampling_runs_without_dropout_and_restores_train_mode(tiny_tokenizer) -> None:

@@ -119,8 +119,10 @@ def agent_step(
     messages: list[dict[str, Any]] | None = None,
     completion: str = "",
     trace: bool = True,
+    temperature: float = 1.0,
 ) -> AgentStep:
-    """An agent step; ``logprobs="auto"`` gives -0.1 * (position + 1) per token."""
+    """An agent step; ``logprobs="auto"`` gives -0.1 * (position + 1) per token;
+    ``temperature``: the trace's ``logprob_temperature``."""
     if logprobs == "auto":
         logprobs = [-0.1 * (i + 1) for i in range(len(completion_ids))]
     tr = (
@@ -131,6 +133,7 @@ def agent_step(
             finish_reason=finish_reason,
             policy_version=version,
             version_end=version_end,
+            logprob_temperature=temperature,
         )
         if trace
         else None

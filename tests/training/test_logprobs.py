@@ -26,24 +26,37 @@ def tensors(seed: int = 0, n: int = 37, h: int = 16, v: int = 101):
 
 @pytest.mark.parametrize("chunk", [1, 5, 37, 1000])
 @pytest.mark.parametrize("uses", ["logp", "entropy", "both"])
-def test_values_and_gradients_equal_the_full_vocabulary(chunk, uses) -> None:
+@pytest.mark.parametrize("tempered", [False, True])
+def test_values_and_gradients_equal_the_full_vocabulary(chunk, uses, tempered) -> None:
+    """``tempered``: a per-token logit scale 1/T (the policy at temperature T), against
+    the full log-softmax of the scaled logits."""
     hidden, weight, bias, targets = tensors()
     g = torch.linspace(-1, 2, targets.shape[0], dtype=torch.float64)
+    scale = None
+    if tempered:
+        scale = 1.0 / torch.linspace(0.3, 2.5, targets.shape[0], dtype=torch.float64)
 
     def objective(logp, entropy):
         terms = {"logp": (logp * g).sum(), "entropy": (entropy * g.flip(0)).sum()}
         return sum(terms.values()) if uses == "both" else terms[uses]
 
     logp, entropy = chunked_token_logprobs(
-        hidden, weight, targets, bias=bias, chunk_tokens=chunk, with_entropy=True
+        hidden,
+        weight,
+        targets,
+        bias=bias,
+        chunk_tokens=chunk,
+        with_entropy=True,
+        logit_scale=scale,
     )
     objective(logp, entropy).backward()
     got = [t.grad.clone() for t in (hidden, weight, bias)]
     for t in (hidden, weight, bias):
         t.grad = None
-    ref_logp, ref_entropy = full_vocab_logprobs(
-        F.linear(hidden, weight, bias), targets, with_entropy=True
-    )
+    logits = F.linear(hidden, weight, bias)
+    if scale is not None:
+        logits = logits * scale[:, None]
+    ref_logp, ref_entropy = full_vocab_logprobs(logits, targets, with_entropy=True)
     objective(ref_logp, ref_entropy).backward()
     torch.testing.assert_close(logp, ref_logp, atol=1e-12, rtol=0)
     torch.testing.assert_close(entropy, ref_entropy, atol=1e-12, rtol=0)

@@ -5,6 +5,7 @@ same logprobs, entropies and gradients, in float64, as the plain forward pass.""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -28,8 +29,11 @@ LAYOUTS = {  # options -> the layout they must pick on grpo_like_items
 
 
 def reference(model, mb):
-    """The plain forward: whole logits, log_softmax over the vocabulary; 0 off-mask."""
+    """The plain forward: whole logits (divided by each row's temperature), log_softmax
+    over the vocabulary; 0 off-mask."""
     logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+    if mb.logprob_temperature is not None:
+        logits = logits / mb.logprob_temperature.to(logits.dtype)[:, None, None]
     mask = mb.action_mask
     return token_logprobs(logits, mb.input_ids) * mask, masked_token_entropy(logits) * mask
 
@@ -47,8 +51,20 @@ def model64(tiny_tokenizer):
 
 @pytest.mark.parametrize("mode", ["chunked", "full"])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_every_layout_and_mode_equals_the_plain_forward_in_float64(model64, mode, layout) -> None:
-    mb = collate(grpo_like_items(), pad_token_id=0, device=CPU)
+@pytest.mark.parametrize("tempered", [False, True])
+def test_every_layout_and_mode_equals_the_plain_forward_in_float64(
+    model64, mode, layout, tempered
+) -> None:
+    """``tempered``: items sampled at different temperatures, each scored under
+    ``softmax(logits / T)``."""
+    items = grpo_like_items()
+    if tempered:
+        items = [
+            dataclasses.replace(item, logprob_temperature=(0.7, 1.0, 1.3)[i % 3])
+            for i, item in enumerate(items)
+        ]
+    mb = collate(items, pad_token_id=0, device=CPU)
+    assert (mb.logprob_temperature is not None) == tempered
     weights = torch.linspace(-1, 1, mb.action_mask.numel(), dtype=torch.float64)
     weights = weights.reshape(mb.action_mask.shape)
     ref_lp, ref_ent = reference(model64, mb)

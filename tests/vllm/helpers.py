@@ -97,14 +97,17 @@ class ServedPolicy:
         spec = InferenceSpec(sampling=SamplingSpec(**sampling), **spec_kwargs)
         return asyncio.run(self.client.complete(CompletionRequest(prompt, spec)))
 
-    def reference(self, prompt, completion) -> tuple[list[int], list[float]]:
-        """Greedy next tokens and the completion's logprobs under ``mirror``."""
+    def reference(
+        self, prompt, completion, temperature: float = 1.0
+    ) -> tuple[list[int], list[float]]:
+        """Greedy next tokens and the completion's logprobs under ``mirror`` at
+        ``temperature`` (``softmax(logits / temperature)``)."""
         import torch
 
         ids = torch.tensor([list(prompt) + list(completion)])
         with torch.no_grad():
             logits = self.mirror(ids).logits[0].float()  # [T, V]
-        logp = torch.log_softmax(logits, dim=-1)
+        logp = torch.log_softmax(logits / temperature, dim=-1)
         n = len(prompt)
         greedy = logits[n - 1 : -1].argmax(-1).tolist()
         chosen = [float(logp[n - 1 + i, t]) for i, t in enumerate(completion)]

@@ -33,15 +33,19 @@ def test_parity_holds_for_a_longer_chat_prompt(served):
 
 
 def test_seeded_sampling_is_reproducible(served):
-    sampling = {"temperature": 1.0, "max_tokens": 12, "seed": 1234}
+    sampling = {"temperature": 1.3, "max_tokens": 12, "seed": 1234}
     a = served.complete(sampling=sampling).trace
     b = served.complete(sampling=sampling).trace
     c = served.complete(sampling={**sampling, "seed": 4321}).trace
     assert a.completion_token_ids == b.completion_token_ids
     assert a.completion_token_ids != c.completion_token_ids
-    # sampled tokens' logprobs are the model's (not temperature-scaled) log-probabilities
-    _, ref = served.reference(PROMPT, a.completion_token_ids)
+    # sampled tokens' logprobs are those of the policy that sampled them, softmax(logits /
+    # 1.3) (the server's processed_logprobs), and the trace says so for the trainer
+    assert a.logprob_temperature == 1.3
+    _, ref = served.reference(PROMPT, a.completion_token_ids, temperature=1.3)
     assert max(abs(x - y) for x, y in zip(a.completion_logprobs, ref)) <= 1e-4
+    _, raw = served.reference(PROMPT, a.completion_token_ids)
+    assert max(abs(x - y) for x, y in zip(a.completion_logprobs, raw)) > 1e-2
 
 
 def test_concurrent_requests_each_get_their_own_trace(served):

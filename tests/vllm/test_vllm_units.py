@@ -3,6 +3,7 @@ state machine, finish-reason mapping, CPU default arguments and connection retri
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import http.server
 import threading
@@ -20,6 +21,7 @@ from ludic.inference.vllm.client import VLLMServerError, _finish_reason  # noqa:
 from ludic.inference.vllm.http import VLLMControlPlane  # noqa: E402
 from ludic.inference.vllm.logits_processors import _MaxThink  # noqa: E402
 from ludic.inference.vllm.process import CPU_DEFAULT_ARGS, _missing_defaults  # noqa: E402
+from ludic.inference.vllm.server import sampled_logprobs_mode  # noqa: E402
 from ludic.inference.vllm.worker import check_update  # noqa: E402
 
 QWEN2_PACKED = {
@@ -143,6 +145,20 @@ def _serve_health_after(port: int, delay_s: float) -> threading.Thread:
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     return thread
+
+
+def test_the_policy_server_returns_the_logprobs_of_the_sampling_distribution():
+    """processed_logprobs (after temperature): the trainer scores a trace at its
+    logprob_temperature, so vLLM's raw default would train another policy than the
+    sampler's; asking for another mode is refused by name."""
+    args = argparse.Namespace(logprobs_mode="raw_logprobs")
+    assert sampled_logprobs_mode(args, ["--model", "m"]).logprobs_mode == "processed_logprobs"
+    for argv in (["--logprobs-mode", "raw_logprobs"], ["--logprobs-mode=raw_logits"]):
+        args = argparse.Namespace(logprobs_mode=argv[-1].split("=")[-1])
+        with pytest.raises(SystemExit, match="--logprobs-mode raw_.*processed_logprobs"):
+            sampled_logprobs_mode(args, argv)
+    args = argparse.Namespace(logprobs_mode="processed_logprobs")
+    assert sampled_logprobs_mode(args, ["--logprobs-mode", "processed_logprobs"]) is args
 
 
 def test_connection_failures_are_retried_until_the_server_comes_up():

@@ -9,6 +9,11 @@ shares a batch with (given the same logits).
 Sampling uses the exponential race (the "Gumbel-max" trick in another form): with
 ``E_v ~ Exp(1)`` drawn independently per token, ``argmax_v p_v / E_v`` is distributed as
 ``p``. It needs no normalization and no ``multinomial`` call per row.
+
+The logprob of each chosen token is taken under the distribution it was drawn from: the
+log-softmax of the processed scores (temperature, then the top-k / top-p masks), and of
+the raw logits for a greedy row. That is vLLM's ``processed_logprobs``, which ludic's
+vLLM server returns.
 """
 
 from __future__ import annotations
@@ -49,8 +54,10 @@ class RowSampling:
         generators = tuple(
             None if s.seed is None else torch.Generator().manual_seed(int(s.seed)) for s in specs
         )
-        top_k = torch.tensor([int(s.top_k) for s in specs])[:, None]
-        top_p = torch.tensor([float(s.top_p) for s in specs])[:, None]
+        # a greedy row takes the argmax of the raw logits: no masks (as in vLLM)
+        top_k = torch.tensor([0 if s.temperature == 0 else int(s.top_k) for s in specs])[:, None]
+        top_p = torch.tensor([1.0 if s.temperature == 0 else float(s.top_p) for s in specs])
+        top_p = top_p[:, None]
         return cls(
             temperature=torch.where(greedy, torch.ones_like(temps), temps),
             top_k=top_k,
@@ -93,14 +100,16 @@ class RowNoise:
 
 def sample_next_tokens(
     logits: torch.Tensor, rows: RowSampling, noise: torch.Tensor | None = None
-) -> torch.Tensor:
-    """One token id per row of ``logits`` ``[B, V]`` (float32) under each row's sampling.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token id per row of ``logits`` ``[B, V]`` (float32) under each row's sampling,
+    and its logprob under the distribution it was drawn from: ``(ids [B], logprobs [B])``.
 
-    Greedy rows (temperature 0) take the argmax of the raw logits. Others divide by the
-    temperature, keep the ``top_k`` largest scores (when ``top_k > 0``) and the smallest
-    set of tokens whose probability reaches ``top_p`` (the token that crosses it is kept),
-    then race exponential noise: ``noise`` ``[B, V]`` (a :class:`RowNoise` step), else
-    drawn here.
+    Greedy rows (temperature 0) take the argmax of the raw logits (logprob: of the raw
+    logits). Others divide by the temperature, keep the ``top_k`` largest scores (when
+    ``top_k > 0``) and the smallest set of tokens whose probability reaches ``top_p``
+    (the token that crosses it is kept), then race exponential noise: ``noise`` ``[B, V]``
+    (a :class:`RowNoise` step), else drawn here; the logprob is that of the processed
+    scores, ``log softmax(masked(logits / T))``.
     """
     scores = logits / rows.temperature
     if rows.any_top_k:
@@ -111,9 +120,10 @@ def sample_next_tokens(
     if noise is None:
         noise = _exponential_noise(probs.shape, rows.generators)
     sampled = (probs / noise).argmax(dim=-1)
-    if bool(rows.greedy.any()):
+    if bool(rows.greedy.any()):  # their temperature is 1 and no mask applies
         sampled = torch.where(rows.greedy, logits.argmax(dim=-1), sampled)
-    return sampled
+    chosen = scores.gather(1, sampled[:, None])[:, 0] - torch.logsumexp(scores, dim=-1)
+    return sampled, chosen
 
 
 def _mask_top_k(scores: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:

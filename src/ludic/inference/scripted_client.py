@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ludic.inference.request import CompletionRequest, SamplingSpec
-from ludic.types import ChatResponse, TokenTrace
+from ludic.types import ChatResponse, TokenTrace, logprob_temperature
 
 Script = Sequence[str] | Callable[[CompletionRequest, str], str]
 """Either completion texts served in order, or ``(request, prompt_text) -> text``."""
@@ -115,6 +115,7 @@ class ScriptedChatClient:
                 completion_logprobs=logprobs,
                 finish_reason=finish_reason,
                 policy_version=self.policy_version,
+                logprob_temperature=logprob_temperature(request.sampling.temperature),
             )
         return ChatResponse(
             text=text,

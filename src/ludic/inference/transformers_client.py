@@ -2,9 +2,11 @@
 vLLM server.
 
 Concurrent ``complete`` calls are gathered into one left-padded batch and sampled
-together with a KV cache, in eval mode (no dropout; the model's mode is restored after). Returned logprobs are the model's own log-probabilities of the
-chosen tokens (log-softmax of the raw logits, before temperature / top-k / top-p), the
-same quantity vLLM returns by default and the trainer recomputes.
+together with a KV cache, in eval mode (no dropout; the model's mode is restored after).
+Returned logprobs are those of the chosen tokens under the distribution they were drawn
+from (log-softmax after temperature, top-k and top-p; of the raw logits for greedy
+requests), the quantity ludic's vLLM server returns (``processed_logprobs``); the trace's
+``logprob_temperature`` tells the trainer to score the tokens at that temperature.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from ludic.inference.batch_sampling import RowNoise, RowSampling, sample_next_to
 from ludic.inference.kv_decoder import KVDecoder, decoder_problem
 from ludic.inference.request import CompletionRequest
 from ludic.timing import timed
-from ludic.types import ChatResponse, TokenTrace
+from ludic.types import ChatResponse, TokenTrace, logprob_temperature
 
 
 @dataclass
@@ -180,8 +182,7 @@ class TransformersChatClient:
             logits = next_logits(chosen).float().cpu()  # [B, V]
             if noise is None:
                 noise = RowNoise(sampling.generators, logits.shape[-1], max_new)
-            chosen = sample_next_tokens(logits, sampling, noise.next())
-            chosen_logp = torch.log_softmax(logits, dim=-1).gather(1, chosen[:, None])[:, 0]
+            chosen, chosen_logp = sample_next_tokens(logits, sampling, noise.next())
             live = ~done
             chosen = torch.where(live, chosen, self.pad_token_id)
             tokens[:, t] = chosen
@@ -265,6 +266,7 @@ class TransformersChatClient:
                 completion_logprobs=tuple(row.logprobs) if returns.return_logprobs else None,
                 finish_reason=row.finish_reason,
                 policy_version=version,
+                logprob_temperature=logprob_temperature(row.request.sampling.temperature),
             )
         return ChatResponse(text=text, finish_reason=row.finish_reason, trace=trace)
 

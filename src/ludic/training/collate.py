@@ -30,6 +30,9 @@ class CollatedBatch:
       token, shifted like ``action_mask`` (-1 off-mask), or ``None`` if any item's
       versions are unknown. An item without per-token versions has its
       ``policy_version`` (the oldest) on every action token.
+    * ``logprob_temperature``: [B] float32, each item's ``logprob_temperature`` (the
+      trainer scores row ``b`` under ``softmax(logits / T_b)``), or ``None`` when every
+      item's is 1.0.
     """
 
     input_ids: torch.Tensor
@@ -39,6 +42,7 @@ class CollatedBatch:
     old_logprobs: torch.Tensor | None
     policy_versions: tuple[int | None, ...]
     action_versions: torch.Tensor | None = None
+    logprob_temperature: torch.Tensor | None = None
 
     @property
     def num_sequences(self) -> int:
@@ -87,7 +91,15 @@ def collate(
         old_logprobs=old_logprobs[:, 1:].to(device) if has_old else None,
         policy_versions=tuple(item.policy_version for item in items),
         action_versions=versions[:, 1:].to(device) if has_versions else None,
+        logprob_temperature=_temperatures(items, device),
     )
+
+
+def _temperatures(items: Sequence[SAWItem], device: str | torch.device) -> torch.Tensor | None:
+    temps = [item.logprob_temperature for item in items]
+    if all(t == 1.0 for t in temps):
+        return None
+    return torch.tensor(temps, dtype=torch.float32, device=device)
 
 
 def _token_versions(item: SAWItem) -> tuple[int, ...]:

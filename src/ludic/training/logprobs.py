@@ -16,7 +16,10 @@ logits and forms the exact gradient::
     dL/dz_n = g_n (onehot(y_n) - p_n)  -  e_n p_n (log p_n + H_n)
     dL/dh_n = W^T dL/dz_n,   dL/dW = sum_n dL/dz_n h_n^T,   dL/db = sum_n dL/dz_n
 
-(``g_n`` = dL/dlogp_n and ``e_n`` = dL/dH_n, the upstream gradients). Peak memory is a
+(``g_n`` = dL/dlogp_n and ``e_n`` = dL/dH_n, the upstream gradients). With a per-token
+``logit_scale`` ``s_n`` (``1 / T``: the policy at temperature ``T``) the logits are
+``z_n = s_n (W h_n + b)`` and the gradients above are multiplied by ``s_n`` before they
+reach ``h``, ``W`` and ``b``. Peak memory is a
 few ``[chunk_tokens, V]`` float32 blocks instead of several ``[N, V]`` ones (a 0.5B
 Qwen2.5 model: V = 151,936, so 8 x 2048 tokens of float32 logits take 10 GB). The cost is
 one more head matmul in the backward pass, the same trade as Liger's fused linear
@@ -77,9 +80,11 @@ def chunked_token_logprobs(
     bias: torch.Tensor | None = None,
     chunk_tokens: int | None = None,
     with_entropy: bool = False,
+    logit_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``logp`` [N] of ``targets`` [N] (and the entropy [N] with ``with_entropy``) under
-    the head ``weight`` [V, H] (+ ``bias`` [V]) applied to ``hidden`` [N, H], computed
+    the head ``weight`` [V, H] (+ ``bias`` [V]) applied to ``hidden`` [N, H], its logits
+    multiplied by ``logit_scale`` [N] when given (``1 / T`` per token), computed
     ``chunk_tokens`` rows at a time (default :func:`default_chunk_tokens`); exact,
     gradients included, to ``hidden``, ``weight`` and ``bias`` (see the module
     docstring)."""
@@ -93,6 +98,11 @@ def chunked_token_logprobs(
             f"chunked_token_logprobs: weight {tuple(weight.shape)} does not map hidden size "
             f"{hidden.shape[1]} to a vocabulary ([V, H])"
         )
+    if logit_scale is not None and logit_scale.shape != targets.shape:
+        raise ValueError(
+            f"chunked_token_logprobs: logit_scale {tuple(logit_scale.shape)}; expected one "
+            f"scale per token, {tuple(targets.shape)}"
+        )
     chunk = chunk_tokens or default_chunk_tokens(weight.shape[0])
     if chunk < 1:
         raise ValueError(f"chunked_token_logprobs: chunk_tokens={chunk_tokens}; expected >= 1")
@@ -100,7 +110,9 @@ def chunked_token_logprobs(
     compute = torch.result_type(hidden, weight)
     if torch.is_autocast_enabled(device_type) and hidden.is_floating_point():
         compute = torch.get_autocast_dtype(device_type)
-    logp, entropy = _ChunkedHead.apply(hidden, weight, bias, targets, chunk, with_entropy, compute)
+    logp, entropy = _ChunkedHead.apply(
+        hidden, weight, bias, targets, logit_scale, chunk, with_entropy, compute
+    )
     return logp, (entropy if with_entropy else None)
 
 
@@ -112,6 +124,7 @@ class _ChunkedHead(torch.autograd.Function):
         weight: torch.Tensor,
         bias: torch.Tensor | None,
         targets: torch.Tensor,
+        scale: torch.Tensor | None,
         chunk: int,
         with_entropy: bool,
         compute: torch.dtype,
@@ -126,12 +139,14 @@ class _ChunkedHead(torch.autograd.Function):
             for start in range(0, n, chunk):
                 rows = slice(start, start + chunk)
                 z = F.linear(hidden[rows].to(compute), w, b).to(acc)  # [c, V]
+                if scale is not None:
+                    z.mul_(scale[rows, None].to(acc))
                 lse[rows] = torch.logsumexp(z, dim=-1)
                 logp[rows] = z.gather(1, targets[rows, None]).squeeze(1) - lse[rows]
                 if with_entropy:
                     p = torch.exp(z - lse[rows, None])
                     entropy[rows] = lse[rows] - _rowwise_dot(p, z)
-        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
+        ctx.save_for_backward(hidden, weight, bias, targets, scale, lse, entropy)
         ctx.chunk, ctx.compute = chunk, compute
         if not with_entropy:
             ctx.mark_non_differentiable(entropy)
@@ -143,7 +158,7 @@ class _ChunkedHead(torch.autograd.Function):
         grad_logp: torch.Tensor | None,
         grad_entropy: torch.Tensor | None,
     ) -> tuple[torch.Tensor | None, ...]:
-        hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
+        hidden, weight, bias, targets, scale, lse, entropy = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         compute: torch.dtype = ctx.compute
         acc = lse.dtype
@@ -157,7 +172,10 @@ class _ChunkedHead(torch.autograd.Function):
             for start in range(0, n, ctx.chunk):
                 rows = slice(start, start + ctx.chunk)
                 h = hidden[rows].to(compute)
-                log_p = F.linear(h, w, b).to(acc).sub_(lse[rows, None])  # [c, V], in place
+                z = F.linear(h, w, b).to(acc)  # [c, V]
+                if scale is not None:
+                    z.mul_(scale[rows, None].to(acc))
+                log_p = z.sub_(lse[rows, None])  # in place
                 g = (
                     grad_logp[rows].to(acc)
                     if grad_logp is not None
@@ -172,6 +190,8 @@ class _ChunkedHead(torch.autograd.Function):
                 else:  # -p g, computed in log_p's memory
                     dz = log_p.exp_().mul_(-g[:, None])
                 dz.scatter_add_(1, targets[rows, None], g[:, None])
+                if scale is not None:  # through z = s (W h + b)
+                    dz.mul_(scale[rows, None].to(acc))
                 if grad_b is not None:
                     grad_b += dz.sum(dim=0)
                 dz_c = dz.to(compute)
@@ -181,7 +201,7 @@ class _ChunkedHead(torch.autograd.Function):
                     grad_w += (dz_c.t() @ h).to(acc)
         grad_w = grad_w.to(weight.dtype) if grad_w is not None else None
         grad_b = grad_b.to(bias.dtype) if grad_b is not None else None
-        return grad_h, grad_w, grad_b, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None
 
 
 def _rowwise_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,9 @@ Three stages:
 3. **Score**: ``chunked`` applies the output head a chunk of tokens at a time
    (:func:`~ludic.training.logprobs.chunked_token_logprobs`), so ``[tokens, V]`` float32
    logits never exist in full; ``full`` takes ``log_softmax`` of the gathered logits.
-   The results are scattered back to ``[B, T-1]``, 0.0 off the action mask.
+   The results are scattered back to ``[B, T-1]``, 0.0 off the action mask. An item
+   sampled at temperature ``T`` (``CollatedBatch.logprob_temperature``) is scored under
+   ``softmax(logits / T)``, the policy that sampled it.
 
 Every layout and both modes give the same logprobs, entropies and gradients up to float
 rounding (tests compare them in float64).
@@ -156,6 +158,8 @@ def score_tokens(
     output = "last_hidden_state" if chunked else "logits"
     b_idx, t_idx = mb.action_mask.nonzero(as_tuple=True)
     targets = mb.input_ids[b_idx, t_idx + 1]
+    temps = mb.logprob_temperature
+    inverse_t = None if temps is None else temps.double().reciprocal()[b_idx]
     with _autocast(mb.input_ids.device, options.dtype):
         layout, run, states = _run(module, output, mb, options, b_idx, t_idx)
         if chunked and parts is not None:
@@ -166,8 +170,12 @@ def score_tokens(
                 bias=parts.bias,
                 chunk_tokens=options.chunk_tokens,
                 with_entropy=with_entropy,
+                logit_scale=inverse_t,
             )
         else:
+            if inverse_t is not None:  # in float32 at least, as full_vocab_logprobs
+                dtype = torch.promote_types(states.dtype, torch.float32)
+                states = states.to(dtype) * inverse_t[:, None].to(dtype)
             logp, entropy = full_vocab_logprobs(states, targets, with_entropy=with_entropy)
     return TokenScores(
         logprobs=_scatter(logp, mb, b_idx, t_idx),

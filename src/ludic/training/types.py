@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ludic.rollouts.hooks import RolloutHook
 from ludic.rollouts.requests import DataExhausted, EnvSpec, ProtocolSpec, RolloutRequest
-from ludic.types import Rollout
+from ludic.types import Rollout, check_logprob_temperature
 
 if TYPE_CHECKING:
     from ludic.training.losses.base import Loss
@@ -58,6 +58,10 @@ class SAWItem:
       weight update landed mid-generation without a pause (``TokenTrace.version_end``:
       which tokens it reached is unknown); ``None`` when the versions above are exact.
       :attr:`version_span` counts it.
+    * ``logprob_temperature``: ``T`` of the policy that sampled the action tokens,
+      ``softmax(logits / T)`` (``TokenTrace.logprob_temperature``); ``old_logprobs`` are
+      under it and the trainer scores the item under it (its logprobs, entropy, proximal
+      and reference logprobs).
     """
 
     input_ids: tuple[int, ...]
@@ -68,8 +72,11 @@ class SAWItem:
     meta: dict[str, Any] = field(default_factory=dict)
     action_versions: tuple[int, ...] | None = None
     version_end: int | None = None
+    logprob_temperature: float = 1.0
 
     def __post_init__(self) -> None:
+        check_logprob_temperature("SAWItem", self.logprob_temperature)
+        object.__setattr__(self, "logprob_temperature", float(self.logprob_temperature))
         object.__setattr__(self, "input_ids", tuple(self.input_ids))
         object.__setattr__(self, "action_mask", tuple(self.action_mask))
         n = len(self.input_ids)

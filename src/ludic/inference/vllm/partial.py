@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args
 
 from ludic.inference.request import CompletionRequest, InferenceSpec, ReturnSpec
-from ludic.types import ChatResponse, TokenTrace
+from ludic.types import ChatResponse, TokenTrace, logprob_temperature
 
 PartialRollouts = Literal["off", "continue", "restart"]
 PARTIAL_ROLLOUTS: tuple[str, ...] = get_args(PartialRollouts)
@@ -174,6 +174,7 @@ def stitch(
             policy_version=version,
             completion_versions=per_token,
             version_end=version_end,
+            logprob_temperature=logprob_temperature(request.sampling.temperature),
         )
     text = "".join(s.text for s in kept)
     return ChatResponse(text=text, finish_reason=last.finish_reason, trace=trace, meta=meta)

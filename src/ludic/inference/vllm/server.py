@@ -3,7 +3,9 @@
     python -m ludic.inference.vllm.server --model DIR [--host 127.0.0.1] [--port 8000] \\
         [--api-key KEY] [any vLLM engine argument]
 
-Generation is vLLM's own ``/v1/completions`` (token-in: ``prompt`` as token ids). Every
+Generation is vLLM's own ``/v1/completions`` (token-in: ``prompt`` as token ids), its
+logprobs those of the distribution each token was drawn from (:data:`SAMPLED_LOGPROBS_MODE`,
+after temperature, top-k and top-p). Every
 response carries the headers ``x-ludic-policy-version`` (the runtime version at which the
 engine admitted the request) and ``x-ludic-policy-version-end`` (the version when the
 response started; see ``ludic.inference.vllm.admission``). ludic adds the control plane
@@ -356,9 +358,33 @@ async def run_server(
         sock.close()
 
 
+SAMPLED_LOGPROBS_MODE = "processed_logprobs"
+"""vLLM's ``--logprobs-mode`` on the policy server: a sampled token's logprob under the
+distribution it was drawn from (after temperature, top-k and top-p; greedy requests: of the
+raw logits), the policy the trainer scores at ``TokenTrace.logprob_temperature``. vLLM's
+default (``raw_logprobs``, before temperature) would give behaviour logprobs of another
+policy than the one that sampled whenever the temperature is not 1."""
+
+
+def sampled_logprobs_mode(args: Namespace, argv: Sequence[str]) -> Namespace:
+    """Set :data:`SAMPLED_LOGPROBS_MODE`; a ``--logprobs-mode`` in ``argv`` naming another
+    mode is refused (the trainer would score another policy than the sampler's)."""
+    given = [a for a in argv if a == "--logprobs-mode" or a.startswith("--logprobs-mode=")]
+    if given and args.logprobs_mode != SAMPLED_LOGPROBS_MODE:
+        raise SystemExit(
+            f"--logprobs-mode {args.logprobs_mode}: ludic's policy server returns "
+            f"{SAMPLED_LOGPROBS_MODE} (the logprobs of the distribution each token was drawn "
+            "from, which the trainer scores at the request's temperature); drop the flag"
+        )
+    args.logprobs_mode = SAMPLED_LOGPROBS_MODE
+    return args
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m ludic.inference.vllm.server``: the policy server."""
+    argv = sys.argv[1:] if argv is None else argv
     args = add_max_think(parse_args(argv, __doc__.split("\n")[0]))
+    sampled_logprobs_mode(args, argv)
     export_think_tokens(args)
     serve(args, server_type="policy")
 

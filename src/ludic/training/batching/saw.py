@@ -118,6 +118,7 @@ def rollouts_to_saw_items(
                     meta=_item_meta(rollout, j, turn, seq),
                     action_versions=seq.versions,
                     version_end=_version_end(turn, known_newest),
+                    logprob_temperature=_logprob_temperature(rollout, j, turn),
                 )
             )
     return items
@@ -259,6 +260,21 @@ def _policy_version(turn: Turn) -> int | None:
         if s.trace is not None and s.trace.policy_version is not None
     ]
     return min(versions) if versions else None
+
+
+def _logprob_temperature(rollout: Rollout, turn_index: int, turn: Turn) -> float:
+    """The temperature the turn's calls sampled under (``TokenTrace.logprob_temperature``;
+    1.0 for calls without a trace). One item is scored under one temperature, so the
+    calls of a turn must agree."""
+    found = {s.trace.logprob_temperature for s in turn.agent_steps if s.trace is not None}
+    if len(found) > 1:
+        raise ValueError(
+            f"turn {turn_index} of rollout {rollout.id}: its agent steps sampled under "
+            f"different temperatures {sorted(found)}; one training sequence is scored under "
+            "one temperature, so sample a turn's calls with one temperature (or end the turn "
+            "where the temperature changes)"
+        )
+    return found.pop() if found else 1.0
 
 
 def _version_end(turn: Turn, known_newest: int | None) -> int | None:

@@ -7,7 +7,7 @@ Layout (all integers little-endian)::
 
     offset  size  content
     0       8     magic b"LUDICSAW"
-    8       4     uint32: format version (FORMAT_VERSION = 2)
+    8       4     uint32: format version (FORMAT_VERSION = 3)
     12      4     uint32: header length H in bytes
     16      H     UTF-8 JSON object, the header
     16 + H  ...   the arrays listed in header["arrays"], back to back, in that order;
@@ -15,7 +15,7 @@ Layout (all integers little-endian)::
 
 Header::
 
-    {"format": "ludic.saw_batch", "version": 2, "num_items": n,
+    {"format": "ludic.saw_batch", "version": 3, "num_items": n,
      "producer": {"batch_id": str, "actor_id": str, "batch_index": int,
                   "policy_version": int | null},
      "meta": {...},                 # SAWBatch.meta (a JSON object)
@@ -37,8 +37,10 @@ Arrays, in this order (n items; T tokens in all; L tokens of the items that carr
     action_versions     <i8        [A]
     has_version_end     |u1        [n]  0/1
     version_end         <i8        [n]  read where has_version_end == 1
+    logprob_temperature <f8        [n]  finite, > 0
 
-Version 2 added the last two (``SAWItem.version_end``); a version-1 payload is refused.
+Version 2 added ``has_version_end`` and ``version_end`` (``SAWItem.version_end``), version 3
+``logprob_temperature``; a payload of another version is refused.
 
 :func:`decode_batch` checks the magic, the version, that the header is a JSON object with
 exactly these fields, every dtype and count (against the bytes actually received, before
@@ -75,7 +77,7 @@ __all__ = [
 
 MAGIC = b"LUDICSAW"
 FORMAT_NAME = "ludic.saw_batch"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 _PREFIX = struct.Struct("<8sII")  # magic, format version, header length
 
 # (name, allowed dtypes, one entry per: "item" | "token" | "logprob_token" | "version_token")
@@ -92,6 +94,7 @@ _ARRAYS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("action_versions", ("<i8",)),
     ("has_version_end", ("|u1",)),
     ("version_end", ("<i8",)),
+    ("logprob_temperature", ("<f8",)),
 )
 _HEADER_KEYS = {"format", "version", "num_items", "producer", "meta", "item_meta", "arrays"}
 
@@ -183,6 +186,7 @@ def encode_batch(batch: SAWBatch, producer: Producer) -> bytes:
             [item.version_end if item.version_end is not None else 0 for item in items],
             dtype="<i8",
         ),
+        "logprob_temperature": np.array([item.logprob_temperature for item in items], dtype="<f8"),
     }
     if not np.isfinite(arrays["old_logprobs"]).all():
         bad = next(i for i, item in enumerate(items) if _nonfinite(item.old_logprobs))
@@ -354,6 +358,7 @@ def _build_items(
     _expect_count(a, "has_action_versions", n)
     _expect_count(a, "has_version_end", n)
     _expect_count(a, "version_end", n)
+    _expect_count(a, "logprob_temperature", n)
     flags = ("has_old_logprobs", "has_policy_version", "has_action_versions", "has_version_end")
     for name in ("action_mask", *flags):
         if (a[name] > 1).any():
@@ -400,6 +405,7 @@ def _build_items(
                     meta=item_meta[i],
                     action_versions=action_versions,
                     version_end=end,
+                    logprob_temperature=float(a["logprob_temperature"][i]),
                 )
             )
         except ValueError as err:
