@@ -17,7 +17,10 @@ step per batch, the same reward (ludic's ``answer`` parser and the env's ``numer
   the user's (the in-process backend re-synced after every step, checkpoints every 25
   steps, the console and metrics logs).
 * TRL: ``GRPOTrainer`` (``use_vllm=False``: it generates with the training model) with
-  ``GRPOConfig``'s defaults but for those settings (and ``use_cpu``, ``report_to: none``,
+  ``GRPOConfig``'s defaults but for those settings, float32 and no activation checkpointing as
+  ludic runs (``bf16: false``, ``gradient_checkpointing: false``; GRPOConfig's defaults, bf16
+  autocast and checkpointing, are slower on a CPU without bf16 units: 1.4 s a demo step on
+  this project's AMD EPYC machine), and ``use_cpu``, ``report_to: none``,
   ``save_strategy: no``, ``seed: 0``); the prompts as chat messages (the tokenizer's chat
   template, as ludic renders them).
 
@@ -108,6 +111,10 @@ def trl_main(argv: list[str]) -> None:
         learning_rate=args.lr,
         lr_scheduler_type=args.lr_schedule,
         beta=0.0,
+        # ludic trains in the model's float32 without activation checkpointing; GRPOConfig
+        # defaults to bf16 autocast (slow on a CPU without bf16 units) and checkpointing
+        bf16=False,
+        gradient_checkpointing=False,
         max_steps=args.steps,
         use_cpu=True,
         report_to="none",

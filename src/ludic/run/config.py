@@ -84,6 +84,8 @@ class InferenceConfig(Section):
 
 class SamplingConfig(Section):
     temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature T (0: greedy). The trainer scores the samples under the policy
+    that drew them, softmax(logits / T), as the backend's logprobs are."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = -1
     max_tokens: int = Field(8, ge=1)
