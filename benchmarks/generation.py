@@ -210,6 +210,8 @@ def time_trl_steps(folder: Path, args, n: int, workdir: Path) -> list[float]:
         temperature=1.0,
         learning_rate=1e-6,
         beta=0.0,
+        bf16=False,  # float32 without activation checkpointing, as ludic's step runs
+        gradient_checkpointing=False,
         max_steps=n,
         use_cpu=True,
         report_to="none",
