@@ -56,11 +56,16 @@ the interaction protocol must handle, e.g. delegation to a sub-agent)."""
 FINISH_REASONS = ("stop", "length", "tool_calls", "abort")
 
 
+GREEDY_BELOW = 1e-5
+"""A sampling temperature below this is greedy decoding (vLLM's ``_SAMPLING_EPS``)."""
+
+
 def logprob_temperature(sampling_temperature: float) -> float:
     """The temperature a sampled token's logprob is taken under: the sampling
-    temperature, or 1.0 for greedy decoding (temperature 0), which takes the argmax of the
-    raw logits (vLLM's ``processed_logprobs`` do the same)."""
-    return float(sampling_temperature) if sampling_temperature > 0 else 1.0
+    temperature, or 1.0 for greedy decoding (temperature below :data:`GREEDY_BELOW`), which
+    takes the argmax of the raw logits (vLLM's ``processed_logprobs`` do the same)."""
+    t = float(sampling_temperature)
+    return t if t >= GREEDY_BELOW else 1.0
 
 
 def check_logprob_temperature(owner: str, value: float) -> None:
@@ -99,8 +104,9 @@ class TokenTrace:
     ``logprob_temperature``: the softmax temperature ``T`` of the policy the tokens were
     drawn from, ``pi_T(y) = softmax(logits / T)[y]``: the request's temperature, or 1.0
     for a greedy request (temperature 0: the argmax of the raw logits), see
-    :func:`logprob_temperature`. ``completion_logprobs`` are under ``pi_T``, and the
-    trainer scores these tokens under ``pi_T`` too, so the policy it trains is the one
+    :func:`logprob_temperature`. ``completion_logprobs`` are under ``pi_T`` (after the
+    top-k / top-p masks the request set, if any), and the trainer scores these tokens
+    under ``pi_T`` too, so the policy it trains is the one
     that sampled (the temperature-scaled one, as in TRL's and verl's GRPO).
     """
 

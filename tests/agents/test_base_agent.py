@@ -122,6 +122,24 @@ def test_trace_with_different_prompt_ids_raises(make_agent) -> None:
         run_act(make_agent(_RetokenizingClient()))
 
 
+class _RawLogprobClient(_NoTraceClient):
+    """Samples at the request's temperature but labels its logprobs as the raw policy's
+    (a client that does not know TokenTrace.logprob_temperature)."""
+
+    async def complete(self, request: CompletionRequest) -> ChatResponse:
+        trace = TokenTrace(request.prompt_token_ids, (3,), (-0.1,), finish_reason="stop")
+        return ChatResponse(text="<answer>1</answer>", finish_reason="stop", trace=trace)
+
+
+def test_a_trace_under_another_temperature_than_the_request_raises(make_agent) -> None:
+    hot = InferenceSpec(sampling=SamplingSpec(temperature=1.3))
+    with pytest.raises(RuntimeError, match=r"logprob_temperature=1.0 .* temperature 1.3.*1.3"):
+        run_act(make_agent(_RawLogprobClient()), inference=hot)
+    for temperature in (1.0, 0.0, 1e-6):  # greedy below 1e-5: the raw logits, 1.0
+        spec = InferenceSpec(sampling=SamplingSpec(temperature=temperature))
+        assert run_act(make_agent(_RawLogprobClient()), inference=spec).action == "1"
+
+
 def test_env_system_prompt_is_used_only_when_the_context_has_none(make_agent) -> None:
     agent = make_agent(["<answer>1</answer>", "<answer>2</answer>"])
     own = agent.context.system_prompt

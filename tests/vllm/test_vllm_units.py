@@ -21,7 +21,10 @@ from ludic.inference.vllm.client import VLLMServerError, _finish_reason  # noqa:
 from ludic.inference.vllm.http import VLLMControlPlane  # noqa: E402
 from ludic.inference.vllm.logits_processors import _MaxThink  # noqa: E402
 from ludic.inference.vllm.process import CPU_DEFAULT_ARGS, _missing_defaults  # noqa: E402
-from ludic.inference.vllm.server import sampled_logprobs_mode  # noqa: E402
+from ludic.inference.vllm.server import (  # noqa: E402
+    requested_sampling_only,
+    sampled_logprobs_mode,
+)
 from ludic.inference.vllm.worker import check_update  # noqa: E402
 
 QWEN2_PACKED = {
@@ -159,6 +162,16 @@ def test_the_policy_server_returns_the_logprobs_of_the_sampling_distribution():
             sampled_logprobs_mode(args, argv)
     args = argparse.Namespace(logprobs_mode="processed_logprobs")
     assert sampled_logprobs_mode(args, ["--logprobs-mode", "processed_logprobs"]) is args
+
+
+def test_the_policy_server_samples_as_requested_not_as_the_model_folder_says():
+    """vLLM's own defaults, not the folder's generation_config.json (top_k, penalties),
+    unless --generation-config is given."""
+    args = argparse.Namespace(generation_config="auto")
+    assert requested_sampling_only(args, ["--model", "m"]).generation_config == "vllm"
+    for argv in (["--generation-config", "auto"], ["--generation-config=/cfg"]):
+        args = argparse.Namespace(generation_config=argv[-1].split("=")[-1])
+        assert requested_sampling_only(args, argv).generation_config == argv[-1].split("=")[-1]
 
 
 def test_connection_failures_are_retried_until_the_server_comes_up():

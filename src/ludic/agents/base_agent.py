@@ -33,6 +33,7 @@ from ludic.types import (
     Message,
     Observation,
     TokenTrace,
+    logprob_temperature,
 )
 
 DEFAULT_PARSE_FEEDBACK = "Your output could not be parsed. Answer in the required format."
@@ -250,5 +251,14 @@ class Agent:
                 f"{client}.complete returned prompt_token_ids that differ from the request's "
                 f"({len(trace.prompt_token_ids)} vs {len(request.prompt_token_ids)} tokens); "
                 "the backend must consume the prompt token ids as given, not re-tokenize"
+            )
+        expected = logprob_temperature(request.sampling.temperature)
+        if trace.logprob_temperature != expected:
+            raise RuntimeError(
+                f"{client}.complete returned a trace with logprob_temperature="
+                f"{trace.logprob_temperature} for a request sampled at temperature "
+                f"{request.sampling.temperature}; the trainer scores the tokens under "
+                f"softmax(logits / logprob_temperature), so the client must set it to "
+                f"{expected} (ludic.types.logprob_temperature) with logprobs of that policy"
             )
         return trace

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ludic.inference.request import SamplingSpec
+from ludic.types import GREEDY_BELOW
 
 __all__ = ["RowNoise", "RowSampling", "sample_next_tokens"]
 
@@ -50,13 +51,15 @@ class RowSampling:
     @classmethod
     def from_specs(cls, specs: Sequence[SamplingSpec]) -> RowSampling:
         temps = torch.tensor([float(s.temperature) for s in specs])[:, None]
-        greedy = temps == 0
+        greedy = temps < GREEDY_BELOW
         generators = tuple(
             None if s.seed is None else torch.Generator().manual_seed(int(s.seed)) for s in specs
         )
         # a greedy row takes the argmax of the raw logits: no masks (as in vLLM)
-        top_k = torch.tensor([0 if s.temperature == 0 else int(s.top_k) for s in specs])[:, None]
-        top_p = torch.tensor([1.0 if s.temperature == 0 else float(s.top_p) for s in specs])
+        top_k = torch.tensor([0 if s.temperature < GREEDY_BELOW else int(s.top_k) for s in specs])
+        top_k = top_k[:, None]
+        top_p = [1.0 if s.temperature < GREEDY_BELOW else float(s.top_p) for s in specs]
+        top_p = torch.tensor(top_p)
         top_p = top_p[:, None]
         return cls(
             temperature=torch.where(greedy, torch.ones_like(temps), temps),
@@ -104,7 +107,7 @@ def sample_next_tokens(
     """One token id per row of ``logits`` ``[B, V]`` (float32) under each row's sampling,
     and its logprob under the distribution it was drawn from: ``(ids [B], logprobs [B])``.
 
-    Greedy rows (temperature 0) take the argmax of the raw logits (logprob: of the raw
+    Greedy rows (temperature below ``GREEDY_BELOW``) take the argmax of the raw logits (logprob: of the raw
     logits). Others divide by the temperature, keep the ``top_k`` largest scores (when
     ``top_k > 0``) and the smallest set of tokens whose probability reaches ``top_p``
     (the token that crosses it is kept), then race exponential noise: ``noise`` ``[B, V]``

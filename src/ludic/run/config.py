@@ -87,7 +87,11 @@ class SamplingConfig(Section):
     """Sampling temperature T (0: greedy). The trainer scores the samples under the policy
     that drew them, softmax(logits / T), as the backend's logprobs are."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling (1: off). The behaviour logprobs are those of the truncated
+    distribution, the trainer's of the whole one: a ratio loss sees the mass cut as
+    off-policy."""
     top_k: int = -1
+    """Sample among the k likeliest tokens (-1: off); as ``top_p`` for the logprobs."""
     max_tokens: int = Field(8, ge=1)
     """Generation budget per model call."""
     structured_outputs: dict[str, Any] | None = None

@@ -380,11 +380,24 @@ def sampled_logprobs_mode(args: Namespace, argv: Sequence[str]) -> Namespace:
     return args
 
 
+def requested_sampling_only(args: Namespace, argv: Sequence[str]) -> Namespace:
+    """``--generation-config vllm`` unless ``argv`` names one: vLLM otherwise fills the
+    sampling settings a request leaves out (ludic sends no ``top_k`` of -1, no repetition
+    penalty) from the model folder's ``generation_config.json`` (e.g. ``top_k: 20``,
+    ``repetition_penalty: 1.05``), which the request never asked for, the in-process
+    backend does not apply, and the processed logprobs would then carry."""
+    given = any(a == "--generation-config" or a.startswith("--generation-config=") for a in argv)
+    if not given:
+        args.generation_config = "vllm"
+    return args
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m ludic.inference.vllm.server``: the policy server."""
     argv = sys.argv[1:] if argv is None else argv
     args = add_max_think(parse_args(argv, __doc__.split("\n")[0]))
     sampled_logprobs_mode(args, argv)
+    requested_sampling_only(args, argv)
     export_think_tokens(args)
     serve(args, server_type="policy")
 
