@@ -56,11 +56,8 @@ class RowSampling:
             None if s.seed is None else torch.Generator().manual_seed(int(s.seed)) for s in specs
         )
         # a greedy row takes the argmax of the raw logits: no masks (as in vLLM)
-        top_k = torch.tensor([0 if s.temperature < GREEDY_BELOW else int(s.top_k) for s in specs])
-        top_k = top_k[:, None]
-        top_p = [1.0 if s.temperature < GREEDY_BELOW else float(s.top_p) for s in specs]
-        top_p = torch.tensor(top_p)
-        top_p = top_p[:, None]
+        top_k = torch.tensor([int(s.top_k) for s in specs])[:, None].masked_fill(greedy, 0)
+        top_p = torch.tensor([float(s.top_p) for s in specs])[:, None].masked_fill(greedy, 1.0)
         return cls(
             temperature=torch.where(greedy, torch.ones_like(temps), temps),
             top_k=top_k,
@@ -107,8 +104,8 @@ def sample_next_tokens(
     """One token id per row of ``logits`` ``[B, V]`` (float32) under each row's sampling,
     and its logprob under the distribution it was drawn from: ``(ids [B], logprobs [B])``.
 
-    Greedy rows (temperature below ``GREEDY_BELOW``) take the argmax of the raw logits (logprob: of the raw
-    logits). Others divide by the temperature, keep the ``top_k`` largest scores (when
+    Greedy rows (temperature below ``GREEDY_BELOW``) take the argmax of the raw logits
+    (logprob: of the raw logits). Others divide by the temperature, keep the ``top_k`` largest scores (when
     ``top_k > 0``) and the smallest set of tokens whose probability reaches ``top_p``
     (the token that crosses it is kept), then race exponential noise: ``noise`` ``[B, V]``
     (a :class:`RowNoise` step), else drawn here; the logprob is that of the processed

@@ -102,7 +102,7 @@ from ludic.inference.vllm.control import (
 )
 from ludic.inference.vllm.http import VERSION_HEADER
 from ludic.inference.vllm.logits_processors import MAX_THINK_FQCN, THINK_TOKENS_ENV, think_token_ids
-from ludic.inference.vllm.process import CPU_DEFAULT_ENV, cpu_default_args
+from ludic.inference.vllm.process import CPU_DEFAULT_ENV, _flag_name, cpu_default_args
 from ludic.inference.vllm.security import (
     API_KEY_ENV,
     DEFAULT_SYNC_TIMEOUT_CAP_S,
@@ -369,8 +369,7 @@ policy than the one that sampled whenever the temperature is not 1."""
 def sampled_logprobs_mode(args: Namespace, argv: Sequence[str]) -> Namespace:
     """Set :data:`SAMPLED_LOGPROBS_MODE`; a ``--logprobs-mode`` in ``argv`` naming another
     mode is refused (the trainer would score another policy than the sampler's)."""
-    given = [a for a in argv if a == "--logprobs-mode" or a.startswith("--logprobs-mode=")]
-    if given and args.logprobs_mode != SAMPLED_LOGPROBS_MODE:
+    if _flag_given(argv, "--logprobs-mode") and args.logprobs_mode != SAMPLED_LOGPROBS_MODE:
         raise SystemExit(
             f"--logprobs-mode {args.logprobs_mode}: ludic's policy server returns "
             f"{SAMPLED_LOGPROBS_MODE} (the logprobs of the distribution each token was drawn "
@@ -386,10 +385,14 @@ def requested_sampling_only(args: Namespace, argv: Sequence[str]) -> Namespace:
     penalty) from the model folder's ``generation_config.json`` (e.g. ``top_k: 20``,
     ``repetition_penalty: 1.05``), which the request never asked for, the in-process
     backend does not apply, and the processed logprobs would then carry."""
-    given = any(a == "--generation-config" or a.startswith("--generation-config=") for a in argv)
-    if not given:
+    if not _flag_given(argv, "--generation-config"):
         args.generation_config = "vllm"
     return args
+
+
+def _flag_given(argv: Sequence[str], flag: str) -> bool:
+    """``flag`` (as ``--flag value`` or ``--flag=value``) is in ``argv``."""
+    return any(_flag_name(a) == flag for a in argv if a.startswith("--"))
 
 
 def main(argv: list[str] | None = None) -> None:
