@@ -133,4 +133,5 @@ def test_row_noise_gives_each_seeded_row_its_generators_draw_per_step(monkeypatc
             continue
         gen = torch.Generator().manual_seed(seed)
         for step in steps:  # what one draw of V values per step from the generator gives
-            assert torch.equal(step[row], torch.empty(7).exponential_(generator=gen))
+            uniform = torch.empty(7).uniform_(generator=gen)
+            assert torch.equal(step[row], -torch.log1p(-uniform))

@@ -50,8 +50,14 @@ def _reference(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tenso
         return model(input_ids=ids, attention_mask=attention, position_ids=positions).logits[:, -1]
 
 
+@pytest.mark.parametrize("fuse", [True, False])
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama", "mistral"])
-def test_prefill_and_every_step_match_the_models_forward(kind: str) -> None:
+def test_prefill_and_every_step_match_the_models_forward(
+    kind: str, fuse: bool, monkeypatch
+) -> None:
+    """With the projections fused (a small model) and called one by one (over FUSE_BYTES)."""
+    if not fuse:
+        monkeypatch.setattr("ludic.inference.kv_decoder.FUSE_BYTES", 0)
     model = _model(kind)
     assert decoder_problem(model) is None
     ids = torch.randint(1, 64, (3, 6))
@@ -59,6 +65,7 @@ def test_prefill_and_every_step_match_the_models_forward(kind: str) -> None:
     attention[0, :4] = 0  # left padding of different widths
     attention[2, :1] = 0
     decoder = KVDecoder(model, capacity=6 + 5)
+    assert (decoder.fused is not None) == fuse
     torch.testing.assert_close(decoder.prefill(ids, attention), _reference(model, ids, attention))
     rows = torch.tensor([0, 0, 1, 2, 2, 2])  # one row per request, as a group asks
     decoder.select(rows)
@@ -83,8 +90,13 @@ def test_a_lora_adapter_is_applied_as_in_the_models_forward() -> None:
             torch.nn.init.normal_(p, std=0.5)
     ids, attention = torch.randint(1, 64, (2, 5)), torch.ones(2, 5, dtype=torch.long)
     decoder = KVDecoder(model, capacity=8)
+    assert decoder.fused is None  # wrapped projections are called, never fused
     logits = decoder.prefill(ids, attention)
     torch.testing.assert_close(logits, _reference(model, ids, attention))
+    token = torch.tensor([7, 9])
+    stepped = decoder.step(token)
+    longer = torch.cat([ids, token[:, None]], dim=1)
+    torch.testing.assert_close(stepped, _reference(model, longer, torch.ones_like(longer)))
     with model.disable_adapter():
         assert not torch.allclose(logits, _reference(model, ids, attention))
 
@@ -96,6 +108,8 @@ def test_unserved_models_are_named_with_the_reason() -> None:
     assert "sliding_attention" in decoder_problem(Qwen2ForCausalLM(sliding))
     windowed = MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=4))
     assert "sliding" in decoder_problem(windowed)
+    dynamic = LlamaConfig(**SHAPE, rope_parameters={"rope_type": "dynamic", "factor": 2.0})
+    assert "'dynamic' depends on the sequence length" in decoder_problem(LlamaForCausalLM(dynamic))
     with pytest.raises(ValueError, match="gpt2"):
         KVDecoder(gpt2, capacity=8)
     client = TransformersChatClient(gpt2, _Tokenizer())

@@ -86,6 +86,17 @@ def test_logits_equal_the_plain_forward_in_float64(tiny_tokenizer) -> None:
     torch.testing.assert_close(shared[real], plain[real], atol=1e-12, rtol=0)
 
 
+def test_rows_backward_adds_a_strided_gradient_like_index_select() -> None:
+    from ludic.training.shared_prefix import _Rows
+
+    x = torch.randn(3, 4, 5, dtype=torch.float64, requires_grad=True)
+    index = torch.tensor([2, 0, 2, 1, 2])
+    grad = torch.randn(5, 7, 4, dtype=torch.float64)[:, 1:6].transpose(1, 2)  # not contiguous
+    (mine,) = torch.autograd.grad(_Rows.apply(x, index), x, grad)
+    (torchs,) = torch.autograd.grad(x.index_select(0, index), x, grad)
+    torch.testing.assert_close(mine, torchs, atol=1e-15, rtol=0)
+
+
 def gradients_of_one_step(policy: torch.nn.Module, trainer: Trainer) -> tuple[dict, dict]:
     """The step's metrics, and the accumulated gradient of every parameter as the
     optimizer receives it."""

@@ -8,9 +8,15 @@ first action token (the prompt, the same for every sample of a group):
 2. the cache is expanded to one entry per row (``index_select``, differentiable);
 3. each row's suffix (its completion, and any later turns) runs on top of its prefix's
    cache, with position ids continuing from the prefix's length;
-4. the outputs (logits, or the decoder's hidden states) are laid back out as the plain
-   forward's ``[B, T, D]``: a row's prefix
-   positions from its prefix's logits, the rest from its suffix's.
+4. the outputs (logits, or the decoder's hidden states) are read at the positions asked
+   for (:func:`shared_prefix_outputs`: the scored ones only) or laid back out as the plain
+   forward's ``[B, T, D]`` (:func:`shared_prefix_forward`): a row's prefix positions from
+   its prefix's outputs, the rest from its suffix's.
+
+Rows are gathered with :class:`_Rows`, an ``index_select`` whose backward adds the
+gradient of each row into its source row after making it contiguous (torch's own backward
+of ``index_select`` adds from the strided gradient a cache concatenation hands back, about
+ten times slower on CPU).
 
 Every logit equals the plain forward's up to float rounding, and so do the gradients:
 the gradient of the shared prefix is the sum of what each row sends back through the
@@ -33,6 +39,7 @@ __all__ = [
     "plan_shared_prefixes",
     "shared_prefix_forward",
     "shared_prefix_logits",
+    "shared_prefix_outputs",
 ]
 
 
@@ -126,6 +133,24 @@ def shared_prefix_forward(
     forward's padded positions are not meaningful either, and both are masked out of
     every loss.
     """
+    rows = plan.group.shape[0]
+    t = torch.arange(seq_len, device=plan.group.device)
+    b_idx, t_idx = torch.arange(rows, device=t.device).repeat_interleave(seq_len), t.repeat(rows)
+    out = shared_prefix_outputs(module, plan, b_idx, t_idx, output=output)
+    return out.view(rows, seq_len, -1)
+
+
+def shared_prefix_outputs(
+    module: torch.nn.Module,
+    plan: SharedPrefixPlan,
+    b_idx: torch.Tensor,
+    t_idx: torch.Tensor,
+    *,
+    output: str = "logits",
+) -> torch.Tensor:
+    """``module``'s ``output`` at positions ``(b_idx[n], t_idx[n])`` of the plain layout,
+    ``[N, D]``, computed per ``plan``. A position past its row's length reads the row's
+    last suffix slot or a later padding slot (a real output, never read by a loss)."""
     prefix = module(input_ids=plan.prefix_ids, attention_mask=plan.prefix_mask, use_cache=True)
     cache = prefix.past_key_values
     if cache is None:
@@ -133,8 +158,7 @@ def shared_prefix_forward(
             "shared_prefix_forward: the model returned no KV cache (gradient checkpointing "
             "turns caching off in training); set TrainerConfig.shared_prefix=False"
         )
-    cache.reorder_cache(plan.group)  # one cache entry per row
-    width = plan.prefix_ids.shape[1]
+    _expand_cache(cache, plan.group)  # one cache entry per row
     steps = torch.arange(plan.suffix_ids.shape[1], device=plan.suffix_ids.device)
     suffix = module(
         input_ids=plan.suffix_ids,
@@ -143,9 +167,47 @@ def shared_prefix_forward(
         past_key_values=cache,
         use_cache=True,
     )
-    both = torch.cat([getattr(prefix, output)[plan.group], getattr(suffix, output)], dim=1)
-    t = torch.arange(seq_len, device=both.device)[None, :]
-    starts = plan.prefix_lengths[:, None]
-    index = torch.where(t < starts, t, width + t - starts)  # prefix part, then suffix part
-    index = index.clamp(max=both.shape[1] - 1)
-    return both.gather(1, index[:, :, None].expand(-1, -1, both.shape[2]))
+    before, after = getattr(prefix, output), getattr(suffix, output)  # [G, P, D], [B, S, D]
+    groups, width = before.shape[:2]
+    rows, suffix_width = after.shape[:2]
+    starts = plan.prefix_lengths[b_idx]
+    index = torch.where(
+        t_idx < starts,
+        plan.group[b_idx] * width + t_idx.clamp(max=width - 1),
+        groups * width + b_idx * suffix_width + (t_idx - starts).clamp(0, suffix_width - 1),
+    )
+    both = torch.cat([before.reshape(groups * width, -1), after.reshape(rows * suffix_width, -1)])
+    return _Rows.apply(both, index)
+
+
+def _expand_cache(cache, group: torch.Tensor) -> None:
+    """``cache.reorder_cache(group)`` with :class:`_Rows` for a cache whose layers hold
+    ``keys``/``values`` tensors (transformers' ``DynamicCache``); others reorder their own way."""
+    layers = getattr(cache, "layers", None)
+    if not layers or not all(
+        isinstance(getattr(layer, "keys", None), torch.Tensor)
+        and isinstance(getattr(layer, "values", None), torch.Tensor)
+        for layer in layers
+    ):
+        cache.reorder_cache(group)
+        return
+    for layer in layers:
+        layer.keys = _Rows.apply(layer.keys, group)
+        layer.values = _Rows.apply(layer.values, group)
+
+
+class _Rows(torch.autograd.Function):
+    """``x.index_select(0, index)``; the backward adds each row's gradient, made
+    contiguous, into its source row (``index_add_``)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(index)
+        ctx.source_shape = x.shape
+        return x.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        (index,) = ctx.saved_tensors
+        out = grad.new_zeros(ctx.source_shape)
+        return out.index_add_(0, index, grad.contiguous()), None

@@ -39,7 +39,7 @@ from ludic.training.packing import PackedRows, pack_rows
 from ludic.training.shared_prefix import (
     SharedPrefixPlan,
     plan_shared_prefixes,
-    shared_prefix_forward,
+    shared_prefix_outputs,
 )
 
 __all__ = [
@@ -195,17 +195,19 @@ def _run(
 ) -> tuple[Layout, int, torch.Tensor]:
     """Run ``module`` on the cheapest layout; its ``output`` at the scored positions."""
     plan = _shared_prefix_plan(mb, options)
-    packed = _packed(mb, options)
     padded = int(mb.input_ids.numel())
     costs: dict[Layout, int] = {"padded": padded}
     if plan is not None:
         costs["shared_prefix"] = plan.padded_tokens_run
+    # packing runs every real token at least: no cheaper than a shared prefix that runs fewer
+    real = int(mb.attention_mask.sum())
+    packed = None if plan is not None and costs["shared_prefix"] <= real else _packed(mb, options)
     if packed is not None:
         costs["packed"] = packed.tokens_run
     layout = min(costs, key=lambda k: (costs[k], k != "shared_prefix"))
     if layout == "shared_prefix" and plan is not None:
-        out = shared_prefix_forward(module, plan, mb.input_ids.shape[1], output=output)
-        return layout, costs[layout], out[b_idx, t_idx]
+        out = shared_prefix_outputs(module, plan, b_idx, t_idx, output=output)
+        return layout, costs[layout], out
     if layout == "packed" and packed is not None:
         extra = _sequence_bounds(mb, packed) if options.varlen else {}
         out = getattr(
