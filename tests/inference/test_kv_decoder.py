@@ -57,7 +57,7 @@ def test_prefill_and_every_step_match_the_models_forward(
 ) -> None:
     """With the projections fused (a small model) and called one by one (over FUSE_BYTES)."""
     if not fuse:
-        monkeypatch.setattr("ludic.inference.kv_decoder.FUSE_BYTES", 0)
+        monkeypatch.setattr("ludic.models.lean_layers.FUSE_BYTES", 0)
     model = _model(kind)
     assert decoder_problem(model) is None
     ids = torch.randint(1, 64, (3, 6))

@@ -12,7 +12,11 @@ from ludic.models.tiny import build_tiny_causal_lm
 from ludic.training.algorithm import make_grpo, make_sft
 from ludic.training.collate import collate
 from ludic.training.config import TrainerConfig
-from ludic.training.shared_prefix import plan_shared_prefixes, shared_prefix_logits
+from ludic.training.shared_prefix import (
+    plan_shared_prefixes,
+    shared_prefix_logits,
+    shared_prefix_outputs,
+)
 from ludic.training.trainer import Trainer, token_logprobs
 from ludic.training.types import SAWBatch, SAWItem
 
@@ -84,6 +88,55 @@ def test_logits_equal_the_plain_forward_in_float64(tiny_tokenizer) -> None:
     real = mb.attention_mask.bool()
     assert shared.shape == plain.shape
     torch.testing.assert_close(shared[real], plain[real], atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
+def test_lean_hidden_states_and_gradients_equal_the_models_own_forward_in_float64(
+    kind: str, monkeypatch
+) -> None:
+    """The decoder's hidden states through LeanLayers (prefix and suffix tokens together)
+    against its own forward run twice on a DynamicCache: values and every gradient."""
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
+
+    from ludic.models.lean_layers import training_problem
+
+    shape = dict(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    torch.manual_seed(0)
+    config = {
+        "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**shape)),
+        "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**shape, head_dim=8)),
+        "llama": lambda: LlamaForCausalLM(LlamaConfig(**shape, attention_bias=True)),
+    }
+    model = config[kind]().double()
+    decoder = model.get_decoder()
+    assert training_problem(decoder) is None
+    mb = collate(grpo_like_items(), pad_token_id=0, device=torch.device("cpu"))
+    plan = plan_shared_prefixes(mb.input_ids, mb.attention_mask, mb.action_mask)
+    b_idx, t_idx = mb.action_mask.nonzero(as_tuple=True)
+    results = {}
+    for lean in (True, False):
+        if not lean:
+            monkeypatch.setattr("ludic.training.shared_prefix.training_problem", lambda _: "forced")
+        out = shared_prefix_outputs(decoder, plan, b_idx, t_idx, output="last_hidden_state")
+        grads = torch.autograd.grad(out.pow(2).sum(), list(decoder.parameters()))
+        results[lean] = (out.detach(), grads)
+    torch.testing.assert_close(results[True][0], results[False][0], atol=1e-12, rtol=0)
+    for mine, theirs in zip(results[True][1], results[False][1]):
+        torch.testing.assert_close(mine, theirs, atol=1e-10, rtol=1e-10)
 
 
 def test_rows_backward_adds_a_strided_gradient_like_index_select() -> None:

@@ -13,6 +13,13 @@ first action token (the prompt, the same for every sample of a group):
    forward's ``[B, T, D]`` (:func:`shared_prefix_forward`): a row's prefix positions from
    its prefix's outputs, the rest from its suffix's.
 
+A Llama-shaped decoder (:func:`ludic.models.lean_layers.training_problem` says which) runs
+through :class:`~ludic.models.lean_layers.LeanLayers` when hidden states are asked for: the
+prefix and suffix tokens go through the norms, projections and MLPs together, one
+``[G·P + B·S, H]`` tensor, and only the attention is run per part (the prefix causally, each
+suffix over its prefix's keys and its own); other models run their own forward twice, the
+suffix on a ``DynamicCache`` of the prefix.
+
 Rows are gathered with :class:`_Rows`, an ``index_select`` whose backward adds the
 gradient of each row into its source row after making it contiguous (torch's own backward
 of ``index_select`` adds from the strided gradient a cache concatenation hands back, about
@@ -33,6 +40,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+
+from ludic.models.lean_layers import LeanLayers, training_problem
 
 __all__ = [
     "SharedPrefixPlan",
@@ -151,6 +161,29 @@ def shared_prefix_outputs(
     """``module``'s ``output`` at positions ``(b_idx[n], t_idx[n])`` of the plain layout,
     ``[N, D]``, computed per ``plan``. A position past its row's length reads the row's
     last suffix slot or a later padding slot (a real output, never read by a loss)."""
+    groups, width = plan.prefix_ids.shape
+    rows, suffix_width = plan.suffix_ids.shape
+    if output == "last_hidden_state" and training_problem(module) is None:
+        flat = _lean_hidden_states(module, plan)
+    else:
+        before, after = _model_outputs(module, plan, output)  # [G, P, D], [B, S, D]
+        flat = torch.cat(
+            [before.reshape(groups * width, -1), after.reshape(rows * suffix_width, -1)]
+        )
+    starts = plan.prefix_lengths[b_idx]
+    index = torch.where(
+        t_idx < starts,
+        plan.group[b_idx] * width + t_idx.clamp(max=width - 1),
+        groups * width + b_idx * suffix_width + (t_idx - starts).clamp(0, suffix_width - 1),
+    )
+    return _Rows.apply(flat, index)
+
+
+def _model_outputs(
+    module: torch.nn.Module, plan: SharedPrefixPlan, output: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prefixes' and the suffixes' ``output`` from the module's own forward: the
+    prefixes with a KV cache, expanded to one entry per row, then the suffixes on it."""
     prefix = module(input_ids=plan.prefix_ids, attention_mask=plan.prefix_mask, use_cache=True)
     cache = prefix.past_key_values
     if cache is None:
@@ -167,17 +200,74 @@ def shared_prefix_outputs(
         past_key_values=cache,
         use_cache=True,
     )
-    before, after = getattr(prefix, output), getattr(suffix, output)  # [G, P, D], [B, S, D]
-    groups, width = before.shape[:2]
-    rows, suffix_width = after.shape[:2]
-    starts = plan.prefix_lengths[b_idx]
-    index = torch.where(
-        t_idx < starts,
-        plan.group[b_idx] * width + t_idx.clamp(max=width - 1),
-        groups * width + b_idx * suffix_width + (t_idx - starts).clamp(0, suffix_width - 1),
+    return getattr(prefix, output), getattr(suffix, output)
+
+
+def _lean_hidden_states(decoder: torch.nn.Module, plan: SharedPrefixPlan) -> torch.Tensor:
+    """The decoder's last hidden states (final norm applied) ``[G·P + B·S, H]``: the
+    prefixes' ``G x P`` positions, then the suffixes' ``B x S``."""
+    lean = LeanLayers(decoder, decoder.config)
+    groups, width = plan.prefix_ids.shape
+    rows, suffix_width = plan.suffix_ids.shape
+    device = plan.prefix_ids.device
+    lean.build_angles(width + suffix_width)
+    steps = torch.arange(suffix_width, device=device)
+    positions = torch.cat(
+        [
+            torch.arange(width, device=device).repeat(groups),
+            (plan.prefix_lengths[:, None] + steps).reshape(-1),
+        ]
     )
-    both = torch.cat([before.reshape(groups * width, -1), after.reshape(rows * suffix_width, -1)])
-    return _Rows.apply(both, index)
+    cos, sin = lean.angles(positions)
+    hidden = lean.embed(torch.cat([plan.prefix_ids.reshape(-1), plan.suffix_ids.reshape(-1)]))
+    # A prefix query sees the earlier real keys of its prefix (a padding query too, so no
+    # softmax row is empty; its output is never read); a suffix query sees its prefix's
+    # real keys and the earlier real keys of its own suffix.
+    real = plan.prefix_mask.bool()
+    prefix_mask = (
+        torch.ones(width, width, dtype=torch.bool, device=device).tril() & real[:, None]
+    )[:, None]
+    own = torch.ones(suffix_width, suffix_width, dtype=torch.bool, device=device).tril()
+    own = own & plan.suffix_mask.bool()[:, None]
+    suffix_mask = torch.cat([real[plan.group][:, None].expand(-1, suffix_width, -1), own], dim=2)[
+        :, None
+    ]
+    n = groups * width
+    gqa = lean.heads != lean.kv_heads
+    for i in range(lean.num_layers):
+        q, k, v = lean.project(i, hidden, cos, sin)  # [N, heads, D]
+        (qp, qs), (kp, ks), (vp, vs) = (
+            _by_part(x, groups, width, rows, suffix_width, lean.head_dim) for x in (q, k, v)
+        )
+        scale = lean.scaling(i)
+        out_p = F.scaled_dot_product_attention(
+            qp, kp, vp, attn_mask=prefix_mask, scale=scale, enable_gqa=gqa
+        )
+        keys = torch.cat([_Rows.apply(kp, plan.group), ks], dim=2)
+        values = torch.cat([_Rows.apply(vp, plan.group), vs], dim=2)
+        out_s = F.scaled_dot_product_attention(
+            qs, keys, values, attn_mask=suffix_mask, scale=scale, enable_gqa=gqa
+        )
+        attended = torch.cat(
+            [
+                out_p.transpose(1, 2).reshape(n, -1),
+                out_s.transpose(1, 2).reshape(rows * suffix_width, -1),
+            ]
+        )
+        hidden = lean.finish(i, hidden, attended)
+    return lean.final_norm(hidden)
+
+
+def _by_part(
+    x: torch.Tensor, groups: int, width: int, rows: int, suffix_width: int, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` ``[G·P + B·S, heads, D]`` as the prefixes' ``[G, heads, P, D]`` and the
+    suffixes' ``[B, heads, S, D]`` (a split: one copy in the backward)."""
+    prefix, suffix = x.split([groups * width, rows * suffix_width])
+    return (
+        prefix.view(groups, width, -1, head_dim).transpose(1, 2),
+        suffix.view(rows, suffix_width, -1, head_dim).transpose(1, 2),
+    )
 
 
 def _expand_cache(cache, group: torch.Tensor) -> None:
