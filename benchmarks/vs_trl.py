@@ -13,9 +13,10 @@ step per batch, the same reward (ludic's ``answer`` parser and the env's ``numer
 1 right, 0 wrong, -0.1 empty).
 
 * ludic: the ``ludic train`` command on the demo config (``src/ludic/configs/arithmetic_demo.
-  yaml``) with only those settings overridden (and no warm start): every other default is
-  the user's (the in-process backend re-synced after every step, checkpoints every 25
-  steps, the console and metrics logs).
+  yaml``) with only those settings overridden (and no warm start, and ``eval.every=0``: the
+  demo's evaluation every 100 steps would fall in the long runs only, and TRL's run has
+  none): every other default is the user's (the in-process backend re-synced after every
+  step, checkpoints every 25 steps, the console and metrics logs).
 * TRL: ``GRPOTrainer`` (``use_vllm=False``: it generates with the training model) with
   ``GRPOConfig``'s defaults but for those settings, float32 and no activation checkpointing as
   ludic runs (``bf16: false``, ``gradient_checkpointing: false``; GRPOConfig's defaults, bf16
@@ -200,6 +201,7 @@ def ludic_command(folder: Path, out: Path, steps: int, args: argparse.Namespace)
         f"sampling.max_tokens={args.new_tokens}",
         "sampling.temperature=1.0",
         "trainer.lr=1e-4",
+        "eval.every=0",  # the demo's mid-run evaluations: TRL's run has none
     ]
 
 

@@ -101,6 +101,36 @@ def test_turns_group_agent_calls_with_the_env_step_they_caused() -> None:
     assert turns[1].reward == 1.25
 
 
+def test_turns_follow_changes_to_the_steps() -> None:
+    r = _two_turn_rollout()
+    assert len(r.turns()) == 2 and r.turns() is not r.turns()  # callers get their own list
+    extra = AgentStep(5, "t2", [{"role": "user", "content": "q"}], "c", reward=2.0)
+    r.steps.append(extra)
+    assert [t.turn_id for t in r.turns()] == ["t0", "t1", "t2"]
+    r.steps[5] = AgentStep(5, "t3", [{"role": "user", "content": "q"}], "d")  # replaced
+    assert [t.turn_id for t in r.turns()] == ["t0", "t1", "t3"]
+    r.steps = r.steps[:2]
+    assert [t.turn_id for t in r.turns()] == ["t0"]
+
+
+def test_ids_are_distinct_in_a_forked_child() -> None:
+    import os
+
+    from ludic.types import new_id
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its first id
+        os.write(write, new_id().encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 64).decode()
+    os.waitpid(pid, 0)
+    mine = new_id()
+    assert len(mine) == len(child) == 32 and mine != child
+    assert len({new_id() for _ in range(1000)}) == 1000
+
+
 def test_total_reward_and_length_count_every_turn() -> None:
     r = _two_turn_rollout()
     assert r.total_reward == pytest.approx(0.75)

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import math
 import numbers
-import uuid
+import os
+import random
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
@@ -77,8 +78,13 @@ def check_logprob_temperature(owner: str, value: float) -> None:
         )
 
 
+_IDS = random.Random()  # seeded from os.urandom; private: random.seed() never repeats ids
+os.register_at_fork(after_in_child=lambda: _IDS.seed())  # a forked child draws its own
+
+
 def new_id() -> str:
-    return uuid.uuid4().hex
+    """A random 128-bit id as 32 hex digits (uuid4's entropy without a system call each)."""
+    return f"{_IDS.getrandbits(128):032x}"
 
 
 @dataclass(frozen=True)
@@ -386,7 +392,17 @@ class Rollout:
         return [s for s in self.steps if isinstance(s, EnvironmentStep)]
 
     def turns(self) -> list[Turn]:
-        """Group steps by ``turn_id`` in timeline order."""
+        """Group steps by ``turn_id`` in timeline order (kept until ``steps`` changes: the
+        trainer asks several times per rollout)."""
+        key = tuple(map(id, self.steps))
+        kept = self.__dict__.get("_turns")
+        if kept is not None and kept[0] == key:
+            return list(kept[1])
+        turns = self._group_turns()
+        self.__dict__["_turns"] = (key, tuple(turns))
+        return turns
+
+    def _group_turns(self) -> list[Turn]:
         order: list[str] = []
         agent: dict[str, list[AgentStep]] = {}
         env: dict[str, EnvironmentStep] = {}

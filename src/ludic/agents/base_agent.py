@@ -14,7 +14,6 @@ earlier tokens).
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +33,7 @@ from ludic.types import (
     Observation,
     TokenTrace,
     logprob_temperature,
+    new_id,
 )
 
 DEFAULT_PARSE_FEEDBACK = "Your output could not be parsed. Answer in the required format."
@@ -93,7 +93,7 @@ class Agent:
         self.chat_template = chat_template
         self.incomplete_completion_penalty = incomplete_completion_penalty
         self._turn: _Turn | None = None
-        self._session_id = uuid.uuid4().hex
+        self._session_id = new_id()
 
     # ---- ActingAgent ------------------------------------------------------------------
     def on_env_reset(
@@ -101,7 +101,7 @@ class Agent:
     ) -> None:
         self.context.on_env_reset(obs, info, system_prompt=system_prompt)
         self._turn = None
-        self._session_id = uuid.uuid4().hex
+        self._session_id = new_id()
 
     def on_tool_results(self, messages: list[Message]) -> None:
         """Add tool results (or other messages) to the history; the next ``act`` of the

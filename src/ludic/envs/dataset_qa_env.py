@@ -143,7 +143,8 @@ class DatasetQAEnv(SingleAgentEnv):
         self.answer_key = answer_key
         self.verifier = verifier
         self.prompt_template = prompt_template
-        self._rng = random.Random(rng_seed)
+        self._rng_seed = rng_seed
+        self._rng: random.Random | None = None  # made at the first unseeded reset
         self._index: int | None = None
         self.render_prompt(samples[0])  # fail at construction on a bad template
 
@@ -170,7 +171,12 @@ class DatasetQAEnv(SingleAgentEnv):
 
     def env_reset(self, seed: int | None = None) -> tuple[Observation, Info]:
         n = len(self.samples)
-        self._index = self._rng.randrange(n) if seed is None else seed % n
+        if seed is not None:
+            self._index = seed % n
+        else:
+            if self._rng is None:
+                self._rng = random.Random(self._rng_seed)
+            self._index = self._rng.randrange(n)
         sample = self.samples[self._index]
         info = {"sample_index": self._index, "target": str(sample[self.answer_key])}
         return self.render_prompt(sample), info

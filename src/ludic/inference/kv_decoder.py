@@ -44,6 +44,7 @@ class KVDecoder:
         self.valid = torch.zeros(0, 0, dtype=torch.bool)  # [B, capacity]: key may be seen
         self.position = torch.zeros(0, dtype=torch.long)  # [B]: next token's position
         self.length = 0  # positions written so far
+        self._spread = False  # the cache holds one row per prompt, not yet per request
 
     @property
     def fused(self) -> object | None:
@@ -57,10 +58,12 @@ class KVDecoder:
             raise ValueError(f"KVDecoder: prompt width {width} > capacity {self.capacity}")
         device = input_ids.device
         lean = self.lean
-        shape = (rows, lean.kv_heads, self.capacity, lean.head_dim)
+        # the prompts' keys and values, one row per prompt: select() spreads them to the
+        # requests' rows of the full cache
+        shape = (rows, lean.kv_heads, width, lean.head_dim)
         dtype = lean.inner.embed_tokens.weight.dtype
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in lean.layers]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in lean.layers]
+        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in lean.layers]
+        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in lean.layers]
         lean.build_angles(self.capacity)
         self.valid = torch.zeros((rows, self.capacity), dtype=torch.bool, device=device)
         self.valid[:, :width] = attention.bool()
@@ -74,18 +77,35 @@ class KVDecoder:
         hidden = self._forward(input_ids, positions, mask[:, None], start=0)
         self.position = positions[:, -1] + 1
         self.length = width
+        self._spread = True
         return self.lm_head(lean.final_norm(hidden[:, -1]))
 
     def select(self, rows: torch.Tensor) -> None:
-        self.keys = [k.index_select(0, rows) for k in self.keys]
-        self.values = [v.index_select(0, rows) for v in self.values]
+        if self._spread:  # the prompts' entries into a cache of capacity positions per row
+            self._spread = False
+            self.keys = [self._full(k, rows) for k in self.keys]
+            self.values = [self._full(v, rows) for v in self.values]
+        else:
+            self.keys = [k.index_select(0, rows) for k in self.keys]
+            self.values = [v.index_select(0, rows) for v in self.values]
         self.valid = self.valid.index_select(0, rows)
         self.position = self.position.index_select(0, rows)
+
+    def _full(self, prompts: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``[B, KV, capacity, D]`` holding ``prompts[rows]`` in its first positions; the
+        rest is written by the steps before any attention reads it (``[:length]``)."""
+        full = prompts.new_empty(
+            (rows.shape[0], *prompts.shape[1:2], self.capacity, prompts.shape[-1])
+        )
+        torch.index_select(prompts, 0, rows, out=full[:, :, : prompts.shape[2]])
+        return full
 
     @torch.no_grad()
     def step(self, token_ids: torch.Tensor) -> torch.Tensor:
         if self.length >= self.capacity:
             raise ValueError(f"KVDecoder: the cache is full ({self.capacity} positions)")
+        if self._spread:  # decoding the prompts' own rows
+            self.select(torch.arange(self.position.shape[0], device=self.position.device))
         self.valid[:, self.length] = True
         mask = self.valid[:, None, None, : self.length + 1]
         hidden = self._forward(token_ids[:, None], self.position[:, None], mask, self.length)
