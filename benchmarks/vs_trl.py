@@ -34,6 +34,12 @@ own torch threads, as a user's run does (``OMP_NUM_THREADS`` is unset). The runs
 long, after one untimed warm-up run of each), so a change in machine load hits both; the ratio printed is the median over rounds
 of ludic's step time over TRL's (below 1: ludic is faster).
 
+**In the training loop**: the same difference of a long and a short run, of the seconds each
+spent in its training loop (ludic: ``time/step_s`` summed over the RL steps, each step from
+the previous step's metrics to its own; TRL: ``train_runtime``). Process start-up, imports
+and model loading are left out of both, so this second ratio is the less noisy one where the
+machine's speed drifts during the minutes of a round.
+
 **ludic's step split**: the mean per step, over the long runs' steps after the fifth, of the
 trainer's ``time/`` metrics: the wait for the batch and, inside it, the stages of
 :mod:`ludic.timing` (chat template and tokenization, sampling, env, parser, credit
@@ -130,6 +136,7 @@ def trl_main(argv: list[str]) -> None:
         processing_class=AutoTokenizer.from_pretrained(args.folder),
     )
     output = trainer.train()
+    (Path(args.workdir) / "train_runtime.json").write_text(json.dumps(output.metrics))
     if args.save is not None:
         trainer.save_model(str(args.save))
         (args.save / "train_runtime.json").write_text(json.dumps(output.metrics))
@@ -184,7 +191,20 @@ def step_split(run_dirs) -> dict[str, float]:
     split["sync"] = mean_ms("time/sync_s")
     split["logging"] = mean_ms("time/stage/logging_s")
     split["checkpoint"] = mean_ms("time/stage/checkpoint_s")
+    split["step"] = mean_ms("time/step_s")
+    parts = ("wait", "update", "sync", "logging", "checkpoint")
+    split["rest of the step"] = round(split["step"] - sum(split[k] for k in parts), 1)
     return split
+
+
+def in_loop_seconds(name: str, out: Path) -> float:
+    """The seconds a run spent in its training loop: ludic's ``time/step_s`` summed over its
+    RL steps (each step log to log), TRL's ``train_runtime``."""
+    if name == "trl":
+        return float(json.loads((out / "train_runtime.json").read_text())["train_runtime"])
+    (path,) = out.glob("**/metrics.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return sum(float(r["time/step_s"]) for r in rows if r.get("phase") == "rl")
 
 
 def ludic_command(folder: Path, out: Path, steps: int, args: argparse.Namespace) -> list[str]:
@@ -253,10 +273,13 @@ def main() -> None:
         out.mkdir(exist_ok=True)
         run_timed(command(folder, out, args.short, args), args.cores[-1], out / "log.txt")
     results = {}
+    extra = args.long - args.short
     for cores in args.cores:
         per_step: dict[str, list[float]] = {"ludic": [], "trl": []}
+        in_loop: dict[str, list[float]] = {"ludic": [], "trl": []}
         for round_ in range(args.rounds):
             walls: dict[tuple[str, int], float] = {}
+            loops: dict[tuple[str, int], float] = {}
             for steps in (args.short, args.long):
                 for name, command in commands.items():
                     out = work / f"{name}-c{cores.replace(',', '_')}-r{round_}-{steps}"
@@ -265,12 +288,14 @@ def main() -> None:
                     walls[name, steps] = run_timed(
                         command(folder, out, steps, args), cores, out / "log.txt"
                     )
+                    loops[name, steps] = in_loop_seconds(name, out)
             for name in commands:
-                step = (walls[name, args.long] - walls[name, args.short]) / (args.long - args.short)
-                per_step[name].append(step)
+                per_step[name].append((walls[name, args.long] - walls[name, args.short]) / extra)
+                in_loop[name].append((loops[name, args.long] - loops[name, args.short]) / extra)
             print(
-                f"cores {cores} round {round_}: ludic {per_step['ludic'][-1] * 1e3:.0f} ms/step, "
-                f"TRL {per_step['trl'][-1] * 1e3:.0f} ms/step "
+                f"cores {cores} round {round_}: wall: ludic {per_step['ludic'][-1] * 1e3:.0f} "
+                f"ms/step, TRL {per_step['trl'][-1] * 1e3:.0f} ms/step; in the training loop: "
+                f"ludic {in_loop['ludic'][-1] * 1e3:.0f}, TRL {in_loop['trl'][-1] * 1e3:.0f} "
                 f"(load {os.getloadavg()[0]:.2f})",
                 flush=True,
             )
@@ -281,15 +306,20 @@ def main() -> None:
             flush=True,
         )
         ratios = [a / b for a, b in zip(per_step["ludic"], per_step["trl"])]
+        loop_ratios = [a / b for a, b in zip(in_loop["ludic"], in_loop["trl"])]
         results[cores] = {
             "ludic_ms": [round(t * 1e3, 1) for t in per_step["ludic"]],
             "trl_ms": [round(t * 1e3, 1) for t in per_step["trl"]],
             "ratio_median": round(statistics.median(ratios), 3),
+            "ludic_loop_ms": [round(t * 1e3, 1) for t in in_loop["ludic"]],
+            "trl_loop_ms": [round(t * 1e3, 1) for t in in_loop["trl"]],
+            "loop_ratio_median": round(statistics.median(loop_ratios), 3),
             "ludic_split_ms": split,
         }
         print(
             f"cores {cores}: ludic step / TRL step = {statistics.median(ratios):.2f} "
-            f"(median of {[round(r, 2) for r in ratios]})",
+            f"(median of {[round(r, 2) for r in ratios]}); in the training loop "
+            f"{statistics.median(loop_ratios):.2f} (median of {[round(r, 2) for r in loop_ratios]})",
             flush=True,
         )
     print(json.dumps(results))
@@ -321,10 +351,8 @@ def split_main(argv: list[str]) -> None:
             command = ludic_command(folder, out, args.steps, args) + args.overrides
             run_timed(command, args.cores, out / "log.txt")
             split = step_split([out])
-            step = sum(split[k] for k in ("wait", "update", "sync", "logging", "checkpoint"))
             print(
                 f"cores {args.cores} {' '.join(args.overrides) or '(defaults)'}, run {run}: "
-                f"step {step:.1f} ms = "
                 + ", ".join(f"{name} {ms:.1f}" for name, ms in split.items())
                 + f" (load {os.getloadavg()[0]:.2f})",
                 flush=True,

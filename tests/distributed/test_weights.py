@@ -62,3 +62,12 @@ def test_check_finite_names_the_first_bad_tensor() -> None:
     with pytest.raises(ValueError, match="'layer.weight'"):
         check_finite(state)
     check_finite({"ids": torch.arange(3), "w": torch.zeros(2)})
+
+
+def test_check_finite_passes_finite_tensors_whose_norm_overflows_and_mixed_dtypes() -> None:
+    huge = torch.full((4,), 3e38)  # finite, but its squared sum overflows float32
+    check_finite(
+        {"huge": huge, "half": torch.ones(3, dtype=torch.bfloat16), "ids": torch.arange(2)}
+    )
+    with pytest.raises(ValueError, match="'nan'"):
+        check_finite({"huge": huge, "nan": torch.tensor([float("nan")], dtype=torch.bfloat16)})

@@ -57,6 +57,10 @@ def test_sync_training_accounts_for_every_token_the_filter_drops_too(tiny_model)
     # and where the step's time went
     times = ("time/wait_s", "time/train_s", "time/sync_s", "time/generate_s")
     assert all(last[key] >= 0 for key in times) and 0 <= last["time/idle_fraction"] <= 1
+    # the whole step, log to log: its parts and what ran between the steps
+    for metrics in history:
+        parts = sum(metrics[key] for key in ("time/wait_s", "time/train_s", "time/sync_s"))
+        assert parts <= metrics["time/step_s"] < parts + 1.0
 
 
 def test_async_training_counts_the_batches_made_ahead_as_in_flight(tiny_model, tmp_path) -> None:

@@ -83,7 +83,20 @@ def adapter_config(model: torch.nn.Module) -> dict[str, object]:
 
 
 def check_finite(state_dict: Mapping[str, torch.Tensor]) -> None:
-    """Raise ``ValueError`` naming the first floating-point tensor holding NaN/inf."""
+    """Raise ``ValueError`` naming the first floating-point tensor holding NaN/inf.
+
+    One pass first: the tensors' L2 norms (``torch._foreach_norm``, one call), finite
+    unless a tensor holds NaN/inf or its norm overflows; only then each tensor is
+    checked, to name it (or to clear a finite tensor whose norm overflowed)."""
+    floats = [t.detach() for t in state_dict.values() if t.is_floating_point()]
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for t in floats:
+        by_device.setdefault(t.device, []).append(t)
+    if all(
+        bool(torch.isfinite(torch.stack(torch._foreach_norm(ts)).float()).all())
+        for ts in by_device.values()
+    ):
+        return
     for name, tensor in state_dict.items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise ValueError(

@@ -199,6 +199,7 @@ class Trainer(HasTrainingCore):
         self.audit = SampleAudit()
         """Trained against dropped items, cumulative (``ludic.training.sample_audit``)."""
         self._audit_warned = False
+        self._last_logged: float | None = None  # perf_counter when the last step was logged
         self.ledger: TokenLedger | None = None
         """Where every generated token went (``ludic.training.ledger``); ``None`` until a
         batch says what was generated for it (a rollout source's do; an SFT one's not)."""
@@ -263,6 +264,8 @@ class Trainer(HasTrainingCore):
         t_start = time.perf_counter()
         batch, raw_batches, selection = await self._next_batch()
         waited = time.perf_counter() - t_start
+        if self._last_logged is None:
+            self._last_logged = t_start
         finish = asyncio.ensure_future(self._finish_step(batch, raw_batches, selection, waited))
         try:
             return await asyncio.shield(finish)
@@ -308,6 +311,11 @@ class Trainer(HasTrainingCore):
         if self.ranks is None or self.ranks.is_main:  # the rank that saw the batches made
             self._close_ledger(batch.items, no_reward)
         metrics = self._metrics(batch, result, selection, timing)
+        now = time.perf_counter()
+        # the wall time since the previous step's metrics (the first: since its wait began):
+        # its parts above, plus what ran between steps (hooks, evaluations, checkpoints)
+        metrics["time/step_s"] = now - (self._last_logged if self._last_logged is not None else now)
+        self._last_logged = now
         with timed("logging"):
             self.logger.log(self.step, metrics)
         if not self._audit_warned and (warning := self.audit.warning()) is not None:
