@@ -44,7 +44,9 @@ machine's speed drifts during the minutes of a round.
 trainer's ``time/`` metrics: the wait for the batch and, inside it, the stages of
 :mod:`ludic.timing` (chat template and tokenization, sampling, env, parser, credit
 assignment), then the update and the weight sync, and logging and checkpoints; "rest of the
-wait" is the wait less its stages (the rollout engine, the agent, the event loop).
+wait" is the wait less its stages (the rollout engine, the agent, the event loop);
+"step" is ``time/step_s``, and "rest of the step" what it holds besides the wait, update,
+sync, logging and checkpoint (the metrics, the run's hooks between steps).
 """
 
 from __future__ import annotations

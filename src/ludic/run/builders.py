@@ -5,6 +5,7 @@ config field when the config asks for something that cannot be built."""
 from __future__ import annotations
 
 import inspect
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -35,6 +36,7 @@ from ludic.run.registries import (
     load_part,
     resolve,
 )
+from ludic.run.threads import update_threads
 from ludic.training import (
     EnvSpec,
     ProtocolSpec,
@@ -312,6 +314,9 @@ def _run_level(config: RunConfig, pad_token_id: int) -> dict[str, Any]:
     """The ``TrainerConfig`` fields set outside the trainer section."""
     return dict(
         pad_token_id=pad_token_id,
+        update_threads=update_threads(
+            config, processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        ),
         gradient_checkpointing=config.model.gradient_checkpointing,
         seed=config.seed,
         device=config.model.device,

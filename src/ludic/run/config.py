@@ -566,10 +566,15 @@ class RunConfig(Section):
     """Run directories are created as OUTPUT_DIR/NAME-TIMESTAMP."""
     seed: int = 0
     torch_threads: int | None = Field(None, ge=1)
-    """CPU threads of torch's ops (sampling in process, the update) in a sync or async run
-    and ``ludic eval``; null: the ``OMP_NUM_THREADS`` environment variable when set, else the
+    """CPU threads of torch's ops (sampling in process, the update; see ``update_threads``)
+    in a sync or async run and ``ludic eval``; null: the ``OMP_NUM_THREADS`` environment variable when set, else the
     usable cores, divided among the trainer ranks of one machine, less one left to the event
     loop (envs, agent, chat template, rewards). A pipeline's processes keep torch's default."""
+    update_threads: int | None = Field(None, ge=1)
+    """CPU threads of torch's ops during the update of a ``trainer.mode: sync`` run (the
+    event loop waits for it); null: ``torch_threads`` when set, else the ``OMP_NUM_THREADS``
+    environment variable's setting when set, else every usable core, divided among the
+    trainer ranks of one machine."""
     model: ModelConfig = ModelConfig()
     inference: InferenceConfig = InferenceConfig()
     env: EnvConfig = EnvConfig()

@@ -105,8 +105,18 @@ class TrainerConfig:
     """Forward-pass compute dtype via ``torch.autocast`` (``"bfloat16"``, ``"float16"``,
     ``"float32"``); ``None`` runs in the model's own dtype. Logprobs are always computed
     in float32."""
+    update_threads: int | None = None
+    """Torch's CPU threads (``torch.set_num_threads``) while a synchronous trainer updates,
+    restored after; ``None`` leaves them as they are. A concurrent trainer (async: generation
+    runs beside the update) ignores it."""
 
     def __post_init__(self) -> None:
+        _check(
+            self.update_threads is None or self.update_threads >= 1,
+            "update_threads",
+            self.update_threads,
+            "None or >= 1",
+        )
         _check(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "a finite value > 0")
         _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
         object.__setattr__(self, "betas", tuple(self.betas))

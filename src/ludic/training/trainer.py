@@ -284,7 +284,7 @@ class Trainer(HasTrainingCore):
         if self._concurrent:  # generation lives on the event loop: train off it
             result = await asyncio.to_thread(self._optimize, batch)
         else:  # one compute thread for sampling and training: see on_compute_thread
-            result = await on_compute_thread(self._optimize, batch)
+            result = await on_compute_thread(self._optimize_with_threads, batch)
         t_compute = time.perf_counter()
         self.step += 1
         if self._publishes and self.core.is_due(self.config.publish_every):
@@ -551,6 +551,19 @@ class Trainer(HasTrainingCore):
             f"{len(items)} items have none (rollouts {rollout_ids}); request behaviour "
             "logprobs with InferenceSpec(returns=ReturnSpec.for_rl())"
         )
+
+    def _optimize_with_threads(self, batch: SAWBatch) -> StepResult:
+        """:meth:`_optimize` with torch's threads at ``config.update_threads`` (sync: the
+        event loop waits for the update, and bigger ops than sampling's gain from them)."""
+        threads = self.config.update_threads
+        before = torch.get_num_threads()
+        if threads is None or threads == before:
+            return self._optimize(batch)
+        torch.set_num_threads(threads)
+        try:
+            return self._optimize(batch)
+        finally:
+            torch.set_num_threads(before)
 
     def _optimize(self, batch: SAWBatch) -> StepResult:
         """Every update of one trainer step: ``ppo_epochs`` passes of ``num_minibatches``
