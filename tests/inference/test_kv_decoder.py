@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.llama_shaped import SHAPE, llama_shaped
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
@@ -14,34 +15,15 @@ from transformers import (
     MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
 )
 
 from ludic.inference.kv_decoder import KVDecoder, decoder_problem
 from ludic.inference.request import CompletionRequest, InferenceSpec, SamplingSpec
 from ludic.inference.transformers_client import TransformersChatClient
 
-SHAPE = dict(
-    vocab_size=64,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,  # grouped-query attention
-    max_position_embeddings=64,
-)
-
 
 def _model(kind: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    if kind == "qwen2":
-        return Qwen2ForCausalLM(Qwen2Config(**SHAPE)).eval()
-    if kind == "qwen3":
-        return Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=8)).eval()
-    if kind == "mistral":
-        return MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=None)).eval()
-    return LlamaForCausalLM(LlamaConfig(**SHAPE, attention_bias=True)).eval()
+    return llama_shaped(kind)
 
 
 def _reference(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:

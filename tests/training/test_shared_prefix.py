@@ -96,32 +96,11 @@ def test_lean_hidden_states_and_gradients_equal_the_models_own_forward_in_float6
 ) -> None:
     """The decoder's hidden states through LeanLayers (prefix and suffix tokens together)
     against its own forward run twice on a DynamicCache: values and every gradient."""
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-        Qwen3Config,
-        Qwen3ForCausalLM,
-    )
+    from tests.llama_shaped import llama_shaped
 
     from ludic.models.lean_layers import training_problem
 
-    shape = dict(
-        vocab_size=256,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    torch.manual_seed(0)
-    config = {
-        "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**shape)),
-        "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**shape, head_dim=8)),
-        "llama": lambda: LlamaForCausalLM(LlamaConfig(**shape, attention_bias=True)),
-    }
-    model = config[kind]().double()
+    model = llama_shaped(kind, vocab_size=256).double().train()
     decoder = model.get_decoder()
     assert training_problem(decoder) is None
     mb = collate(grpo_like_items(), pad_token_id=0, device=torch.device("cpu"))
