@@ -79,11 +79,13 @@ def check_logprob_temperature(owner: str, value: float) -> None:
 
 
 _IDS = random.Random()  # seeded from os.urandom; private: random.seed() never repeats ids
-os.register_at_fork(after_in_child=lambda: _IDS.seed())  # a forked child draws its own
+if hasattr(os, "register_at_fork"):  # POSIX: a forked child draws its own
+    os.register_at_fork(after_in_child=lambda: _IDS.seed())
 
 
 def new_id() -> str:
-    """A random 128-bit id as 32 hex digits (uuid4's entropy without a system call each)."""
+    """A random 128-bit id as 32 hex digits (a name for rollouts, steps and sessions, without
+    a system call each; Mersenne Twister output, so not a secret: never a key or token)."""
     return f"{_IDS.getrandbits(128):032x}"
 
 
@@ -392,8 +394,9 @@ class Rollout:
         return [s for s in self.steps if isinstance(s, EnvironmentStep)]
 
     def turns(self) -> list[Turn]:
-        """Group steps by ``turn_id`` in timeline order (kept until ``steps`` changes: the
-        trainer asks several times per rollout)."""
+        """Group steps by ``turn_id`` in timeline order (kept until a step is added, removed
+        or replaced: the trainer asks several times per rollout; a step's ``turn_id``
+        changed in place is not seen)."""
         key = tuple(map(id, self.steps))
         kept = self.__dict__.get("_turns")
         if kept is not None and kept[0] == key:

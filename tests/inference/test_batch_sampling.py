@@ -133,5 +133,18 @@ def test_row_noise_gives_each_seeded_row_its_generators_draw_per_step(monkeypatc
             continue
         gen = torch.Generator().manual_seed(seed)
         for step in steps:  # what one draw of V values per step from the generator gives
-            uniform = torch.empty(7).uniform_(generator=gen)
-            assert torch.equal(step[row], -torch.log1p(-uniform))
+            uniform = torch.empty(7, dtype=torch.float64).uniform_(generator=gen)
+            assert torch.equal(step[row], (-torch.log1p(-uniform)).float())
+
+
+def test_unseeded_noise_is_drawn_from_doubles() -> None:
+    """A float32 uniform is 0 once in 2^24 draws, and its noise 0 makes any token win (about
+    once a step in a row over a 150k vocabulary): the draw is in float64 (the seeded rows'
+    too, in the test above)."""
+    from ludic.inference.batch_sampling import _exponential_noise
+
+    torch.manual_seed(5)
+    want = (-torch.log1p(-torch.rand(3, 11, dtype=torch.float64))).float()
+    torch.manual_seed(5)
+    got = _exponential_noise(torch.Size([3, 11]), (None, None, None))
+    assert got.dtype == torch.float32 and torch.equal(got, want)

@@ -90,6 +90,9 @@ def test_unserved_models_are_named_with_the_reason() -> None:
     assert "sliding_attention" in decoder_problem(Qwen2ForCausalLM(sliding))
     windowed = MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=4))
     assert "sliding" in decoder_problem(windowed)
+    hooked = _model("qwen2")
+    hooked.model.layers[1].mlp.register_forward_hook(lambda *_: None)
+    assert "layers.1.mlp has forward hooks" in decoder_problem(hooked)
     dynamic = LlamaConfig(**SHAPE, rope_parameters={"rope_type": "dynamic", "factor": 2.0})
     assert "'dynamic' depends on the sequence length" in decoder_problem(LlamaForCausalLM(dynamic))
     with pytest.raises(ValueError, match="gpt2"):

@@ -60,7 +60,7 @@ def test_sync_training_accounts_for_every_token_the_filter_drops_too(tiny_model)
     # the whole step, log to log: its parts and what ran between the steps
     for metrics in history:
         parts = sum(metrics[key] for key in ("time/wait_s", "time/train_s", "time/sync_s"))
-        assert parts <= metrics["time/step_s"] < parts + 1.0
+        assert parts <= metrics["time/step_s"] < parts + 5.0
 
 
 def test_async_training_counts_the_batches_made_ahead_as_in_flight(tiny_model, tmp_path) -> None:

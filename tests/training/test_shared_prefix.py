@@ -90,9 +90,10 @@ def test_logits_equal_the_plain_forward_in_float64(tiny_tokenizer) -> None:
     torch.testing.assert_close(shared[real], plain[real], atol=1e-12, rtol=0)
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
+@pytest.mark.parametrize("fuse", [True, False])
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama", "mistral"])
 def test_lean_hidden_states_and_gradients_equal_the_models_own_forward_in_float64(
-    kind: str, monkeypatch
+    kind: str, fuse: bool, monkeypatch
 ) -> None:
     """The decoder's hidden states through LeanLayers (prefix and suffix tokens together)
     against its own forward run twice on a DynamicCache: values and every gradient."""
@@ -100,9 +101,12 @@ def test_lean_hidden_states_and_gradients_equal_the_models_own_forward_in_float6
 
     from ludic.models.lean_layers import training_problem
 
+    if not fuse:  # each projection called on its own, as for a large model
+        monkeypatch.setattr("ludic.models.lean_layers.FUSE_BYTES", 0)
     model = llama_shaped(kind, vocab_size=256).double().train()
     decoder = model.get_decoder()
     assert training_problem(decoder) is None
+    assert (LeanLayers(decoder, decoder.config).fused is not None) == fuse
     mb = collate(grpo_like_items(), pad_token_id=0, device=torch.device("cpu"))
     plan = plan_shared_prefixes(mb.input_ids, mb.attention_mask, mb.action_mask)
     b_idx, t_idx = mb.action_mask.nonzero(as_tuple=True)

@@ -29,7 +29,8 @@ from ludic.types import GREEDY_BELOW
 __all__ = ["RowNoise", "RowSampling", "sample_next_tokens"]
 
 NOISE_BUFFER = 1 << 22
-"""Most noise values :class:`RowNoise` draws at once (16 MiB of float32)."""
+"""Most noise values :class:`RowNoise` draws at once (16 MiB of float32, drawn as 32 MiB
+of float64)."""
 
 
 @dataclass(frozen=True)
@@ -145,18 +146,22 @@ def _mask_top_p(scores: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 def _exponential_noise(
     shape: torch.Size, generators: tuple[torch.Generator | None, ...]
 ) -> torch.Tensor:
-    """``Exp(1)`` noise ``[B, ...]`` as ``-log(1 - U)`` of uniform draws ``U``: seeded rows
-    from their generator, the others from the global RNG in one draw. (Torch's
-    ``exponential_`` costs several times the uniform draw and a log on CPU.)"""
-    uniform = torch.empty(shape)
+    """``Exp(1)`` noise ``[B, ...]`` (float32) as ``-log(1 - U)`` of float64 uniform draws
+    ``U``: seeded rows from their generator, the others from the global RNG in one draw.
+    Float64, because a float32 uniform has 24 random bits: ``U = 0`` (noise 0, a token that
+    wins the race whatever its probability) would come once in 2^24 draws, about once a
+    step in a row over a 150k vocabulary. (Torch's ``exponential_`` draws doubles too, but
+    costs several times the uniform draw and a log on CPU.)"""
+    uniform = torch.empty(shape, dtype=torch.float64)
     unseeded = [i for i, gen in enumerate(generators) if gen is None]
     if len(unseeded) == len(generators):
         uniform.uniform_()
     elif unseeded:
         rows = torch.tensor(unseeded)
-        uniform.index_copy_(0, rows, torch.rand((len(unseeded), *shape[1:])))
+        drawn = torch.rand((len(unseeded), *shape[1:]), dtype=torch.float64)
+        uniform.index_copy_(0, rows, drawn)
     for i, gen in enumerate(generators):
         if gen is not None:
             uniform[i].uniform_(generator=gen)
-    noise = uniform.neg_().log1p_().neg_()  # -log(1 - U): U in [0, 1) gives [0, inf)
+    noise = uniform.neg_().log1p_().neg_().float()  # -log(1 - U): U in [0, 1) gives [0, inf)
     return noise.clamp_(min=torch.finfo(noise.dtype).tiny)  # 0/0 would be NaN, and win

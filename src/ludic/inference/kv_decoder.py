@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ludic.models.lean_layers import LeanLayers, base_model, decoder_problem
+from ludic.models.lean_layers import Fused, LeanLayers, base_model, decoder_problem
 
 __all__ = ["KVDecoder", "decoder_problem"]
 
@@ -47,7 +47,7 @@ class KVDecoder:
         self._spread = False  # the cache holds one row per prompt, not yet per request
 
     @property
-    def fused(self) -> object | None:
+    def fused(self) -> list[Fused] | None:
         """The fused projection weights, or None when each projection is called."""
         return self.lean.fused
 

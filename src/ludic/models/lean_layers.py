@@ -20,8 +20,9 @@ It serves the architectures whose decoder layer is ``x + attn(norm(x))`` then
 ``x + mlp(norm(x))`` with rotary positions (``rotate_half``) and full attention: Llama,
 Mistral and Qwen2 (without an active sliding window) and Qwen3 (its per-head query/key
 norms included), with rotary scaling that does not depend on the sequence (not the
-``dynamic`` or ``longrope`` types). :func:`decoder_problem` says why another model is not
-served; callers then use the model's own forward.
+``dynamic`` or ``longrope`` types), on one device and without forward hooks (which a lean
+pass would skip). :func:`decoder_problem` says why another model is not served; callers
+then use the model's own forward.
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["FUSE_BYTES", "LeanLayers", "base_model", "decoder_problem", "training_problem"]
+__all__ = [
+    "FUSE_BYTES",
+    "Fused",
+    "LeanLayers",
+    "base_model",
+    "decoder_problem",
+    "training_problem",
+]
 
 SERVED = ("llama", "mistral", "qwen2", "qwen3")
 """The ``config.model_type`` values served."""
@@ -79,8 +87,9 @@ def training_problem(decoder: torch.nn.Module) -> str | None:
         return f"attention_dropout={config.attention_dropout}"
     if getattr(decoder, "gradient_checkpointing", False):
         return "gradient checkpointing is on"
-    if any(type(p) is not torch.nn.Parameter for p in decoder.parameters()):
-        return "its parameters are not plain tensors (sharded)"
+    odd = next((p for p in decoder.parameters() if type(p) is not torch.nn.Parameter), None)
+    if odd is not None:  # e.g. FSDP2's DTensors (gathered in the layers' own forward)
+        return f"a parameter is a {type(odd).__name__}, not a plain torch.nn.Parameter"
     return None
 
 
@@ -95,10 +104,18 @@ def _layers_problem(inner: torch.nn.Module, config) -> str | None:
         return f"mistral with sliding_window={config.sliding_window}"
     needed = ("embed_tokens", "layers", "norm", "rotary_emb")
     if not all(hasattr(inner, n) for n in needed):
-        return f"{type(inner).__name__} has none of {', '.join(needed)}"
+        return f"{type(inner).__name__} lacks one of {', '.join(needed)}"
     rope = str(getattr(inner.rotary_emb, "rope_type", "default"))
     if any(name in rope for name in _SEQUENCE_DEPENDENT_ROPE):
         return f"rotary type {rope!r} depends on the sequence length"
+    # the layers' own forward is bypassed: so would be hooks on it (accelerate's device
+    # placement, a user's), and a model spread over devices
+    for name, module in inner.named_modules():
+        if module._forward_hooks or module._forward_pre_hooks or hasattr(module, "_hf_hook"):
+            return f"{name or type(inner).__name__} has forward hooks"
+    devices = {p.device for p in inner.parameters()}
+    if len(devices) > 1:
+        return f"its parameters are on several devices ({sorted(map(str, devices))})"
     return None
 
 
