@@ -99,7 +99,7 @@ def test_lean_hidden_states_and_gradients_equal_the_models_own_forward_in_float6
     against its own forward run twice on a DynamicCache: values and every gradient."""
     from tests.llama_shaped import llama_shaped
 
-    from ludic.models.lean_layers import training_problem
+    from ludic.models.lean_layers import LeanLayers, training_problem
 
     if not fuse:  # each projection called on its own, as for a large model
         monkeypatch.setattr("ludic.models.lean_layers.FUSE_BYTES", 0)
