@@ -4,9 +4,12 @@ client for the data routes.
 
 Every call is bounded by ``timeout_s``; connection failures (the request never reached
 the server) are retried ``max_retries`` times by httpx's own transport retries (exponential
-backoff: 0, 0.5, 1, 2 ... s); nothing else is retried, since a request that reached the
-server may have had an effect. A dead server raises ``ConnectionError`` / ``TimeoutError``,
-never hangs.
+backoff: 0, 0.5, 1, 2 ... s). The control plane's reads (its ``GET`` routes and the status
+poll, which change nothing on the server) are also sent again, ``max_retries`` times, when
+the server dropped the connection before answering (a keep-alive connection it closed as
+the request went out); nothing else is retried, since a request that reached the server
+may have had an effect. A dead server raises ``ConnectionError`` / ``TimeoutError``, never
+hangs.
 """
 
 from __future__ import annotations
@@ -64,6 +67,11 @@ class _ErrorPolicy:
         self.timeout_s = timeout_s
         self.max_retries = max_retries
 
+    def attempts(self, read: bool) -> int:
+        """How many times a request is sent when the server drops its connection before
+        answering: a read ``1 + max_retries`` times, anything else once."""
+        return self.max_retries + 1 if read else 1
+
     def limits(self, max_connections: int | None = None) -> httpx.Limits:
         return httpx.Limits(
             max_connections=max_connections,
@@ -115,6 +123,10 @@ class _Pool:
 
 _NEVER_REACHED = (httpx.ConnectError, httpx.ConnectTimeout)
 """What httpx's transport retries: the request never reached the server."""
+
+_DROPPED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+"""The server closed the connection before its answer arrived: what a read (a request
+without an effect) is sent again after, on a new connection."""
 
 KEEPALIVE_EXPIRY_S = 2.0
 """Pooled connections idle longer than this are not reused. It must stay below the
@@ -170,7 +182,7 @@ class VLLMControlPlane:
         path = "/get_num_background_tasks" + ("?report=true" if self.record else "")
         self.last_report = None
         while True:
-            status = self.post(path)
+            status = self.post(path, read=True)
             if int(status["num_background_tasks"]) == 0:
                 self.last_report = status.get("report")
                 break
@@ -250,19 +262,29 @@ class VLLMControlPlane:
         return bool(self.get("/is_sleeping")["is_sleeping"])
 
     def get(self, path: str) -> dict[str, Any]:
-        return self._call(path, lambda: self.http.get(path))
+        """``GET path`` (a read: sent again if the server drops the connection)."""
+        return self._call(path, lambda: self.http.get(path), read=True)
 
-    def post(self, path: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        return self._call(path, lambda: self.http.post(path, json=dict(body or {})))
+    def post(
+        self, path: str, body: Mapping[str, Any] | None = None, *, read: bool = False
+    ) -> dict[str, Any]:
+        """``POST path``; ``read=True`` for a route without an effect on the server, which
+        is then sent again if the server drops the connection before answering."""
+        return self._call(path, lambda: self.http.post(path, json=dict(body or {})), read=read)
 
     def close(self) -> None:
         self.http.close()
 
-    def _call(self, path: str, send: Callable[[], httpx.Response]) -> dict[str, Any]:
-        try:
-            return self.policy.check(path, send()).json()
-        except httpx.HTTPError as e:
-            raise self.policy.translate(path, e) from e
+    def _call(self, path: str, send: Callable[[], httpx.Response], read: bool) -> dict[str, Any]:
+        attempts = self.policy.attempts(read)
+        for attempt in range(1, attempts + 1):
+            try:
+                return self.policy.check(path, send()).json()
+            except httpx.HTTPError as e:
+                if attempt < attempts and isinstance(e, _DROPPED):
+                    continue
+                raise self.policy.translate(path, e) from e
+        raise AssertionError("unreachable")  # the last attempt returns or raises
 
 
 @functools.cache
@@ -309,8 +331,9 @@ class AsyncHTTP:
             return await self._call(path, lambda: client.post(path, json=body))
 
     async def get(self, path: str) -> httpx.Response:
+        """``GET path`` (a read: sent again if the server drops the connection)."""
         with self._pool() as client:
-            return await self._call(path, lambda: client.get(path))
+            return await self._call(path, lambda: client.get(path), read=True)
 
     def close(self) -> None:
         """Close the pools if their loop is idle (from synchronous code)."""
@@ -364,9 +387,14 @@ class AsyncHTTP:
         return self._async[1]
 
     async def _call(
-        self, path: str, send: Callable[[], Awaitable[httpx.Response]]
+        self, path: str, send: Callable[[], Awaitable[httpx.Response]], read: bool = False
     ) -> httpx.Response:
-        try:
-            return self.policy.check(path, await send())
-        except httpx.HTTPError as e:
-            raise self.policy.translate(path, e) from e
+        attempts = self.policy.attempts(read)
+        for attempt in range(1, attempts + 1):
+            try:
+                return self.policy.check(path, await send())
+            except httpx.HTTPError as e:
+                if attempt < attempts and isinstance(e, _DROPPED):
+                    continue
+                raise self.policy.translate(path, e) from e
+        raise AssertionError("unreachable")  # the last attempt returns or raises
