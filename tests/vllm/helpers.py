@@ -79,6 +79,25 @@ class ServedPolicy:
         # a fresh port each time: a closed group's store may hold the last one a while
         self.client.init_weight_sync(master_port=free_port())
 
+    def run_overrides(self) -> list[str]:
+        """Config overrides for a ``ludic train`` run that uses this server instead of
+        starting its own; after the run, :meth:`take_back`."""
+        return [
+            "inference.backend=vllm",
+            "inference.vllm.start_server=false",
+            f"inference.vllm.port={self.server.url.rsplit(':', 1)[1]}",
+            f"inference.vllm.api_key={API_KEY}",
+        ]
+
+    def take_back(self, version: int = 49) -> None:
+        """After a run used the server (it took the weight-sync group, synced its own
+        weights, may have left it paused): resumed, a new group, the mirror's weights
+        back as ``version``."""
+        self.client.control.resume()
+        self.client.close()
+        self.connect()
+        self.client.sync_weights(self.mirror.state_dict(), version=version)
+
     def stop(self) -> None:
         """Close the client and stop the server: no process of it is left."""
         import psutil

@@ -63,15 +63,17 @@ def test_train_with_the_vllm_backend_syncs_every_step(tmp_path: Path, monkeypatc
 
 
 def test_async_train_on_vllm_with_partial_rollouts_stays_within_max_staleness(
-    tmp_path: Path,
+    served, tmp_path: Path
 ) -> None:
     # No warm start: the random tiny model writes long completions (up to max_tokens), so
     # each publish (pause, abort, sync, resume) lands while the next batch is generating.
+    # Against the session server (the same tiny model; the run publishes its own weights
+    # as version 0 before its first batch): the test above starts its own.
     config = load_config(
         DEMO,
         [
             f"output_dir={tmp_path}",
-            "inference.backend=vllm",
+            *served.run_overrides(),
             "inference.vllm.partial_rollouts=continue",
             "trainer.mode=async",
             "trainer.max_staleness=1",
@@ -86,7 +88,11 @@ def test_async_train_on_vllm_with_partial_rollouts_stays_within_max_staleness(
             "env.kwargs.num_problems=8",
         ],
     )
-    run_dir = jobs.train(config)
+    try:
+        run_dir = jobs.train(config)
+    finally:
+        served.take_back()
+    served.assert_parity()
 
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in lines if r["phase"] == "rl"]

@@ -185,15 +185,11 @@ def test_a_run_whose_server_corrupts_a_tensor_stops_naming_it(served, tmp_path):
     from ludic import jobs
     from ludic.run.loading import load_config
 
-    port = served.server.url.rsplit(":", 1)[1]
     config = load_config(
         DEMO,
         [
             f"output_dir={tmp_path}",
-            "inference.backend=vllm",
-            "inference.vllm.start_server=false",
-            f"inference.vllm.port={port}",
-            f"inference.vllm.api_key={API_KEY}",
+            *served.run_overrides(),
             "warm_start.steps=0",
             "trainer.steps=2",
             "eval.every=0",
@@ -205,7 +201,5 @@ def test_a_run_whose_server_corrupts_a_tensor_stops_naming_it(served, tmp_path):
             jobs.train(config)
     finally:
         served.fault_file.write_text("")
-        served.client.close()  # the run took the server's group: a new one, the mirror back
-        served.connect()
-        served.client.sync_weights(served.mirror.state_dict(), version=49)
+        served.take_back()
     served.assert_parity()
