@@ -64,35 +64,40 @@ def collate(
     """Right-pad ``items`` to the longest one and shift per-token fields to ``[B, T-1]``."""
     if not items:
         raise ValueError("collate: got no items; a micro-batch needs at least one SAWItem")
-    batch, t_max = len(items), max(item.num_tokens for item in items)
-    input_ids = torch.full((batch, t_max), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((batch, t_max), dtype=torch.long)
-    action_mask = torch.zeros((batch, t_max), dtype=torch.float32)
-    has_old = all(item.old_logprobs is not None for item in items)
-    old_logprobs = torch.zeros((batch, t_max), dtype=torch.float32)
+    lengths = [item.num_tokens for item in items]
+    t_max = max(lengths)
+    input_ids = _padded([item.input_ids for item in items], t_max, pad_token_id, torch.long)
+    attention_mask = (torch.arange(t_max) < torch.tensor(lengths)[:, None]).long()
+    action_mask = _padded([item.action_mask for item in items], t_max, 0, torch.float32)
+    olds = [item.old_logprobs for item in items]
+    has_old = all(old is not None for old in olds)
+    old_logprobs = None
+    if has_old:  # 0.0 off-mask, always
+        old_logprobs = action_mask * _padded(olds, t_max, 0.0, torch.float32)  # type: ignore[arg-type]
     has_versions = all(item.policy_version is not None for item in items)
-    versions = torch.full((batch, t_max), -1, dtype=torch.long)
-    for row, item in enumerate(items):
-        n = item.num_tokens
-        input_ids[row, :n] = torch.tensor(item.input_ids, dtype=torch.long)
-        attention_mask[row, :n] = 1
-        action_mask[row, :n] = torch.tensor(item.action_mask, dtype=torch.float32)
-        if has_versions:
-            on_actions = action_mask[row, :n].bool()
-            versions[row, :n][on_actions] = torch.tensor(_token_versions(item), dtype=torch.long)
-        if has_old:
-            old = torch.tensor(item.old_logprobs, dtype=torch.float32)
-            old_logprobs[row, :n] = old * action_mask[row, :n]  # 0.0 off-mask, always
+    versions = None
+    if has_versions:  # a boolean mask takes the action positions row by row, in order
+        versions = torch.full(action_mask.shape, -1, dtype=torch.long)
+        flat = [v for item in items for v in _token_versions(item)]
+        versions[action_mask.bool()] = torch.tensor(flat, dtype=torch.long)
     return CollatedBatch(
         input_ids=input_ids.to(device),
         attention_mask=attention_mask.to(device),
         action_mask=action_mask[:, 1:].to(device),
         weights=torch.tensor([item.weight for item in items], dtype=torch.float32).to(device),
-        old_logprobs=old_logprobs[:, 1:].to(device) if has_old else None,
+        old_logprobs=None if old_logprobs is None else old_logprobs[:, 1:].to(device),
         policy_versions=tuple(item.policy_version for item in items),
-        action_versions=versions[:, 1:].to(device) if has_versions else None,
+        action_versions=None if versions is None else versions[:, 1:].to(device),
         logprob_temperature=_temperatures(items, device),
     )
+
+
+def _padded(
+    rows: Sequence[tuple[int, ...] | tuple[float, ...]], t_max: int, fill: float, dtype: torch.dtype
+) -> torch.Tensor:
+    """``[B, t_max]`` of ``rows`` right-padded with ``fill``: one tensor from Python rows
+    (a copy per row costs more on a small batch)."""
+    return torch.tensor([(*row, *(fill,) * (t_max - len(row))) for row in rows], dtype=dtype)
 
 
 def _temperatures(items: Sequence[SAWItem], device: str | torch.device) -> torch.Tensor | None:
