@@ -134,3 +134,47 @@ def test_the_client_samples_the_same_tokens_lean_or_through_the_models_forward(k
     for a, b in zip(got, want):
         assert a.completion_token_ids == b.completion_token_ids
         assert a.completion_logprobs == pytest.approx(b.completion_logprobs, abs=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama", "mistral"])
+def test_each_rms_norm_runs_as_one_op_to_the_bit_and_other_norms_are_called(kind) -> None:
+    """``_norm`` gives the module's own float32 values and gradients bit for bit (the
+    decoder's and the update's norms, Qwen3's per-head ones too); a float64 input, a
+    subclass or another norm goes through the module (its forward computes in float32)."""
+    from ludic.models.lean_layers import _norm
+
+    model = _model(kind)
+    layer = model.model.layers[0]
+    norms = [layer.input_layernorm, layer.post_attention_layernorm, model.model.norm]
+    if kind == "qwen3":
+        norms.append(layer.self_attn.q_norm)
+    for norm in norms:
+        with torch.no_grad():
+            norm.weight.normal_()
+        size = norm.weight.shape[0]
+        x = (torch.randn(3, 5, size) * 4).requires_grad_()
+        calls = []
+        handle = norm.register_forward_hook(lambda *args, calls=calls: calls.append(1))
+        ours = _norm(norm, x)
+        assert calls == []  # one op, not the module
+        _norm(norm, x.detach().double())  # a float64 input: the module's own forward
+        assert calls == [1]
+        handle.remove()
+        theirs = norm(x)
+        assert torch.equal(ours, theirs)
+        g = torch.randn_like(ours)
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip(
+                torch.autograd.grad(ours, [x, norm.weight], g),
+                torch.autograd.grad(theirs, [x, norm.weight], g),
+            )
+        )
+
+    class Scaled(type(model.model.norm)):  # a subclass may compute anything: called
+        def forward(self, hidden):
+            return 2 * super().forward(hidden)
+
+    scaled = Scaled(SHAPE["hidden_size"])
+    x = torch.randn(2, SHAPE["hidden_size"])
+    assert torch.equal(_norm(scaled, x), 2 * model.model.norm.__class__.forward(scaled, x))

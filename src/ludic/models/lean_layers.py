@@ -12,7 +12,11 @@ the trainer's shared-prefix forward (:mod:`ludic.training.shared_prefix`).
 For a small model (projection weights of at most :data:`FUSE_BYTES`) the query/key/value
 and the gate/up projections run as one matmul each, on weights concatenated per call
 (differentiable: a gradient reaches each projection's own weight), and the query and key
-heads are rotated together. Because it calls the modules, a LoRA adapter attached by peft
+heads are rotated together. The served models' RMSNorm modules run as one
+``F.rms_norm`` on float32 (the same float32 values as their own forward, which upcasts, takes
+the mean square, scales by its reciprocal root and by the weight, in that order; tested bit
+for bit); on other dtypes (their own forward upcasts half precision and double alike to
+float32) they are called. Because it calls the modules, a LoRA adapter attached by peft
 (which wraps the projections) is applied as in the model's own forward (wrapped projections
 are never fused).
 
@@ -52,6 +56,23 @@ _SEQUENCE_DEPENDENT_ROPE = ("dynamic", "longrope")
 
 Fused = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]
 """A layer's q/k/v weight and bias, concatenated, and its gate/up weight."""
+
+_PLAIN_RMS_NORMS = frozenset(
+    f"transformers.models.{kind}.modeling_{kind}.{name}RMSNorm"
+    for kind, name in (("llama", "Llama"), ("mistral", "Mistral"), ("qwen2", "Qwen2"))
+) | {"transformers.models.qwen3.modeling_qwen3.Qwen3RMSNorm"}
+"""The served models' RMSNorm classes (by qualified name: a subclass is called, not run
+as :func:`_norm`): ``weight * (x * rsqrt(mean(x^2) + eps))`` computed in float32."""
+
+
+def _norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``norm(x)``: one ``F.rms_norm`` for a served model's RMSNorm on float32 input (the
+    module's own forward is several ops: upcast, square, mean, rsqrt, two products)."""
+    kind = type(norm)
+    plain = f"{kind.__module__}.{kind.__qualname__}" in _PLAIN_RMS_NORMS
+    if plain and x.dtype == norm.weight.dtype == torch.float32:
+        return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
+    return norm(x)
 
 
 def base_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -171,7 +192,7 @@ class LeanLayers:
         ``[..., T, H]`` (normed here), the queries and keys rotated."""
         layer = self.layers[i]
         attn = layer.self_attn
-        x = layer.input_layernorm(hidden)
+        x = _norm(layer.input_layernorm, hidden)
         shape = (*x.shape[:-1], -1, self.head_dim)
         h, kv = self.heads, self.kv_heads
         # splits, not slices: one backward copy per split, not a zeroed tensor per slice
@@ -186,7 +207,7 @@ class LeanLayers:
             q, k = attn.q_proj(x).view(shape), attn.k_proj(x).view(shape)
             v = attn.v_proj(x).view(shape)
         if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head
-            q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = _norm(attn.q_norm, q), _norm(attn.k_norm, k)
         return _rotate(q, cos, sin), _rotate(k, cos, sin), v
 
     def finish(self, i: int, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
@@ -194,14 +215,14 @@ class LeanLayers:
         layer = self.layers[i]
         mlp = layer.mlp
         hidden = hidden + layer.self_attn.o_proj(attended)
-        y = layer.post_attention_layernorm(hidden)
+        y = _norm(layer.post_attention_layernorm, hidden)
         if self.fused is None:
             return hidden + mlp(y)
         gate, up = F.linear(y, self.fused[i][2]).chunk(2, dim=-1)
         return hidden + mlp.down_proj(mlp.act_fn(gate) * up)
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.inner.norm(hidden)
+        return _norm(self.inner.norm, hidden)
 
     def scaling(self, i: int) -> float:
         return float(self.layers[i].self_attn.scaling)
