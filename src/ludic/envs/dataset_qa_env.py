@@ -129,13 +129,19 @@ class DatasetQAEnv(SingleAgentEnv):
         super().__init__(agent_id=agent_id, system_prompt=system_prompt)
         if len(samples) == 0:
             raise ValueError(f"{type(self).__name__}: samples is empty; pass at least one sample")
-        for i, sample in enumerate(samples):
-            for key, arg in ((question_key, "question_key"), (answer_key, "answer_key")):
-                if key not in sample:
-                    raise KeyError(
-                        f"{type(self).__name__}: sample {i} has no key {key!r} (keys: "
-                        f"{sorted(sample)}); set {arg}= to the right field name"
-                    )
+        # one pass in a comprehension (an env is built per episode, over every sample)
+        lacking = [i for i, s in enumerate(samples) if question_key not in s or answer_key not in s]
+        if lacking:
+            sample = samples[lacking[0]]
+            key, arg = (
+                (question_key, "question_key")
+                if question_key not in sample
+                else (answer_key, "answer_key")
+            )
+            raise KeyError(
+                f"{type(self).__name__}: sample {lacking[0]} has no key {key!r} (keys: "
+                f"{sorted(sample)}); set {arg}= to the right field name"
+            )
         if not callable(verifier):
             raise TypeError(f"verifier={verifier!r} is not callable (prediction, target) -> reward")
         self.samples = samples
