@@ -31,23 +31,42 @@ def tiny_model(tiny_tokenizer):
 
 
 @pytest.fixture(scope="session")
-def served(tmp_path_factory: pytest.TempPathFactory):
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     pytest.importorskip("vllm", reason="vLLM is not installed")
     import torch
+    from tests.session_servers import start_early, stop_untaken
     from tests.vllm.helpers import ServedPolicy
+    from tests.vllm_reward.helpers import start_reward_server
     from transformers import AutoModelForCausalLM
 
     from ludic.models.tiny import build_tiny_tokenizer, save_tiny_model
 
+    # the reward server starts alongside (if a collected test uses it): two start-ups at
+    # once cost about one on two cores
+    reward_root = tmp_path_factory.mktemp("vllm_reward")
+    start_early(
+        request.config, "served_reward", lambda: start_reward_server(reward_root, wait=False)
+    )
     root = tmp_path_factory.mktemp("vllm")
     model_dir = save_tiny_model(root / "model")
     served = ServedPolicy(None, None, None, build_tiny_tokenizer(), model_dir, root=root)
-    served.start()
+    try:
+        served.start()
+    except BaseException:
+        stop_untaken(request.config)
+        raise
     served.mirror = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     try:
         yield served
     finally:
+        stop_untaken(request.config)
         served.stop()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from tests.session_servers import note_fixtures
+
+    note_fixtures(config, items)
 
 
 @pytest.fixture(autouse=True)

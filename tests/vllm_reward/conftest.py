@@ -12,7 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.vllm_reward.helpers import API_KEY, ServedRewardModel
+from tests.vllm_reward.helpers import (
+    REWARD_MODEL_DIR,
+    ServedRewardModel,
+    start_reward_server,
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -23,23 +27,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def served_reward(tmp_path_factory: pytest.TempPathFactory):
+def served_reward(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     pytest.importorskip("vllm", reason="vLLM is not installed")
     import psutil
     import torch
+    from tests.session_servers import take_early
     from tests.vllm.helpers import assert_all_gone
     from transformers import AutoModelForSequenceClassification
 
-    from ludic.inference.vllm.process import start_vllm_server
-    from ludic.models.tiny import build_tiny_tokenizer, save_tiny_reward_model
+    from ludic.models.tiny import build_tiny_tokenizer
 
-    root = tmp_path_factory.mktemp("vllm_reward")
-    model_dir = save_tiny_reward_model(root / "model")
     started = time.monotonic()
-    server = start_vllm_server(
-        model_dir, kind="reward", api_key=API_KEY, log_path=root / "server.log"
-    )
+    server = take_early(request.config, "served_reward")  # started with the policy server
+    if server is None:
+        server = start_reward_server(tmp_path_factory.mktemp("vllm_reward"), wait=True)
+    else:
+        server.wait_until_healthy()
     print(f"vLLM reward server up in {time.monotonic() - started:.1f}s ({server.log_path})")
+    model_dir = Path(server.log_path).parent / REWARD_MODEL_DIR
     mirror = AutoModelForSequenceClassification.from_pretrained(
         model_dir, dtype=torch.float32
     ).eval()

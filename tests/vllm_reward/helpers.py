@@ -58,3 +58,19 @@ class ServedRewardModel:
 def max_abs_diff(a: list[float], b: list[float]) -> float:
     assert len(a) == len(b)
     return max(abs(x - y) for x, y in zip(a, b))
+
+
+REWARD_MODEL_DIR = "model"
+"""The reward model's folder under the server's root (its log: ``root / "server.log"``)."""
+
+
+def start_reward_server(root: Path, *, wait: bool):
+    """The session's reward server (``ludic serve reward`` with the key) on a tiny reward
+    model written to ``root / "model"``; ``wait=False`` returns while it starts."""
+    from ludic.inference.vllm.process import start_vllm_server
+    from ludic.models.tiny import save_tiny_reward_model
+
+    model_dir = save_tiny_reward_model(root / REWARD_MODEL_DIR)
+    return start_vllm_server(
+        model_dir, kind="reward", api_key=API_KEY, log_path=root / "server.log", wait=wait
+    )
