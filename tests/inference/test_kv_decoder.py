@@ -147,7 +147,7 @@ def test_each_rms_norm_runs_as_one_op_to_the_bit_and_other_norms_are_called(kind
     layer = model.model.layers[0]
     norms = [layer.input_layernorm, layer.post_attention_layernorm, model.model.norm]
     if kind == "qwen3":
-        norms.append(layer.self_attn.q_norm)
+        norms += [layer.self_attn.q_norm, layer.self_attn.k_norm]
     for norm in norms:
         with torch.no_grad():
             norm.weight.normal_()
