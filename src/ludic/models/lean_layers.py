@@ -31,6 +31,8 @@ then use the model's own forward.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -65,12 +67,15 @@ _PLAIN_RMS_NORMS = frozenset(
 as :func:`_norm`): ``weight * (x * rsqrt(mean(x^2) + eps))`` computed in float32."""
 
 
+@functools.cache
+def _is_plain_rms_norm(kind: type) -> bool:
+    return f"{kind.__module__}.{kind.__qualname__}" in _PLAIN_RMS_NORMS
+
+
 def _norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``norm(x)``: one ``F.rms_norm`` for a served model's RMSNorm on float32 input (the
     module's own forward is several ops: upcast, square, mean, rsqrt, two products)."""
-    kind = type(norm)
-    plain = f"{kind.__module__}.{kind.__qualname__}" in _PLAIN_RMS_NORMS
-    if plain and x.dtype == norm.weight.dtype == torch.float32:
+    if _is_plain_rms_norm(type(norm)) and x.dtype == norm.weight.dtype == torch.float32:
         return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
     return norm(x)
 

@@ -67,10 +67,12 @@ class _ErrorPolicy:
         self.timeout_s = timeout_s
         self.max_retries = max_retries
 
-    def attempts(self, read: bool) -> int:
-        """How many times a request is sent when the server drops its connection before
-        answering: a read ``1 + max_retries`` times, anything else once."""
-        return self.max_retries + 1 if read else 1
+    def attempts(self, read: bool) -> list[bool]:
+        """One entry per time a request may be sent when the server drops its connection
+        before answering (a read ``1 + max_retries`` times, anything else once), True for
+        the last: a drop there, or any other error, is raised."""
+        n = self.max_retries + 1 if read else 1
+        return [i == n - 1 for i in range(n)]
 
     def limits(self, max_connections: int | None = None) -> httpx.Limits:
         return httpx.Limits(
@@ -276,14 +278,12 @@ class VLLMControlPlane:
         self.http.close()
 
     def _call(self, path: str, send: Callable[[], httpx.Response], read: bool) -> dict[str, Any]:
-        attempts = self.policy.attempts(read)
-        for attempt in range(1, attempts + 1):
+        for last in self.policy.attempts(read):
             try:
                 return self.policy.check(path, send()).json()
             except httpx.HTTPError as e:
-                if attempt < attempts and isinstance(e, _DROPPED):
-                    continue
-                raise self.policy.translate(path, e) from e
+                if last or not isinstance(e, _DROPPED):
+                    raise self.policy.translate(path, e) from e
         raise AssertionError("unreachable")  # the last attempt returns or raises
 
 
@@ -389,12 +389,10 @@ class AsyncHTTP:
     async def _call(
         self, path: str, send: Callable[[], Awaitable[httpx.Response]], read: bool = False
     ) -> httpx.Response:
-        attempts = self.policy.attempts(read)
-        for attempt in range(1, attempts + 1):
+        for last in self.policy.attempts(read):
             try:
                 return self.policy.check(path, await send())
             except httpx.HTTPError as e:
-                if attempt < attempts and isinstance(e, _DROPPED):
-                    continue
-                raise self.policy.translate(path, e) from e
+                if last or not isinstance(e, _DROPPED):
+                    raise self.policy.translate(path, e) from e
         raise AssertionError("unreachable")  # the last attempt returns or raises
