@@ -47,7 +47,8 @@ from ludic.training import (
 )
 from ludic.training.batching import SampleFilter
 from ludic.training.filters import drop_version_span
-from ludic.training.losses import CompositeLoss, KLPenalty, Loss
+from ludic.training.losses import CompositeLoss, EntropyBonus, KLPenalty, Loss
+from ludic.training.losses.composite import CompositeTerm
 from ludic.training.reward_model.config import PreferenceTrainerConfig
 from ludic.training.types import CreditAssigner
 
@@ -256,17 +257,22 @@ def make_algorithm(config: RunConfig, *, reward_client: Any = None) -> RLAlgorit
         )
     if config.algorithm.credit_assigner is not None:
         algorithm = replace(algorithm, credit_assigner=make_credit_assigner(config))
-    if config.algorithm.kl_coef > 0:
-        algorithm = replace(algorithm, loss=with_kl_penalty(algorithm.loss, config))
+    if config.algorithm.kl_coef > 0 or config.algorithm.entropy_coef > 0:
+        algorithm = replace(algorithm, loss=with_regularizers(algorithm.loss, config))
     return algorithm
 
 
-def with_kl_penalty(loss: Loss, config: RunConfig) -> Loss:
-    """``loss`` plus ``algorithm.kl_coef`` times the ``algorithm.kl_estimator`` KL to the
-    reference model (its stats as ``policy/...`` and ``kl/...``)."""
+def with_regularizers(loss: Loss, config: RunConfig) -> Loss:
+    """``loss`` plus, when set, ``algorithm.kl_coef`` times the ``algorithm.kl_estimator``
+    KL to the reference model and ``algorithm.entropy_coef`` times the entropy bonus (stats
+    as ``policy/...``, ``kl/...`` and ``entropy/...``)."""
     a = config.algorithm
-    penalty = KLPenalty(beta=a.kl_coef, estimator=a.kl_estimator)
-    return CompositeLoss([("policy", 1.0, loss), ("kl", 1.0, penalty)])
+    terms: list[CompositeTerm] = [("policy", 1.0, loss)]
+    if a.kl_coef > 0:
+        terms.append(("kl", 1.0, KLPenalty(beta=a.kl_coef, estimator=a.kl_estimator)))
+    if a.entropy_coef > 0:
+        terms.append(("entropy", 1.0, EntropyBonus(coef=a.entropy_coef)))
+    return CompositeLoss(terms)
 
 
 def make_credit_assigner(config: RunConfig) -> CreditAssigner:

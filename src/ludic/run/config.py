@@ -281,6 +281,12 @@ class AlgorithmConfig(Section):
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """The per-token KL estimate (Schulman, http://joschu.net/blog/kl-approx.html), with
     l = ref_logp - logp: k1 = -l, k2 = l^2 / 2, k3 = exp(l) - 1 - l (GRPO's)."""
+    entropy_coef: float = Field(0.0, ge=0)
+    """c of an entropy bonus added to the preset's loss: L = L_policy - c * agg_t(H_t),
+    H_t the next-token entropy of the policy the samples were scored under (at the sampling
+    temperature), aggregated like the policy loss (``ludic.training.losses.EntropyBonus``;
+    PPO's c2, arXiv:1707.06347 eq. 9; verl's entropy_coeff). It slows the collapse of a
+    group's samples onto one answer, after which the group gives no signal. 0: no term."""
 
     @model_validator(mode="after")
     def _no_setting_twice(self) -> AlgorithmConfig:
