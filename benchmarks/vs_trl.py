@@ -15,7 +15,8 @@ step per batch, the same reward (ludic's ``answer`` parser and the env's ``numer
 * ludic: the ``ludic train`` command on the demo config (``src/ludic/configs/arithmetic_demo.
   yaml``) with only those settings overridden (and no warm start, and ``eval.every=0``: the
   demo's evaluation every 100 steps would fall in the long runs only, and TRL's run has
-  none): every other default is the user's (the in-process backend re-synced after every
+  none; and ``algorithm.negative_group_coef=0``: GRPO's advantages, as TRL's; the time to
+  accuracy's RL phase too): every other default is the user's (the in-process backend re-synced after every
   step, checkpoints every 25 steps, the console and metrics logs).
 * TRL: ``GRPOTrainer`` (``use_vllm=False``: it generates with the training model) with
   ``GRPOConfig``'s defaults but for those settings, float32 and no activation checkpointing as
@@ -209,6 +210,11 @@ def in_loop_seconds(name: str, out: Path) -> float:
     return sum(float(r["time/step_s"]) for r in rows if r.get("phase") == "rl")
 
 
+GRPO_CREDIT = "algorithm.negative_group_coef=0"
+"""GRPO's advantages, as TRL computes them: the demo config's negative_group_coef gives a
+group whose samples all fail a negative advantage, which TRL's GRPOTrainer has no setting for."""
+
+
 def ludic_command(folder: Path, out: Path, steps: int, args: argparse.Namespace) -> list[str]:
     return [
         str(Path(sys.executable).parent / "ludic"),
@@ -224,6 +230,7 @@ def ludic_command(folder: Path, out: Path, steps: int, args: argparse.Namespace)
         "sampling.temperature=1.0",
         "trainer.lr=1e-4",
         "eval.every=0",  # the demo's mid-run evaluations: TRL's run has none
+        GRPO_CREDIT,
     ]
 
 
@@ -418,6 +425,7 @@ def accuracy_main(argv: list[str]) -> None:
                 f"seed={seed}",
                 f"model.path={warm}",
                 "warm_start.steps=0",
+                GRPO_CREDIT,
             ],
             args.cores,
             out / "ludic.log",

@@ -6,7 +6,7 @@ import pytest
 
 from ludic.run.builders import make_algorithm
 from ludic.run.errors import RunError
-from ludic.run.loading import load_config
+from ludic.run.loading import ConfigError, load_config
 from ludic.training.credit_assignment import GroupNormalizedReturn, MonteCarloReturn
 from ludic.training.losses import DecoupledClippedSurrogateLoss, TokenClippedSurrogateLoss
 
@@ -55,6 +55,17 @@ def test_group_std_from_the_config():
     assert algorithm("algorithm.group_std=sample").credit_assigner.std == "sample"
     with pytest.raises(RunError, match=r"algorithm.group_std is set but algorithm.name='dr_grpo'"):
         algorithm("algorithm.name=dr_grpo", "algorithm.group_std=sample")
+
+
+def test_negative_group_coef_from_the_config():
+    assert algorithm().credit_assigner == GroupNormalizedReturn(group_size=8)  # default 0
+    on = "algorithm.negative_group_coef=1"
+    assert algorithm(on).credit_assigner.negative_group_coef == 1.0
+    assert algorithm(on, "algorithm.name=gspo").credit_assigner.negative_group_coef == 1.0
+    with pytest.raises(RunError, match=r"negative_group_coef=1.0 needs group-relative credit"):
+        algorithm(on, "algorithm.name=decoupled_ppo")
+    with pytest.raises(ConfigError, match="negative_group_coef: Input should be greater"):
+        algorithm("algorithm.negative_group_coef=-1")
 
 
 def test_kwargs_still_reach_the_preset():

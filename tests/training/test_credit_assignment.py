@@ -235,3 +235,38 @@ def test_delegated_rollouts_form_their_own_group_outside_the_size_check():
     weights = GroupNormalizedReturn(group_size=2, normalize_std=False).compute(parents + subs)
     # Parents are normalized among themselves, sub-agents among themselves (3 of them).
     assert [w[0] for w in weights] == pytest.approx([0.5, -0.5, 1.0, -1.0, 0.0])
+
+
+def test_negative_group_coef_pushes_down_a_group_whose_samples_all_fail():
+    # batch of 4 groups of 2: mean return (0 + 0 + 1 + 1 + 1 + 0 + 0.5 + 0.5) / 8 = 0.5
+    returns = {"failed": [0.0, 0.0], "solved": [1.0, 1.0], "mixed": [1.0, 0.0], "half": [0.5] * 2}
+    rollouts = [make_rollout([r], group_id=g) for g, rs in returns.items() for r in rs]
+    weights = GroupNormalizedReturn(2, eps=0.0, negative_group_coef=2.0).compute(rollouts)
+    # failed: 2 * (0 - 0.5); solved and half (at or above the batch mean): 0; mixed: GRPO's
+    assert [w[0] for w in weights] == pytest.approx([-1.0, -1.0, 0.0, 0.0, 1.0, -1.0, 0.0, 0.0])
+    grpo = GroupNormalizedReturn(2, eps=0.0).compute(rollouts)
+    assert [w[0] for w in grpo] == pytest.approx([0.0, 0.0, 0.0, 0.0, 1.0, -1.0, 0.0, 0.0])
+    # an all-failed batch has no mean to fall below: no signal, as in GRPO
+    failed = [make_rollout([0.0], group_id=g) for g in "ab" for _ in range(2)]
+    assert GroupNormalizedReturn(2, negative_group_coef=1.0).compute(failed) == [[0.0]] * 4
+
+
+def test_negative_group_coef_leaves_delegated_rollouts_out_and_is_checked():
+    parents = [
+        make_rollout([r], group_id=g) for g, r in (("a", 1.0), ("a", 1.0), ("b", 0.0), ("b", 0.0))
+    ]
+    lone = make_rollout([-5.0], group_id="a")
+    lone.meta["delegated"] = True
+    weights = GroupNormalizedReturn(2, negative_group_coef=1.0).compute([*parents, lone])
+    # the batch mean is the parents' 0.5 (not pulled down by -5); the lone sub-agent gets 0
+    assert [w[0] for w in weights] == pytest.approx([0.0, 0.0, -0.5, -0.5, 0.0])
+    for bad in (-0.1, math.inf, True):
+        with pytest.raises(ValueError, match="negative_group_coef="):
+            GroupNormalizedReturn(2, negative_group_coef=bad)
+    from ludic.training.algorithm import make_grpo
+
+    assert (
+        make_grpo(group_size=2, negative_group_coef=0.5).credit_assigner.negative_group_coef == 0.5
+    )
+    with pytest.raises(ValueError, match="make_grpo: negative_group_coef=-1"):
+        make_grpo(group_size=2, negative_group_coef=-1)

@@ -46,9 +46,11 @@ from ludic.training import (
     TrainerConfig,
 )
 from ludic.training.batching import SampleFilter
+from ludic.training.credit_assignment import GroupNormalizedReturn
 from ludic.training.filters import drop_version_span
 from ludic.training.losses import CompositeLoss, EntropyBonus, KLPenalty, Loss
 from ludic.training.losses.composite import CompositeTerm
+from ludic.training.reward_credit import RewardModelCreditAssigner
 from ludic.training.reward_model.config import PreferenceTrainerConfig
 from ludic.training.types import CreditAssigner
 
@@ -257,9 +259,30 @@ def make_algorithm(config: RunConfig, *, reward_client: Any = None) -> RLAlgorit
         )
     if config.algorithm.credit_assigner is not None:
         algorithm = replace(algorithm, credit_assigner=make_credit_assigner(config))
+    if config.algorithm.negative_group_coef > 0:
+        algorithm = replace(algorithm, credit_assigner=with_negative_groups(algorithm, config))
     if config.algorithm.kl_coef > 0 or config.algorithm.entropy_coef > 0:
         algorithm = replace(algorithm, loss=with_regularizers(algorithm.loss, config))
     return algorithm
+
+
+def with_negative_groups(algorithm: RLAlgorithm, config: RunConfig) -> CreditAssigner:
+    """The algorithm's group-relative credit (``GroupNormalizedReturn``, or reward_rl's
+    grouped ``RewardModelCreditAssigner``) with ``algorithm.negative_group_coef``; a preset
+    with other credit is an error naming the field."""
+    credit = algorithm.credit_assigner
+    coef = config.algorithm.negative_group_coef
+    grouped = isinstance(credit, GroupNormalizedReturn) or (
+        isinstance(credit, RewardModelCreditAssigner) and credit.group_normalize
+    )
+    if not grouped:
+        raise RunError(
+            f"algorithm.negative_group_coef={coef} needs group-relative credit, but "
+            f"algorithm.name={config.algorithm.name!r} assigns it with "
+            f"{type(credit).__name__}; set algorithm.negative_group_coef=0 or use grpo, "
+            "dr_grpo, gspo, cispo, gmpo, decoupled_grpo or reward_rl"
+        )
+    return replace(credit, negative_group_coef=coef)
 
 
 def with_regularizers(loss: Loss, config: RunConfig) -> Loss:

@@ -281,6 +281,13 @@ class AlgorithmConfig(Section):
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """The per-token KL estimate (Schulman, http://joschu.net/blog/kl-approx.html), with
     l = ref_logp - logp: k1 = -l, k2 = l^2 / 2, k3 = exp(l) - 1 - l (GRPO's)."""
+    negative_group_coef: float = Field(0.0, ge=0)
+    """c > 0: a group whose returns are all equal and below the batch mean (for 0/1
+    rewards: no sample right) gets the advantage c * (R - batch mean) instead of GRPO's 0,
+    which lowers the probability of the answers it gave
+    (``ludic.training.credit_assignment.GroupNormalizedReturn``). Needs group-relative
+    credit (grpo, dr_grpo, gspo, cispo, gmpo, decoupled_grpo, reward_rl, or
+    ``credit_assigner: group_normalized``); another preset is an error. 0: GRPO's."""
     entropy_coef: float = Field(0.0, ge=0)
     """c of an entropy bonus added to the preset's loss: L = L_policy - c * agg_t(H_t),
     H_t the next-token entropy of the policy the samples were scored under (at the sampling

@@ -21,6 +21,7 @@ from ludic.training.credit_assignment import (
     GroupStd,
     MonteCarloReturn,
     check_group_std,
+    check_negative_group_coef,
 )
 from ludic.training.losses import (
     CISPOLoss,
@@ -142,7 +143,11 @@ def _grouped(group_size: int) -> GRPORequestStrategy:
 
 
 def _group_credit(
-    preset: str, group_size: int, normalize_std: bool, std: GroupStd = "population"
+    preset: str,
+    group_size: int,
+    normalize_std: bool,
+    std: GroupStd = "population",
+    negative_group_coef: float = 0.0,
 ) -> GroupNormalizedReturn:
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
         raise ValueError(
@@ -150,7 +155,13 @@ def _group_credit(
             "group_size >= 2 rollouts per prompt (and GRPORequestStrategy with the same value)"
         )
     check_group_std(preset, std)
-    return GroupNormalizedReturn(group_size=group_size, normalize_std=normalize_std, std=std)
+    check_negative_group_coef(preset, negative_group_coef)
+    return GroupNormalizedReturn(
+        group_size=group_size,
+        normalize_std=normalize_std,
+        std=std,
+        negative_group_coef=negative_group_coef,
+    )
 
 
 def make_reinforce(gamma: float = 1.0, group_size: int = 1) -> RLAlgorithm:
@@ -188,10 +199,12 @@ def make_grpo(
     group_std: GroupStd = "population",
     dual_clip_c: float | None = None,
     truncated_is_cap: float | None = None,
+    negative_group_coef: float = 0.0,
 ) -> RLAlgorithm:
     """GRPO (arXiv:2402.03300): credit ``GroupNormalizedReturn(group_size, normalize_std,
-    std=group_std)`` (``group_std``: "population" divides the std by G, "sample" by G - 1
-    as verl and TRL do);
+    std=group_std, negative_group_coef)`` (``group_std``: "population" divides the std by
+    G, "sample" by G - 1 as verl and TRL do; ``negative_group_coef`` > 0 gives a group whose
+    samples all fail c * (R - batch mean) instead of 0, see ``GroupNormalizedReturn``);
     loss ``TokenClippedSurrogateLoss(clip_eps_low, clip_eps_high, dual_clip_c)``;
     aggregation SEQ_MEAN_TOKEN_MEAN. No KL term (add ``KLPenalty`` with ``CompositeLoss``).
 
@@ -202,7 +215,7 @@ def make_grpo(
     start of the step, which it then recomputes) and weights each token by
     min(pi_prox / pi_behav, C), pi_behav being the inference server's logprobs.
     """
-    credit = _group_credit("make_grpo", group_size, normalize_std, group_std)
+    credit = _group_credit("make_grpo", group_size, normalize_std, group_std, negative_group_coef)
     if truncated_is_cap is None:
         loss: Loss = TokenClippedSurrogateLoss(
             clip_eps_low=clip_eps_low,

@@ -19,6 +19,14 @@ GroupStd = Literal["population", "sample"]
 """The standard deviation of a group-relative advantage: divide by G or by G - 1."""
 
 
+def check_negative_group_coef(owner: str, coef: object) -> None:
+    if isinstance(coef, bool) or not isinstance(coef, int | float) or not 0 <= coef < math.inf:
+        raise ValueError(
+            f"{owner}: negative_group_coef={coef!r}; expected a finite value >= 0 (0: a "
+            "group whose samples all fail gets no gradient, as in GRPO)"
+        )
+
+
 def check_group_std(owner: str, std: object) -> None:
     if std not in ("population", "sample"):
         raise ValueError(
@@ -72,6 +80,19 @@ class GroupNormalizedReturn:
     ``rollout.initial_obs`` (same problem). Every group must hold exactly ``group_size``
     rollouts.
 
+    ``negative_group_coef`` = c > 0 gives a failed group a signal too. A group whose returns
+    are all equal and below the batch's mean return mean_B(R) (for 0/1 rewards: no sample
+    right) gets, instead of 0,
+        A_i = c * (R_i - mean_B(R))        (not divided by a std; mean_B over every rollout
+                                            passed to ``compute``, the step's batch,
+                                            delegated rollouts left out)
+    which lowers the probability of the answers its samples gave and so moves mass to
+    others, the right one among them. GRPO gives such a "negative group" no gradient
+    (Feng et al. 2025, arXiv:2510.08696; Nan et al. 2025, arXiv:2509.18851, who add a
+    virtual max-reward sample to every group instead); pushing down wrong samples alone
+    already trains (negative sample reinforcement, Zhu et al. 2025, arXiv:2506.01347).
+    Groups with a spread, and equal groups at or above the batch mean, are as in GRPO.
+
     Delegated sub-agent rollouts (``meta["delegated"]``, set by the delegation handler)
     carry their parent's ``group_id`` but are a different policy role: they form their own
     group per ``group_id``, are normalized among themselves, and are exempt from the
@@ -84,9 +105,11 @@ class GroupNormalizedReturn:
     normalize_std: bool = True
     eps: float = 1e-6
     std: GroupStd = "population"
+    negative_group_coef: float = 0.0
 
     def __post_init__(self) -> None:
         check_group_std("GroupNormalizedReturn", self.std)
+        check_negative_group_coef("GroupNormalizedReturn", self.negative_group_coef)
         if self.group_size < 2:
             raise ValueError(
                 f"GroupNormalizedReturn: group_size={self.group_size!r}; a group-relative "
@@ -103,6 +126,7 @@ class GroupNormalizedReturn:
             normalize_std=self.normalize_std,
             eps=self.eps,
             std=self.std,
+            negative_group_coef=self.negative_group_coef,
             owner="GroupNormalizedReturn",
         )
         return [[advantages[i]] * len(r.turns()) for i, r in enumerate(rollouts)]
@@ -116,23 +140,27 @@ def group_relative_advantages(
     normalize_std: bool = True,
     eps: float = 1e-6,
     std: GroupStd = "population",
+    negative_group_coef: float = 0.0,
     owner: str = "GroupNormalizedReturn",
 ) -> list[float]:
     """One group-relative advantage per rollout, from ``returns[i]`` (rollout i's return).
 
     A_i = (R_i - mean_g(R)) / (std_g(R) + eps)   if normalize_std, else R_i - mean_g(R),
-    with the groups, ``std`` divisor (population: G, sample: G - 1), zero-variance and
-    delegated-rollout rules of
+    with the groups, ``std`` divisor (population: G, sample: G - 1), zero-variance,
+    ``negative_group_coef`` and delegated-rollout rules of
     :class:`GroupNormalizedReturn` (which calls this with ``R_i = total_reward``).
     ``owner`` names the caller in errors. Output: ``[len(rollouts)]``.
     """
     if len(returns) != len(rollouts):
         raise ValueError(f"{owner}: {len(returns)} returns for {len(rollouts)} rollouts")
+    keys = [rollout_group_key(rollout, owner=owner) for rollout in rollouts]
     groups: dict[Hashable, list[int]] = {}
-    for i, rollout in enumerate(rollouts):
-        groups.setdefault(rollout_group_key(rollout, owner=owner), []).append(i)
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
 
     advantages = [0.0] * len(rollouts)
+    policy = [r for r, key in zip(returns, keys) if key[0] != "delegated"]
+    batch_mean = sum(policy) / len(policy) if policy else 0.0
     for (kind, name, *player), members in groups.items():
         if kind != "delegated" and len(members) != group_size:
             label = repr(name) if kind == "group_id" else f"initial_obs={str(name)[:40]!r}"
@@ -145,7 +173,13 @@ def group_relative_advantages(
             )
         group_returns = [returns[i] for i in members]
         if all(r == group_returns[0] for r in group_returns):
-            continue  # zero variance: no learning signal, advantages stay 0.0
+            # zero variance: no learning signal (advantages stay 0.0), except a failed
+            # group's with negative_group_coef
+            below = group_returns[0] - batch_mean
+            if negative_group_coef > 0 and below < 0 and kind != "delegated":
+                for i in members:
+                    advantages[i] = negative_group_coef * below
+            continue
         mean = sum(group_returns) / len(group_returns)
         divisor = len(group_returns) - (1 if std == "sample" else 0)
         spread = math.sqrt(sum((r - mean) ** 2 for r in group_returns) / divisor)
@@ -201,6 +235,7 @@ __all__ = [
     "GroupStd",
     "MonteCarloReturn",
     "PerStepReward",
+    "check_negative_group_coef",
     "group_relative_advantages",
     "rollout_group_key",
 ]

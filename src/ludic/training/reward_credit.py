@@ -30,7 +30,7 @@ from typing import Literal, get_args
 
 from ludic.inference.reward_client import RewardModelClient, format_reward_input
 from ludic.rollouts.hooks import RM_SCORES_KEY
-from ludic.training.credit_assignment import group_relative_advantages
+from ludic.training.credit_assignment import check_negative_group_coef, group_relative_advantages
 from ludic.types import Rollout, Turn
 
 """Rollout meta key: per-turn reward-model scores (``float | None`` per turn)."""
@@ -188,7 +188,8 @@ class RewardModelCreditAssigner:
 
     grouped exactly as :class:`~ludic.training.credit_assignment.GroupNormalizedReturn`
     (``meta["group_id"]``, else the initial observation; population std; an equal-return
-    group gets zeros; every group must hold ``group_size`` rollouts).
+    group gets zeros, or with ``negative_group_coef`` c > 0 one below the batch mean gets
+    c * (R_i - mean_B(R)); every group must hold ``group_size`` rollouts).
 
     Reads: ``Turn.reward``, ``meta["rm_scores"]``. Output: ``[len(rollouts)][num_turns_i]``.
     """
@@ -198,9 +199,16 @@ class RewardModelCreditAssigner:
     group_normalize: bool = False
     group_size: int | None = None
     eps: float = 1e-6
+    negative_group_coef: float = 0.0
 
     def __post_init__(self) -> None:
         name = "RewardModelCreditAssigner"
+        check_negative_group_coef(name, self.negative_group_coef)
+        if self.negative_group_coef and not self.group_normalize:
+            raise ValueError(
+                f"{name}: negative_group_coef={self.negative_group_coef!r} needs "
+                "group_normalize=True (it acts on groups of rollouts of one prompt)"
+            )
         if self.mode not in COMBINE_MODES:
             raise ValueError(f"{name}: mode={self.mode!r}; expected one of {COMBINE_MODES}")
         if isinstance(self.weight, bool) or not (
@@ -263,6 +271,7 @@ class RewardModelCreditAssigner:
                 [sum(c) for c in combined],
                 group_size=self.group_size,
                 eps=self.eps,
+                negative_group_coef=self.negative_group_coef,
                 owner="RewardModelCreditAssigner",
             )
             return [[a] * len(c) for a, c in zip(advantages, combined)]
