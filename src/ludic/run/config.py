@@ -290,10 +290,10 @@ class AlgorithmConfig(Section):
     ``credit_assigner: group_normalized``); another preset is an error. 0: GRPO's."""
     entropy_coef: float = Field(0.0, ge=0)
     """c of an entropy bonus added to the preset's loss: L = L_policy - c * agg_t(H_t),
-    H_t the next-token entropy of the policy the samples were scored under (at the sampling
-    temperature), aggregated like the policy loss (``ludic.training.losses.EntropyBonus``;
-    PPO's c2, arXiv:1707.06347 eq. 9; verl's entropy_coeff). It slows the collapse of a
-    group's samples onto one answer, after which the group gives no signal. 0: no term."""
+    H_t the current policy's next-token entropy (at the sampling temperature), aggregated
+    like the policy loss (``ludic.training.losses.EntropyBonus``; PPO's c2, arXiv:1707.06347
+    eq. 9; verl's entropy_coeff). It raises the token entropy, meant to slow the collapse of
+    a group's samples onto one answer. 0: no term."""
 
     @model_validator(mode="after")
     def _no_setting_twice(self) -> AlgorithmConfig:

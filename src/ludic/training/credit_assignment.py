@@ -72,8 +72,8 @@ class GroupNormalizedReturn:
     divisor of the standard deviation over a group of G: ``"population"`` (G, the default)
     or ``"sample"`` (G - 1, as verl, TRL and the Dr. GRPO authors' code compute it with
     ``torch.std``). The population std gives advantages sqrt(G / (G - 1)) times larger:
-    1.07x at G = 8, 1.41x at G = 2. A_i is assigned to every turn of rollout i. A group whose returns are all equal gets all-zero
-    advantages (never NaN).
+    1.07x at G = 8, 1.41x at G = 2. A_i is assigned to every turn of rollout i. A group whose returns are all
+    equal gets all-zero advantages (never NaN) when ``negative_group_coef`` is 0.
 
     Groups: ``rollout.meta["group_id"]`` when present (split by ``meta["agent_id"]``: in
     multi-agent self-play each player's rollouts form their own group), else
@@ -85,7 +85,8 @@ class GroupNormalizedReturn:
     right) gets, instead of 0,
         A_i = c * (R_i - mean_B(R))        (not divided by a std; mean_B over every rollout
                                             passed to ``compute``, the step's batch,
-                                            delegated rollouts left out)
+                                            delegated rollouts left out; a delegated
+                                            group never gets it)
     which lowers the probability of the answers its samples gave and so moves mass to
     others, the right one among them. GRPO gives such a "negative group" no gradient
     (Feng et al. 2025, arXiv:2510.08696; Nan et al. 2025, arXiv:2509.18851, who add a
