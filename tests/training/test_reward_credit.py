@@ -256,6 +256,18 @@ def test_a_group_with_equal_combined_returns_gets_zeros():
     assert weights(assigner, flat) == [[0.0], [0.0], [0.0]]
 
 
+def test_negative_group_coef_pushes_down_a_group_below_the_batch_mean():
+    # replace: combined returns = RM scores; "low" all 0.2, "high" all 0.8, batch mean 0.5
+    rollouts = [make_rollout([0.0], [s], group_id=g) for g, s in (("low", 0.2),) * 2]
+    rollouts += [make_rollout([0.0], [s], group_id=g) for g, s in (("high", 0.8),) * 2]
+    assigner = RewardModelCreditAssigner(
+        group_normalize=True, group_size=2, negative_group_coef=2.0
+    )
+    assert [w[0] for w in weights(assigner, rollouts)] == pytest.approx([-0.6, -0.6, 0.0, 0.0])
+    with pytest.raises(ValueError, match="negative_group_coef=1.0 needs group_normalize=True"):
+        RewardModelCreditAssigner(negative_group_coef=1.0)
+
+
 def test_groups_follow_group_normalized_return_initial_obs_grouping():
     rollouts = [
         make_rollout([0.0], [1.0], obs="p1"),
