@@ -15,9 +15,10 @@ step per batch, the same reward (ludic's ``answer`` parser and the env's ``numer
 * ludic: the ``ludic train`` command on the demo config (``src/ludic/configs/arithmetic_demo.
   yaml``) with only those settings overridden (and no warm start, and ``eval.every=0``: the
   demo's evaluation every 100 steps would fall in the long runs only, and TRL's run has
-  none; and ``algorithm.negative_group_coef=0``: GRPO's advantages, as TRL's; the ``accuracy``
-  subcommand's RL phase sets it too): every other default is the user's (the in-process backend re-synced after every
-  step, checkpoints every 25 steps, the console and metrics logs).
+  none; and ``algorithm.negative_group_coef=0``: GRPO's advantages, as TRL's; the
+  ``accuracy`` subcommand's RL phase sets it too): every other default is the user's (the
+  in-process backend re-synced after every step, checkpoints every 25 steps, the console
+  and metrics logs).
 * TRL: ``GRPOTrainer`` (``use_vllm=False``: it generates with the training model) with
   ``GRPOConfig``'s defaults but for those settings, float32 and no activation checkpointing as
   ludic runs (``bf16: false``, ``gradient_checkpointing: false``; GRPOConfig's defaults, bf16

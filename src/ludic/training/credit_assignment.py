@@ -72,8 +72,9 @@ class GroupNormalizedReturn:
     divisor of the standard deviation over a group of G: ``"population"`` (G, the default)
     or ``"sample"`` (G - 1, as verl, TRL and the Dr. GRPO authors' code compute it with
     ``torch.std``). The population std gives advantages sqrt(G / (G - 1)) times larger:
-    1.07x at G = 8, 1.41x at G = 2. A_i is assigned to every turn of rollout i. A group whose returns are all
-    equal gets all-zero advantages (never NaN) when ``negative_group_coef`` is 0.
+    1.07x at G = 8, 1.41x at G = 2. A_i is assigned to every turn of rollout i. A group
+    whose returns are all equal gets all-zero advantages (never NaN) when
+    ``negative_group_coef`` is 0.
 
     Groups: ``rollout.meta["group_id"]`` when present (split by ``meta["agent_id"]``: in
     multi-agent self-play each player's rollouts form their own group), else
@@ -160,8 +161,10 @@ def group_relative_advantages(
         groups.setdefault(key, []).append(i)
 
     advantages = [0.0] * len(rollouts)
-    policy = [r for r, key in zip(returns, keys) if key[0] != "delegated"]
-    batch_mean = sum(policy) / len(policy) if policy else 0.0
+    batch_mean = 0.0  # read only with negative_group_coef
+    if negative_group_coef > 0:
+        policy = [r for r, key in zip(returns, keys) if key[0] != "delegated"]
+        batch_mean = sum(policy) / len(policy) if policy else 0.0
     for (kind, name, *player), members in groups.items():
         if kind != "delegated" and len(members) != group_size:
             label = repr(name) if kind == "group_id" else f"initial_obs={str(name)[:40]!r}"
