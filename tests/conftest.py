@@ -63,6 +63,15 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         served.stop()
 
 
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory):
+    """One real redis-server for the session (started on first use); each test uses its
+    own prefix."""
+    from tests.pipeline.helpers import running_redis
+
+    yield from running_redis(tmp_path_factory.mktemp("redis"))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from tests.session_servers import note_fixtures
 

@@ -1,12 +1,15 @@
 """One rank of a data-parallel (FSDP2) trainer run on CPU, for ``test_fsdp_trainer.py``.
 
     python -m torch.distributed.run --nproc-per-node N tests/distributed/fsdp_worker.py \
-        OUT ALGORITHM DTYPE [--steps K] [--minibatches M] [--budget TOKENS]
+        OUT ALGORITHM DTYPE [--steps K] [--minibatches M] [--budget TOKENS] [--redis URL]
     python tests/distributed/fsdp_worker.py OUT ...        # one process, no process group
 
 Every rank builds the same tiny policy and the same batches (rank 0's batch source is the
-one used); after the steps rank 0 writes ``OUT/result.pt``: each step's metrics and the
-final full weights (gathered from the shards). Several runs, one after the other in the
+one used; with ``--redis`` it is a pipeline learner's: rank 0 first pushes the batches to
+a queue of their own at URL, then takes them from there, in the wire format, and
+acknowledges each after its step); after the steps rank 0 writes ``OUT/result.pt``: each
+step's metrics, the final full weights (gathered from the shards) and, with ``--redis``,
+the ids of the batches the queue recorded as trained. Several runs, one after the other in the
 same processes (and process group): ``OUT1 ARGS1 + OUT2 ARGS2 + ...``.
 """
 
@@ -16,6 +19,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -74,6 +78,22 @@ class ListSource:
         return self.items[self.calls - 1]
 
 
+def pipeline_source(url: str, prefix: str, items: list[SAWBatch]) -> tuple[Any, Any]:
+    """A pipeline learner's batch source over a fresh queue holding ``items`` (pushed as
+    an actor does, then closed) and the queue."""
+    from ludic.pipeline.batch_source import PipelineBatchSource
+    from ludic.pipeline.redis_queue import RedisBatchQueue
+    from ludic.training.batching.wire import Producer, encode_batch
+
+    queue = RedisBatchQueue(url, prefix=prefix, max_queued=len(items), block_s=0.2)
+    queue.purge()
+    for index, batch in enumerate(items):
+        batch_id = f"batch-{index}"
+        queue.push(batch_id, encode_batch(batch, Producer(batch_id, "actor", index)))
+    queue.close_producing()
+    return PipelineBatchSource(queue, max_staleness=None, batch_timeout_s=30.0), queue
+
+
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
@@ -93,6 +113,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--groups", action="store_true", help="pairs of items share a prompt")
     parser.add_argument("--no-shared-prefix", action="store_true")
+    parser.add_argument("--redis", help="rank 0 reads the batches from a queue at this URL")
     return parser
 
 
@@ -148,9 +169,11 @@ def train_once(args: argparse.Namespace, ranks: TrainerRanks | None, device: str
         client = VLLMChatClient(args.server, api_key=os.environ["LUDIC_API_KEY"], timeout_s=60)
         client.init_weight_sync(backend="gloo")
         publisher = ClientPolicyPublisher(client)
-    source = ListSource(
-        batches(args.batches or args.steps, args.batch, groups=args.groups), fail=args.fail
-    )
+    items = batches(args.batches or args.steps, args.batch, groups=args.groups)
+    source = ListSource(items, fail=args.fail)
+    queue = None
+    if args.redis and (ranks is None or ranks.is_main):
+        source, queue = pipeline_source(args.redis, f"fsdp-{args.out}", items)
     checkpoint = CheckpointConfig(args.checkpoints, every_n_steps=1) if args.checkpoints else None
     trainer = Trainer(
         model,
@@ -172,7 +195,9 @@ def train_once(args: argparse.Namespace, ranks: TrainerRanks | None, device: str
     weights = {name: tensor.cpu() for name, tensor in weights.items()}
     if ranks is None or ranks.is_main:
         args.out.mkdir(parents=True, exist_ok=True)
-        torch.save({"history": history, "weights": weights}, args.out / "result.pt")
+        trained = sorted(queue.records("trained")) if queue is not None else []
+        result = {"history": history, "weights": weights, "trained": trained}
+        torch.save(result, args.out / "result.pt")
     if client is not None:
         client.close()
 

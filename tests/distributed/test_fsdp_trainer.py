@@ -59,18 +59,22 @@ EXACT = {
     "gspo-float64": (["gspo", "float64", "--logprobs", "full", "--budget", "1000"], 1e-10),
     # one item: rank 1 has nothing of its own and runs padding only
     "one-item": (["sft", "float64", "--batch", "1"], 1e-10),
+    # a pipeline learner: rank 0 takes the batches from a Redis queue (wire format) and
+    # acknowledges each after its step (one process: the same, without ranks)
+    "pipeline-queue": (["grpo", "float64", "--budget", "48", "--redis", "{redis}"], 1e-10),
 }
 
 
 @pytest.fixture(scope="module")
-def exact_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def exact_runs(tmp_path_factory: pytest.TempPathFactory, redis_server) -> Path:
     """Every case of :data:`EXACT` trained by one process and by two ranks: one process
     (and one torchrun) for all of them, one case after another (the start-ups are most of
     the time)."""
     root = tmp_path_factory.mktemp("fsdp_exact")
     one: list[str] = []
     two: list[str] = []
-    for name, (args, _) in EXACT.items():
+    for name, (template, _) in EXACT.items():
+        args = [arg.format(redis=redis_server.url) for arg in template]
         same = ["--no-shared-prefix"] if "--groups" in args else []
         one += ["+", str(root / "one" / name), *args, *same]
         two += ["+", str(root / "two" / name), *args]
@@ -98,6 +102,8 @@ def test_two_ranks_train_exactly_as_one_process(exact_runs: Path, case: str):
     for name, weight in one["weights"].items():
         torch.testing.assert_close(two["weights"][name], weight, rtol=tol, atol=tol, msg=name)
     assert all(step["grad_norm"] > 1e-3 for step in one["history"])  # the weights moved
+    queued = ["batch-0", "batch-1"] if "--redis" in args else []
+    assert one["trained"] == two["trained"] == queued  # each acknowledged once, by rank 0
 
 
 def test_data_exhausted_on_rank_zero_ends_every_rank_cleanly(tmp_path: Path) -> None:

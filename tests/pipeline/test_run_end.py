@@ -29,6 +29,7 @@ def test_finish_run_refuses_pushes_and_records_what_was_queued_as_unused(redis_s
     assert q.client.exists(q.keys.payload("").encode() + b"\xff") == 0
     assert q.records("unused")["b0"]["reason"] == "test over"
     assert q.counters()["unused_batches"] == 3
+    assert q.finished_batches() == 3  # admission after a resume does not wait for them
     assert q.client.exists(q.keys.payload("b0")) == 0
     with pytest.raises(RunFinishedError, match="ended the run; batch b2 is not wanted"):
         q.push("b2", b"z")

@@ -21,6 +21,7 @@ from ludic.cli.output import (
     print_metrics,
     stdout,
 )
+from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
 from ludic.run.loading import load_config
 
@@ -29,19 +30,30 @@ DEMO_CONFIG = "arithmetic_demo.yaml"
 
 def train_command(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)  # checked before torch is imported
-    if config.trainer.world_size > 1 and "WORLD_SIZE" not in os.environ:
+    if _needs_ranks(config) and config.trainer.mode != "pipeline":  # pipeline: its learner
         return _train_ranks(config.trainer.world_size, args.argv)
     from ludic import jobs
 
     run_dir = jobs.train(config, resume=args.resume)
-    if os.environ.get("RANK", "0") == "0":  # one line, from rank 0, under torchrun
-        stdout().print(f"run directory: {run_dir}", highlight=False, soft_wrap=True)
+    _print_run_dir(run_dir)
     return EXIT_OK
 
 
+def _needs_ranks(config: RunConfig) -> bool:
+    """``trainer.world_size`` > 1 and this process is not one of the ranks yet (torchrun,
+    or ``ludic launch`` on Ray, sets ``WORLD_SIZE`` for each)."""
+    return config.trainer.world_size > 1 and "WORLD_SIZE" not in os.environ
+
+
+def _print_run_dir(run_dir: Path) -> None:
+    if os.environ.get("RANK", "0") == "0":  # one line, from rank 0, with several ranks
+        stdout().print(f"run directory: {run_dir}", highlight=False, soft_wrap=True)
+
+
 def _train_ranks(world_size: int, argv: list[str]) -> int:
-    """``trainer.world_size`` > 1: the same command in ``world_size`` processes under
-    torchrun (which stops them all when one fails); its exit code."""
+    """``trainer.world_size`` > 1: the same command (``ludic train``, or the pipeline's
+    ``ludic learner``) in ``world_size`` processes under torchrun (which stops them all
+    when one fails); its exit code."""
     import subprocess
 
     from ludic.run.trainer_ranks import torchrun_command
@@ -78,10 +90,12 @@ def export_command(args: argparse.Namespace) -> int:
 
 def learner_command(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
+    if _needs_ranks(config):
+        return _train_ranks(config.trainer.world_size, args.argv)
     from ludic.pipeline.learner import run_learner
 
     run_dir = run_learner(config, run_dir=args.run_dir)
-    stdout().print(f"run directory: {run_dir}", highlight=False, soft_wrap=True)
+    _print_run_dir(run_dir)
     return EXIT_OK
 
 

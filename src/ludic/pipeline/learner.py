@@ -55,7 +55,7 @@ from ludic.pipeline.run_info import (
 from ludic.run.builders import make_algorithm, make_engine, rl_sample_filter, rl_trainer_config
 from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
-from ludic.run.export import POLICY_DIR, save_policy_folder
+from ludic.run.export import POLICY_DIR
 from ludic.run.models import load_policy
 from ludic.run.phases import (
     pad_id,
@@ -74,7 +74,10 @@ from ludic.run.run_loggers import run_loggers
 from ludic.run.servers import inference_backend, published_weights
 from ludic.run.signals import terminate_as_interrupt
 from ludic.run.steps import checkpoint_on_failure
+from ludic.run.threads import use_torch_threads
+from ludic.run.trainer_ranks import run_as_ranks, save_policy, share_run_dir
 from ludic.training import Trainer
+from ludic.training.data_parallel import TrainerRanks
 
 __all__ = ["run_learner"]
 
@@ -88,10 +91,15 @@ def run_learner(config: RunConfig, *, run_dir: str | Path | None = None) -> Path
         check_local_servers(config)
         require_reward_router(config, "ludic learner")  # the actors score: refused early
         _check_vllm_key(config)
-        return _learn(config, run_dir)
+        if config.trainer.world_size > 1:  # else torch's default, as before
+            use_torch_threads(config, processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        return run_as_ranks(config, lambda ranks: _learn(config, run_dir, ranks), resume=True)
 
 
-def _learn(config: RunConfig, run_dir: str | Path | None) -> Path:
+def _learn(config: RunConfig, run_dir: str | Path | None, ranks: TrainerRanks | None) -> Path:
+    """The learner's run as one process or as rank 0 of ``trainer.world_size`` (the
+    others follow it: :mod:`ludic.run.trainer_ranks`). Rank 0 alone talks to Redis and
+    the servers, reads the queue and acknowledges what the group trained."""
     console = Console()
     run, config = open_learner_run(config, run_dir)
     console.print(f"run directory: [bold]{run.path}[/bold]", highlight=False, soft_wrap=True)
@@ -124,14 +132,16 @@ def _learn(config: RunConfig, run_dir: str | Path | None) -> Path:
             soft_wrap=True,
         )
         policy, tokenizer = load_policy(config, run.model_dir)
+        if ranks is not None:  # the other ranks load the policy and checkpoints from here
+            share_run_dir(run.path, ranks)
         if config.warm_start.steps > 0 and not run.has_checkpoint("rl"):
-            warm_start(config, run, policy, tokenizer, resuming=True, console=console)
-            save_policy_folder(policy, tokenizer, run.path / POLICY_DIR)
+            warm_start(config, run, policy, tokenizer, resuming=True, console=console, ranks=ranks)
+            save_policy(policy, tokenizer, run.path / POLICY_DIR, ranks)
         client = stack.enter_context(
             inference_backend(config, policy, tokenizer, model_dir=run.model_dir, log_dir=run.path)
         )
-        _reinforce_from_queue(config, run, policy, tokenizer, client, queue, console)
-        save_policy_folder(policy, tokenizer, run.path / POLICY_DIR)
+        _reinforce_from_queue(config, run, policy, tokenizer, client, queue, console, ranks)
+        save_policy(policy, tokenizer, run.path / POLICY_DIR, ranks)
         if own_redis is None:  # our Redis stops with us: let actors leave
             _wait_for_actors_to_leave(queue, config.pipeline.stop_timeout_s)
     plot_reward_curve(run.read_metrics(), run.plot_path, title=config.name)
@@ -149,6 +159,7 @@ def _reinforce_from_queue(
     client: Any,
     queue: Any,
     console: Console,
+    ranks: TrainerRanks | None,
 ) -> None:
     from ludic.pipeline.batch_source import PipelineBatchSource
 
@@ -170,9 +181,11 @@ def _reinforce_from_queue(
         reference_model=reference_policy(config, run, policy, tokenizer),
         publisher=_publisher(config, client, queue),
         published_weights=published_weights(config),
-        checkpoint=phase_checkpoint_config(config, run, "rl", tokenizer),
+        # several ranks: no policy folder per checkpoint (see ludic.run.trainer_ranks)
+        checkpoint=phase_checkpoint_config(config, run, "rl", tokenizer if not ranks else None),
         loggers=loggers,
         sample_filter=rl_sample_filter(config),
+        ranks=ranks,
     )
     eval_engine = make_engine(
         config, client, HFChatTemplate(tokenizer), env_overrides=config.env.eval_kwargs

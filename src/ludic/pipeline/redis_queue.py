@@ -585,12 +585,17 @@ class RedisBatchQueue:
         self._retry("write the version", lambda: self.client.set(self.keys.version, version))
 
     def finished_batches(self) -> int:
-        """Batch indices that are done: trained + dropped + dead + abandoned claims.
-        Admission control counts these (not versions), so a dropped, rejected or abandoned
-        batch does not hold actors back forever."""
+        """Batch indices that are done: trained + dropped + dead + abandoned claims +
+        unused (queued when the run ended). Admission control counts these (not
+        versions), so a batch that will never be trained does not hold actors back
+        forever: not even after a finished run is resumed with more steps."""
         c = self.counters()
         return (
-            c["trained_batches"] + c["dropped_batches"] + c["dead_batches"] + c["abandoned_claims"]
+            c["trained_batches"]
+            + c["dropped_batches"]
+            + c["dead_batches"]
+            + c["abandoned_claims"]
+            + c["unused_batches"]
         )
 
     def counters(self) -> dict[str, int]:

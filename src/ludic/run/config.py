@@ -405,7 +405,9 @@ class TrainerSection(TrainerSettings):  # type: ignore[misc,valid-type]
     (``ludic.training.data_parallel``); ``ludic train`` starts them with torchrun (one per
     GPU with model.device cuda; gloo processes on CPU). Rank 0 generates, logs, publishes;
     checkpoints go through torch.distributed.checkpoint (resumable at another world
-    size). Not with mode: pipeline, LoRA, flat_parameters or a learned reward."""
+    size). In mode: pipeline the learner is the group (``ludic learner`` starts it with
+    torchrun; ``ludic launch`` places its ranks on Ray) and rank 0 reads the queue. Not
+    with LoRA, flat_parameters, a learned reward or a KL reference model."""
 
     @model_validator(mode="after")
     def _settings_and_staleness(self) -> TrainerSection:
@@ -732,7 +734,6 @@ class RunConfig(Section):
         if n == 1:
             return self
         unsupported = {
-            "trainer.mode=pipeline (its learner is one process)": self.trainer.mode == "pipeline",
             "model.lora (merging sharded adapters is not supported yet)": self.model.lora
             is not None,
             "trainer.flat_parameters (FSDP2 shards parameters itself)": (

@@ -62,13 +62,7 @@ from ludic.run.run_loggers import run_loggers
 from ludic.run.servers import inference_backend, published_weights, reward_backend
 from ludic.run.steps import checkpoint_on_failure
 from ludic.run.threads import use_torch_threads
-from ludic.run.trainer_ranks import (
-    follow,
-    join_trainer_group,
-    leave_trainer_group,
-    save_policy,
-    share_run_dir,
-)
+from ludic.run.trainer_ranks import run_as_ranks, save_policy, share_run_dir
 from ludic.training import (
     AsyncBatchSource,
     CheckpointManager,
@@ -101,19 +95,9 @@ def train_rl(config: RunConfig, *, resume: str | Path | None = None) -> Path:
     """Run (or resume) an RL job in this process (rank 0 leads, other ranks follow);
     returns the run directory. The config has passed :func:`~ludic.run.preflight.check_config`."""
     use_torch_threads(config, processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    ranks = join_trainer_group(config)  # trainer.world_size > 1: this is one of torchrun's
-    try:
-        if ranks is not None and not ranks.is_main:
-            path = follow(config, ranks, resume=resume is not None)
-        else:
-            path = _lead(config, resume=resume, ranks=ranks)
-    except BaseException:
-        if ranks is not None:  # torchrun then stops the other ranks
-            leave_trainer_group(failed=True)
-        raise
-    if ranks is not None:
-        leave_trainer_group()
-    return path
+    return run_as_ranks(
+        config, lambda ranks: _lead(config, resume=resume, ranks=ranks), resume=resume is not None
+    )
 
 
 def _lead(config: RunConfig, *, resume: str | Path | None, ranks: TrainerRanks | None) -> Path:

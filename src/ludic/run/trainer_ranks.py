@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from ludic.distributed import policy_state_dict
 from ludic.distributed.weight_transfer.extractor import gather_full_tensors
+from ludic.inference.vllm.process import die_with_parent_preexec
 from ludic.run.builders import (
     RunError,
     make_algorithm,
@@ -47,13 +49,24 @@ __all__ = [
     "follow",
     "join_trainer_group",
     "leave_trainer_group",
+    "run_as_ranks",
     "save_policy",
     "share_run_dir",
     "torchrun_command",
 ]
 
 GROUP_TIMEOUT = timedelta(minutes=30)
-"""How long a rank waits in a collective (e.g. for rank 0's next batch) before failing."""
+"""How long a rank waits in a collective (e.g. for rank 0's next batch, while rank 0
+samples or evaluates) before failing; a pipeline learner adds ``pipeline.batch_timeout_s``
+(:func:`group_timeout`)."""
+
+
+def group_timeout(config: RunConfig) -> timedelta:
+    """:data:`GROUP_TIMEOUT`, plus the time a pipeline learner's rank 0 may wait for a
+    batch in the queue (it fails after that, so the others never time out first)."""
+    if config.trainer.mode == "pipeline":
+        return GROUP_TIMEOUT + timedelta(seconds=config.pipeline.batch_timeout_s)
+    return GROUP_TIMEOUT
 
 
 def torchrun_command(world_size: int, argv: list[str]) -> list[str]:
@@ -91,12 +104,38 @@ def join_trainer_group(config: RunConfig) -> TrainerRanks | None:
         raise RunError(
             f"trainer.world_size={wanted} but torchrun started {ranks.world_size} processes"
         )
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        # torchrun starts each rank in a session of its own: one that outlived torchrun
+        # (``kill -9`` of it or of the launcher) would hold the group's port forever
+        die_with_parent_preexec(os.getppid())()
     cuda = config.model.device.startswith("cuda")
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", ranks.rank)))
     # gloo for the CPU tensors of the batch channel and flags, NCCL for the model's
-    dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", timeout=GROUP_TIMEOUT)
+    dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", timeout=group_timeout(config))
     return TrainerRanks.current()
+
+
+def run_as_ranks(
+    config: RunConfig, lead: Callable[[TrainerRanks | None], Path], *, resume: bool
+) -> Path:
+    """This process's part of a run: with ``trainer.world_size: 1`` (or as rank 0 of a
+    group) ``lead(ranks)``; as another rank, :func:`follow`. The group is joined first and
+    left last (after a failure without waiting for the others: torchrun, or the launcher
+    on Ray, stops them). Returns the run directory."""
+    ranks = join_trainer_group(config)
+    try:
+        if ranks is not None and not ranks.is_main:
+            path = follow(config, ranks, resume=resume)
+        else:
+            path = lead(ranks)
+    except BaseException:
+        if ranks is not None:
+            leave_trainer_group(failed=True)
+        raise
+    if ranks is not None:
+        leave_trainer_group()
+    return path
 
 
 def leave_trainer_group(*, failed: bool = False) -> None:
