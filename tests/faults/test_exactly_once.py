@@ -1,6 +1,9 @@
 """Exactly once, as a user runs it. Pipeline mode: ``ludic train`` (a local redis-server,
 a learner and two actors), the learner or an actor killed with SIGKILL at a random moment,
-then ``ludic train --resume RUN_DIR``, once each, then resumed to the end. Every step's
+then ``ludic train --resume RUN_DIR``, once each, then resumed to the end. The first
+learner is sharded (``trainer.world_size=2``: two FSDP2 ranks under torchrun) and its
+rank 1 is the one killed; the resumed learners run in one process (the sharded
+checkpoint loads at the other world size). Every step's
 batch index is trained exactly once in the final run (the updates a kill lost are trained
 again from the checkpoint, their first records undone), every step has one metrics line,
 and every batch an actor produced is trained, dropped or left unused with its reason.
@@ -30,7 +33,8 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 STEPS = 16
 KILLS = 3
-PIPELINE_VICTIMS = ("learner", "actor")
+PIPELINE_VICTIMS = ("learner rank 1", "actor")
+"""Killed in turn; the first run's learner has two ranks."""
 PIPELINE = [
     "trainer.mode=pipeline",
     "pipeline.num_actors=2",
@@ -43,10 +47,14 @@ PIPELINE = [
 
 
 def _child(parent: subprocess.Popen, role: str) -> psutil.Process | None:
-    """``ludic train``'s ``learner`` or first ``actor`` process."""
+    """``ludic train``'s ``learner`` (``learner rank 1``: the learner's rank 1, a
+    process torchrun started) or first ``actor`` process."""
     for child in psutil.Process(parent.pid).children(recursive=True):
         try:
-            if role in child.cmdline()[3:5]:
+            if role == "learner rank 1":
+                if child.environ().get("RANK") == "1" and "learner" in child.cmdline():
+                    return child
+            elif role in child.cmdline()[3:5]:
                 return child
         except psutil.Error:
             continue
@@ -90,7 +98,8 @@ def test_learner_and_actor_sigkilled_at_random_moments_train_every_batch_exactly
     run = None
     after = 1
     for role in PIPELINE_VICTIMS:
-        parent = launch(tmp_path, *PIPELINE, resume=run)
+        ranks = ["trainer.world_size=2"] if role == "learner rank 1" else []
+        parent = launch(tmp_path, *PIPELINE, *ranks, resume=run)
         try:
             delay = rng.uniform(0.0, 0.2)  # a step takes ~0.1-0.3 s here
             last = _kill_at_a_random_moment(tmp_path, parent, role, after, delay)
