@@ -18,6 +18,7 @@ guard in ``tests/conftest.py`` fails a test whose processes listen anywhere else
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -178,23 +179,51 @@ def test_a_job_runs_across_two_nodes_and_survives_a_killed_rollout_actor(
     assert not _leftover_ludic_processes(tmp_path)
 
 
-def test_sigterm_stops_every_placed_process_and_the_run_resumes(cluster, tmp_path: Path) -> None:
-    """SIGTERM to ``ludic launch`` mid-run (transformers inference: a learner and an actor,
-    no server): exit 143, the learner checkpointed its last step, no process is left;
-    ``--resume`` finishes the run from there."""
+def test_a_sharded_learner_spans_both_nodes_and_a_killed_rank_or_sigterm_stops_the_run(
+    cluster, tmp_path: Path
+) -> None:
+    """Transformers inference (a learner and an actor, no server), three launches of one
+    run: (1) a two-rank learner, one rank on each node (``launch.learner_strategy:
+    STRICT_SPREAD``): its rank 1 SIGKILLed mid-run stops every placed process (exit 1,
+    naming the failure); (2) ``--resume`` with one rank continues from the last sharded
+    checkpoint, and SIGTERM to ``ludic launch`` mid-run exits 143 with the last step
+    checkpointed; (3) ``--resume`` finishes the run: every step logged once, in order. No
+    process outlives a launch."""
     from tests.faults.helpers import checkpoint_steps, steps
 
     job = [
         *JOB,
         "inference.backend=transformers",
         "trainer.steps=40",
-        "trainer.checkpoint_every=100",
+        "trainer.checkpoint_every=2",
         "eval.every=0",
     ]
     argv = [str(DEMO), "--address", cluster.address, f"output_dir={tmp_path}", *job]
-    launched = Launched(tmp_path, *argv)
+    spread = ["launch.learner.resources={}", "launch.learner_strategy=STRICT_SPREAD"]
+    launched = Launched(tmp_path, *argv, "trainer.world_size=2", *spread)
     try:
-        launched.wait_for_line(r"^\[learner\] step 2 ", timeout_s=300)
+        launched.wait_for_line(r"^\[learner\] step 3 ", timeout_s=300)
+        out = launched.output()
+        ranks = [_placed(out, "learner"), _placed(out, "learner-rank-1")]
+        os.kill(int(ranks[1]["pid"]), signal.SIGKILL)
+        code = launched.proc.wait(timeout=180)
+    finally:
+        launched.stop()
+    out = launched.output()
+    assert code == 1, out[-4000:]
+    assert ranks[0]["node"] != ranks[1]["node"]  # the group spans both nodes
+    assert re.search(r"^error: .*learner(-rank-1)? exited with code", out, re.MULTILINE), out[
+        -3000:
+    ]
+    run_dir = Path(re.findall(r"^run directory: (\S+)", out, re.MULTILINE)[0])
+    sharded = checkpoint_steps(run_dir, "rl")
+    assert sharded and (run_dir / "checkpoints" / "rl" / f"step_{sharded[-1]:08d}" / "dcp").is_dir()
+    assert not _leftover_ludic_processes(tmp_path)
+
+    resumed = [*argv, "--resume", str(run_dir)]  # one rank, on the head
+    launched = Launched(tmp_path, *resumed)
+    try:
+        launched.wait_for_line(rf"^\[learner\] step {sharded[-1] + 2} ", timeout_s=300)
         os.kill(launched.proc.pid, signal.SIGTERM)
         code = launched.proc.wait(timeout=180)
     finally:
@@ -202,18 +231,17 @@ def test_sigterm_stops_every_placed_process_and_the_run_resumes(cluster, tmp_pat
     out = launched.output()
     assert code == 143, out[-4000:]
     assert re.search(r"interrupted; continue .*ludic launch .*--resume", out), out[-2000:]
-    run_dir = Path(re.findall(r"^run directory: (\S+)", out, re.MULTILINE)[0])
     done = steps(run_dir, "rl")
-    assert len(done) >= 2 and checkpoint_steps(run_dir, "rl")[-1] == done[-1]
+    assert done == list(range(1, len(done) + 1)) and len(done) >= sharded[-1] + 2
+    assert checkpoint_steps(run_dir, "rl")[-1] == done[-1]
     assert not _leftover_ludic_processes(tmp_path)
 
-    more = f"trainer.steps={done[-1] + 2}"
-    resumed = Launched(tmp_path, *argv, more, "--resume", str(run_dir))
+    finished = Launched(tmp_path, *resumed, f"trainer.steps={done[-1] + 2}")
     try:
-        assert resumed.proc.wait(timeout=300) == 0, resumed.output()[-4000:]
+        assert finished.proc.wait(timeout=300) == 0, finished.output()[-4000:]
     finally:
-        resumed.stop()
-    assert steps(run_dir, "rl") == [*done, done[-1] + 1, done[-1] + 2]
+        finished.stop()
+    assert steps(run_dir, "rl") == list(range(1, done[-1] + 3))
     assert not _leftover_ludic_processes(tmp_path)
 
 
@@ -399,6 +427,34 @@ def test_launch_config_errors_name_the_field(tmp_path: Path) -> None:
     ipc = load_config(DEMO, [*base, "model.device=cuda", "inference.vllm.sync_strategy=cuda_ipc"])
     with pytest.raises(RunError, match=r"places the servers apart from the learner"):
         check_placement(ipc)
+
+
+def test_the_learner_ranks_meet_on_the_launching_node_and_need_the_run_directory(
+    tmp_path: Path,
+) -> None:
+    from ludic.pipeline.ray_launch import _learner_ranks
+    from ludic.pipeline.ray_processes import PlacedProcess
+
+    config = load_config(DEMO, [f"output_dir={tmp_path}", *JOB, "trainer.world_size=3"])
+    common = dict(config_yaml="{}", run_name="run", env={"LUDIC_API_KEY": "k"}, cwd=None)
+    members = _learner_ranks(config, tmp_path, "127.0.0.1", ("a=1",), common)
+    assert [spec.name for spec, _ in members] == ["learner", "learner-rank-1", "learner-rank-2"]
+    envs = [spec.env for spec, _ in members]
+    assert [e["RANK"] for e in envs] == ["0", "1", "2"] and {e["WORLD_SIZE"] for e in envs} == {"3"}
+    assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1
+    assert envs[0]["MASTER_ADDR"] == "127.0.0.1" and envs[0]["LUDIC_API_KEY"] == "k"
+    assert "node:127.0.0.1" in members[0][1].resources  # rank 0 owns the run directory
+    assert all("node:127.0.0.1" not in place.resources for _, place in members[1:])
+    assert {HEAD} <= set(members[2][1].resources)  # every rank reserves launch.learner
+    one = _learner_ranks(config.model_copy(update={"trainer": config.trainer.model_copy(
+        update={"world_size": 1})}), tmp_path, "127.0.0.1", (), common)  # fmt: skip
+    assert len(one) == 1 and "RANK" not in one[0][0].env  # one process, as before
+
+    far = object.__new__(PlacedProcess)  # rank 2 on a node without the run directory
+    far.spec = dataclasses.replace(members[2][0], run_dir="/nowhere")
+    far.node_ip = "10.0.0.9"
+    with pytest.raises(FileNotFoundError, match=r"learner-rank-2 on node 10.0.0.9: .*shared"):
+        far._command()
 
 
 def test_a_loopback_ray_address_is_recognised() -> None:

@@ -17,9 +17,14 @@ Reads top to bottom:
      (``inference.backend: vllm`` with ``start_server``) and the reward server (``reward``
      with ``backend: vllm`` and ``server.start_server``), each on its node's address and a
      free port, waited for on ``/health``;
-   * the learner's: one bundle on this machine (it owns the run directory), told where the
-     servers are (``inference.vllm.urls``; ``group_host``, the weight-sync rendezvous, is this
-     node's address) -- the weights cross nodes over the sync group as on one machine;
+   * the learner's (``launch.learner_strategy``): one bundle per rank of
+     ``trainer.world_size``, rank 0 on this machine (it owns the run directory), told where
+     the servers are (``inference.vllm.urls``; ``group_host``, the weight-sync rendezvous,
+     is this node's address) -- the weights cross nodes over the sync group as on one
+     machine. Several ranks form an FSDP2 group whose store rank 0 hosts at a free port of
+     this node's address (``MASTER_ADDR``/``MASTER_PORT`` in each rank's environment, as
+     torchrun would set them); ranks on other nodes need the run directory on a shared
+     filesystem;
    * the rollout actors' group (``launch.strategy``): ``pipeline.num_actors`` ``ludic actor``
      processes, each with a stable ``--actor-id`` and the reward server's address.
 
@@ -32,7 +37,7 @@ Reads top to bottom:
 Failures: a rollout actor whose process is killed (a signal) or whose Ray actor dies (its
 worker killed, its node lost) is restarted by Ray, up to ``launch.max_restarts`` times; the
 new one regenerates the batch the old one had claimed, so the run loses nothing. Any other
-failure -- the learner exits with an error, an actor exits with an error, a restart budget is
+failure -- the learner (any of its ranks) exits with an error or is killed, an actor exits with an error, a restart budget is
 spent, a server fails to start -- stops every process (SIGTERM: the learner checkpoints) and
 fails the command with the process's error line and its log's path; ``--resume RUN_DIR``
 continues. Ctrl-C and SIGTERM do the same (exit 130 / 143).
@@ -52,6 +57,7 @@ from typing import Any
 
 from rich.console import Console
 
+from ludic.distributed.weight_transfer.groups import free_port
 from ludic.inference.vllm.security import API_KEY_ENV
 from ludic.pipeline.launch import (
     PipelineProcessError,
@@ -196,17 +202,12 @@ def _launch(ray: Any, config: RunConfig, address: str | None, resume: str | Path
         urls = placed.wait_for_servers(started)
         overrides = _server_overrides(config, urls, node_ip)
 
-        # 2. the learner, on this machine; 3. the rollout actors
-        learner_spec = ProcessSpec(
+        # 2. the learner's ranks, rank 0 on this machine; 3. the rollout actors
+        learner, *other_ranks = placed.group(
             "learner",
-            "learner",
-            run_dir=str(run.path.resolve()),
-            overrides=tuple(overrides["learner"]),
-            **common,
+            _learner_ranks(config, run.path, node_ip, tuple(overrides["learner"]), common),
+            lc.learner_strategy,
         )
-        pin = {f"node:{node_ip}": 0.001}  # this machine: the run directory is here
-        learner_place = lc.learner.model_copy(update={"resources": {**lc.learner.resources, **pin}})
-        (learner,) = placed.group("learner", [(learner_spec, learner_place)], "STRICT_PACK")
         actors = placed.group(
             "rollout actors",
             [
@@ -226,8 +227,60 @@ def _launch(ray: Any, config: RunConfig, address: str | None, resume: str | Path
             time.sleep(POLL_S)
         if learner.returncode != 0:
             raise learner.failure()
-        placed.wait_for_exit(actors, config.pipeline.stop_timeout_s)
+        placed.wait_for_exit([*other_ranks, *actors], config.pipeline.stop_timeout_s)
     return run.path
+
+
+LEARNER = "learner"
+"""The learner's (rank 0's) process name; rank I > 0 is ``learner-rank-I``."""
+
+
+def _learner_ranks(
+    config: RunConfig,
+    run_dir: Path,
+    node_ip: str,
+    overrides: tuple[str, ...],
+    common: dict[str, Any],
+) -> list[tuple[ProcessSpec, PlacementConfig]]:
+    """The learner's ``trainer.world_size`` processes and their reservations: rank 0
+    pinned to this machine (the run directory is here), every rank ``launch.learner``.
+    Several ranks meet at a free port of this machine, where rank 0 hosts their group's
+    store (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``)."""
+    lc = config.launch
+    world_size = config.trainer.world_size
+    master_port = free_port(node_ip) if world_size > 1 else 0
+    pin = {f"node:{node_ip}": 0.001}  # this machine: the run directory is here
+    members = []
+    for rank in range(world_size):
+        env = dict(common["env"])
+        if world_size > 1:
+            env.update(rank_env(rank, world_size, node_ip, master_port))
+        spec = ProcessSpec(
+            LEARNER if rank == 0 else f"{LEARNER}-rank-{rank}",
+            "learner",
+            run_dir=str(run_dir.resolve()),
+            overrides=overrides,
+            **{**common, "env": env},
+        )
+        place = lc.learner
+        if rank == 0:
+            place = place.model_copy(update={"resources": {**place.resources, **pin}})
+        members.append((spec, place))
+    return members
+
+
+def rank_env(rank: int, world_size: int, master_addr: str, master_port: int) -> dict[str, str]:
+    """The environment of one learner rank placed on Ray, as torchrun would set it (each
+    rank sees only the GPU Ray gave it: local rank 0); rank 0 hosts the group's store at
+    ``master_addr:master_port`` (:func:`ludic.run.trainer_ranks.join_trainer_group`)."""
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+    }
 
 
 def _connect(
@@ -244,7 +297,7 @@ def _connect(
         ray.init(address=address, **options)
     else:
         lc = config.launch
-        roles = [lc.learner]
+        roles = [lc.learner] * config.trainer.world_size
         if _starts_policy_servers(config):
             roles += [lc.policy_server] * config.inference.vllm.num_servers
         if _starts_reward_server(config):
@@ -496,7 +549,7 @@ class _Placement:
             self.ray.kill(placed.handle, no_restart=False)
             return
         placed.returncode = code
-        if placed.spec.role != "learner":  # the learner's exit is the caller's to judge
+        if placed.spec.name != LEARNER:  # the learner's exit is the caller's to judge
             raise placed.failure()
 
     def _unavailable(self, placed: _Placed) -> None:

@@ -5,6 +5,7 @@ on the node Ray put it on -- the node's address, a free port, a node-local copy 
 config -- and starts it::
 
     learner        python -m ludic learner RUN_DIR/config.yaml --run-dir RUN_DIR [OVERRIDE ...]
+                   (each rank of a sharded learner: RANK, WORLD_SIZE, MASTER_ADDR/PORT set)
     rollout        python -m ludic actor COPY/config.yaml --run-dir COPY --actor-id NAME [...]
     policy_server  python -m ludic serve policy --model MODEL --host NODE_IP --port PORT ...
     reward_server  python -m ludic serve reward --model reward.path --host NODE_IP ...
@@ -119,6 +120,13 @@ class PlacedProcess:
         if spec.role == "learner":
             if spec.run_dir is None:
                 raise ValueError("the learner's ProcessSpec needs run_dir")
+            if not Path(spec.run_dir).is_dir():  # a rank > 0 on another node
+                raise FileNotFoundError(
+                    f"{spec.name} on node {self.node_ip}: no run directory {spec.run_dir} "
+                    "here; learner ranks on other nodes need it on a shared filesystem at "
+                    "the same path (or keep them on the launching node: "
+                    "launch.learner_strategy: STRICT_PACK)"
+                )
             config_path = str(Path(spec.run_dir) / "config.yaml")
             argv = [*ludic, "learner", config_path, "--run-dir", spec.run_dir]
             return [*argv, *spec.overrides], {}

@@ -512,6 +512,12 @@ class LaunchConfig(Section):
     strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
     """Placement-group strategy of the servers' group and of the rollout actors' group."""
     learner: PlacementConfig = PlacementConfig()
+    """Each learner rank's reservation (``trainer.world_size`` of them)."""
+    learner_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    """Placement-group strategy of the learner's ranks. Rank 0 runs on the launching node
+    (it owns the run directory); ``STRICT_SPREAD`` puts each rank on a node of its own.
+    Ranks on other nodes read and write the run directory (policy, sharded checkpoints)
+    at the same path: they need a shared filesystem."""
     policy_server: PlacementConfig = PlacementConfig()
     reward_server: PlacementConfig = PlacementConfig()
     rollout_actor: PlacementConfig = PlacementConfig()

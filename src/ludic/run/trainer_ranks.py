@@ -85,9 +85,11 @@ def torchrun_command(world_size: int, argv: list[str]) -> list[str]:
 
 
 def join_trainer_group(config: RunConfig) -> TrainerRanks | None:
-    """Join the default process group as torchrun's ``RANK`` of ``WORLD_SIZE``; ``None``
-    for ``trainer.world_size: 1``. Raises a :class:`RunError` outside torchrun or when
-    its world size is not the config's."""
+    """Join the default process group as ``RANK`` of ``WORLD_SIZE``; ``None`` for
+    ``trainer.world_size: 1``. Under torchrun through its rendezvous; otherwise (the
+    ranks ``ludic launch`` places on Ray) at ``MASTER_ADDR:MASTER_PORT``, where rank 0
+    hosts the store on that address only (:func:`_rendezvous_store`). Raises a
+    :class:`RunError` without those variables or when the world size is not the config's."""
     import torch
     import torch.distributed as dist
 
@@ -102,18 +104,59 @@ def join_trainer_group(config: RunConfig) -> TrainerRanks | None:
         )
     if ranks.world_size != wanted:
         raise RunError(
-            f"trainer.world_size={wanted} but torchrun started {ranks.world_size} processes"
+            f"trainer.world_size={wanted} but {ranks.world_size} processes were started "
+            "(WORLD_SIZE)"
         )
-    if "TORCHELASTIC_RUN_ID" in os.environ:
+    torchrun = "TORCHELASTIC_RUN_ID" in os.environ
+    if torchrun:
         # torchrun starts each rank in a session of its own: one that outlived torchrun
         # (``kill -9`` of it or of the launcher) would hold the group's port forever
         die_with_parent_preexec(os.getppid())()
     cuda = config.model.device.startswith("cuda")
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", ranks.rank)))
+    timeout = group_timeout(config)
     # gloo for the CPU tensors of the batch channel and flags, NCCL for the model's
-    dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", timeout=group_timeout(config))
+    backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
+    if torchrun:
+        dist.init_process_group(backend, timeout=timeout)
+    else:
+        store = _rendezvous_store(ranks, timeout)
+        dist.init_process_group(
+            backend, store=store, rank=ranks.rank, world_size=ranks.world_size, timeout=timeout
+        )
     return TrainerRanks.current()
+
+
+RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT")
+"""Where the ranks of a group started without torchrun meet (rank 0 hosts the store)."""
+
+
+def _rendezvous_store(ranks: TrainerRanks, timeout: timedelta) -> Any:
+    """The group's ``TCPStore`` at ``MASTER_ADDR:MASTER_PORT``: rank 0 hosts it on a
+    socket bound to that address alone (a store left to bind by itself listens on every
+    interface), the others connect."""
+    from torch.distributed import TCPStore
+
+    from ludic.distributed.weight_transfer.groups import listening_socket
+
+    missing = [name for name in RENDEZVOUS_ENV if not os.environ.get(name)]
+    if missing:
+        raise RunError(
+            f"trainer.world_size={ranks.world_size}: rank {ranks.rank} was started without "
+            f"torchrun and without {' and '.join(missing)} (the address and port where rank 0 "
+            "hosts the group's rendezvous)"
+        )
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    return TCPStore(
+        host,
+        port,
+        ranks.world_size,
+        is_master=ranks.is_main,
+        timeout=timeout,
+        wait_for_workers=False,  # init_process_group waits for every rank
+        master_listen_fd=listening_socket(host, port) if ranks.is_main else None,
+    )
 
 
 def run_as_ranks(
