@@ -50,6 +50,7 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     root = tmp_path_factory.mktemp("vllm")
     model_dir = save_tiny_model(root / "model")
     served = ServedPolicy(None, None, None, build_tiny_tokenizer(), model_dir, root=root)
+    served.server_args = ("--weight-load-roots", str(root / "disk"))  # test_vllm_disk_load
     try:
         served.start()
     except BaseException:

@@ -1,7 +1,8 @@
 """``ludic train`` with ``trainer.world_size: 2``: two FSDP2 trainer processes (gloo on
 CPU) started by the CLI under torchrun. The run is the one a single process makes (same
-warm-start losses and gradient norms), checkpoints through torch.distributed.checkpoint,
-writes a loadable policy folder, and resumes in a single process."""
+warm-start losses and gradient norms), checkpoints through torch.distributed.checkpoint
+(each checkpoint with its policy folder, gathered), writes a loadable policy folder, and
+resumes in a single process."""
 
 from __future__ import annotations
 
@@ -57,9 +58,13 @@ def test_checkpoints_are_sharded_and_the_policy_folder_loads(sharded_run) -> Non
 
     last = sharded_run / "checkpoints" / "rl" / "step_00000004"
     assert (last / "dcp" / ".metadata").is_file() and not (last / "model.pt").exists()
-    assert not (last / "policy").exists()  # several ranks: no per-checkpoint policy folder
     policy = AutoModelForCausalLM.from_pretrained(sharded_run / "policy")
     assert all(torch.isfinite(p).all() for p in policy.parameters())
+    # the last checkpoint's policy folder (gathered from both ranks) holds the final weights
+    checkpointed = AutoModelForCausalLM.from_pretrained(last / "policy").state_dict()
+    for name, weight in policy.state_dict().items():
+        assert torch.equal(checkpointed[name], weight), name
+    assert (last / "policy" / "ludic_checksums.json").is_file()
 
 
 def test_a_sharded_run_resumes_in_one_process(sharded_run) -> None:

@@ -181,8 +181,7 @@ def _reinforce_from_queue(
         reference_model=reference_policy(config, run, policy, tokenizer),
         publisher=_publisher(config, client, queue),
         published_weights=published_weights(config),
-        # several ranks: no policy folder per checkpoint (see ludic.run.trainer_ranks)
-        checkpoint=phase_checkpoint_config(config, run, "rl", tokenizer if not ranks else None),
+        checkpoint=phase_checkpoint_config(config, run, "rl", tokenizer, ranks),
         loggers=loggers,
         sample_filter=rl_sample_filter(config),
         ranks=ranks,

@@ -4,7 +4,9 @@ A run writes ``RUN_DIR/policy/`` at the end of each phase (the warm start's, the
 over it), and ``ludic export RUN_DIR [--step N] [--phase P] OUT`` writes any kept
 checkpoint. The folder is what ``AutoModelForCausalLM.from_pretrained`` and
 ``ludic serve policy --model`` load: ``config.json``, ``model.safetensors`` (LoRA adapters
-merged into the base weights), ``generation_config.json`` and the tokenizer.
+merged into the base weights), ``generation_config.json``, the tokenizer and
+``ludic_checksums.json`` (for a server told to load the folder:
+``VLLMChatClient.load_weights_from_disk``).
 ``RUN_DIR/model/`` stays the *initial* tiny model ludic built (unused when ``model.path``
 names a model).
 """
@@ -23,6 +25,8 @@ from typing import Any
 import torch
 
 from ludic.distributed import policy_state_dict
+from ludic.distributed.weight_transfer.extractor import gather_full_tensors
+from ludic.distributed.weight_transfer.manifest import write_manifest
 from ludic.jsonl import fsync_dir, fsync_tree
 from ludic.run.errors import RunError
 from ludic.run.models import load_policy
@@ -33,8 +37,15 @@ from ludic.training.checkpoint import (
     load_checkpoint,
     step_of,
 )
+from ludic.training.data_parallel import TrainerRanks, gathered
 
-__all__ = ["POLICY_DIR", "export_run", "recover_policy_folder", "save_policy_folder"]
+__all__ = [
+    "POLICY_DIR",
+    "export_run",
+    "recover_policy_folder",
+    "save_policy",
+    "save_policy_folder",
+]
 
 POLICY_DIR = "policy"
 """``RUN_DIR/policy``: the newest phase's final policy."""
@@ -51,7 +62,9 @@ def save_policy_folder(
 ) -> Path:
     """Write ``policy`` and ``tokenizer`` as a Hugging Face folder at ``out`` (with
     ``state_dict``: those weights, e.g. a sharded policy's gathered ones, under
-    ``policy``'s config).
+    ``policy``'s config), with ``ludic_checksums.json``, the checksums a server that
+    loads the folder from disk is verified against
+    (:mod:`ludic.distributed.weight_transfer.manifest`).
 
     A peft LoRA model is written merged (``policy_state_dict``: W + BA, the names of
     the base model) without touching the training model. The folder is written next to
@@ -73,6 +86,7 @@ def save_policy_folder(
         weights = policy_state_dict(policy) if state_dict is None else dict(state_dict)
         model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        write_manifest(tmp)  # what a server loading the folder must report
         fsync_tree(tmp)
         if not out.exists():
             tmp.rename(out)
@@ -86,6 +100,19 @@ def save_policy_folder(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def save_policy(policy: Any, tokenizer: Any, out: Path, ranks: TrainerRanks | None) -> Path | None:
+    """:func:`save_policy_folder` of a possibly sharded policy: with ``ranks``, every rank
+    calls it (a collective): all gather the full weights with rank 0, which writes the
+    folder and returns it (the others return ``None``)."""
+    if ranks is None:
+        return save_policy_folder(policy, tokenizer, out)
+    state = policy_state_dict(policy)
+    if not ranks.is_main:
+        gather_full_tensors(state)
+        return None
+    return save_policy_folder(policy, tokenizer, out, state_dict=gathered(state))
 
 
 def recover_policy_folder(out: str | Path) -> None:

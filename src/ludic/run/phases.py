@@ -24,7 +24,7 @@ from ludic.run.builders import (
 )
 from ludic.run.config import RunConfig
 from ludic.run.demos import demonstrations_path
-from ludic.run.export import POLICY_DIR, save_policy_folder
+from ludic.run.export import POLICY_DIR, save_policy
 from ludic.run.progress import ProgressLogger
 from ludic.run.run_dir import PhaseMetricsWriter, RunDirectory
 from ludic.run.signals import run_interruptible
@@ -81,9 +81,7 @@ def warm_start(
         algorithm,
         source,
         warm_start_trainer_config(config, pad_id(tokenizer)),
-        checkpoint=phase_checkpoint_config(
-            config, run, "warm_start", tokenizer if ranks is None else None
-        ),
+        checkpoint=phase_checkpoint_config(config, run, "warm_start", tokenizer, ranks),
         loggers=loggers,
         ranks=ranks,
     )
@@ -200,15 +198,20 @@ def phase_loggers(
 
 
 def phase_checkpoint_config(
-    config: RunConfig, run: RunDirectory, phase: str, tokenizer: Any = None
+    config: RunConfig,
+    run: RunDirectory,
+    phase: str,
+    tokenizer: Any = None,
+    ranks: TrainerRanks | None = None,
 ) -> CheckpointConfig:
     """Where a phase checkpoints. With ``tokenizer`` (and ``trainer.checkpoint_policy``),
-    each checkpoint also holds its policy as a Hugging Face folder (``step_N/policy``)."""
+    each checkpoint also holds its policy as a Hugging Face folder (``step_N/policy``;
+    with ``ranks``, written by rank 0 from the weights every rank gathers)."""
     write_extra = None
     if tokenizer is not None and config.trainer.checkpoint_policy:
 
         def write_extra(folder: Path, model: Any) -> None:
-            save_policy_folder(model, tokenizer, folder / POLICY_DIR)
+            save_policy(model, tokenizer, folder / POLICY_DIR, ranks)
 
     # every_n_steps=0: the job saves (after the step's records), not the Trainer.
     return CheckpointConfig(

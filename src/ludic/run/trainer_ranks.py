@@ -11,9 +11,9 @@ makes: the optimizer steps, the publishes (the weights are gathered on rank 0), 
 checkpoints (``torch.distributed.checkpoint``) and the policy folders rank 0 writes
 (:func:`save_policy`).
 
-With several ranks a checkpoint holds no ``policy/`` folder (that would need the full
-weights at every checkpoint); ``ludic export`` writes one from any checkpoint, and the run
-writes ``RUN_DIR/policy`` after each phase as usual.
+With several ranks a checkpoint's ``policy/`` folder (``trainer.checkpoint_policy``) is
+written by rank 0 from the full weights every rank gathers with it, as ``RUN_DIR/policy``
+after each phase (:func:`~ludic.run.export.save_policy`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from ludic.distributed import policy_state_dict
-from ludic.distributed.weight_transfer.extractor import gather_full_tensors
 from ludic.inference.vllm.process import die_with_parent_preexec
 from ludic.run.builders import (
     RunError,
@@ -35,14 +33,14 @@ from ludic.run.builders import (
     warm_start_trainer_config,
 )
 from ludic.run.config import RunConfig
-from ludic.run.export import POLICY_DIR, save_policy_folder
+from ludic.run.export import POLICY_DIR, save_policy
 from ludic.run.models import load_policy
 from ludic.run.phases import pad_id, phase_checkpoint_config
 from ludic.run.run_dir import RunDirectory
 from ludic.run.steps import run_steps
 from ludic.training import Trainer
 from ludic.training.algorithm import make_sft
-from ludic.training.data_parallel import TrainerRanks, broadcast_text, gathered
+from ludic.training.data_parallel import TrainerRanks, broadcast_text
 from ludic.training.types import SAWBatch
 
 __all__ = [
@@ -50,7 +48,7 @@ __all__ = [
     "join_trainer_group",
     "leave_trainer_group",
     "run_as_ranks",
-    "save_policy",
+    "save_policy",  # re-exported from ludic.run.export
     "share_run_dir",
     "torchrun_command",
 ]
@@ -202,18 +200,6 @@ def share_run_dir(path: Path | None, ranks: TrainerRanks) -> Path:
     return Path(broadcast_text(str(path) if path is not None else None, ranks))
 
 
-def save_policy(policy: Any, tokenizer: Any, out: Path, ranks: TrainerRanks | None) -> Path | None:
-    """:func:`~ludic.run.export.save_policy_folder` of a possibly sharded policy: every
-    rank gathers the full weights with rank 0, which writes the folder."""
-    if ranks is None:
-        return save_policy_folder(policy, tokenizer, out)
-    state = policy_state_dict(policy)
-    if not ranks.is_main:
-        gather_full_tensors(state)
-        return None
-    return save_policy_folder(policy, tokenizer, out, state_dict=gathered(state))
-
-
 class _FromRankZero:
     """The batch source of a following rank: its batches come from rank 0."""
 
@@ -227,15 +213,14 @@ def follow(config: RunConfig, ranks: TrainerRanks, *, resume: bool) -> Path:
     run = RunDirectory.open(share_run_dir(None, ranks))
     config = run.load_config()
     policy, tokenizer = load_policy(config, run.model_dir)
-    pad = pad_id(tokenizer)
     every = config.trainer.checkpoint_every
     if config.warm_start.steps > 0 and not run.has_checkpoint("rl"):
-        trainer = _trainer(config, run, "warm_start", policy, make_sft(), ranks, pad)
+        trainer = _trainer(config, run, "warm_start", policy, tokenizer, make_sft(), ranks)
         if resume and run.has_checkpoint("warm_start"):
             trainer.resume()
         run_steps(trainer, config.warm_start.steps - trainer.step, every=every)
         save_policy(policy, tokenizer, run.path / POLICY_DIR, ranks)
-    trainer = _trainer(config, run, "rl", policy, make_algorithm(config), ranks, pad)
+    trainer = _trainer(config, run, "rl", policy, tokenizer, make_algorithm(config), ranks)
     if resume and run.has_checkpoint("rl"):
         trainer.resume()
     trainer.publish_policy()  # with rank 0's first publish
@@ -249,10 +234,11 @@ def _trainer(
     run: RunDirectory,
     phase: str,
     policy: Any,
+    tokenizer: Any,
     algorithm: Any,
     ranks: TrainerRanks,
-    pad: int,
 ) -> Trainer:
+    pad = pad_id(tokenizer)
     trainer_config = (
         warm_start_trainer_config(config, pad)
         if phase == "warm_start"
@@ -263,6 +249,6 @@ def _trainer(
         algorithm,
         _FromRankZero(),
         trainer_config,
-        checkpoint=phase_checkpoint_config(config, run, phase),
+        checkpoint=phase_checkpoint_config(config, run, phase, tokenizer, ranks),
         ranks=ranks,
     )

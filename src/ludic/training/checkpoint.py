@@ -53,7 +53,9 @@ class CheckpointConfig:
     """Keep the newest this many checkpoints; ``None`` keeps all."""
     write_extra: Callable[[Path, torch.nn.Module], None] | None = None
     """Called as ``write_extra(folder, model)`` to write more into each checkpoint before
-    it is fsynced and renamed into place (e.g. the policy as a Hugging Face folder)."""
+    it is fsynced and renamed into place (e.g. the policy as a Hugging Face folder). With
+    a sharded model every rank calls it, after the shards are saved: it may gather (rank
+    0 writes)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir))
@@ -124,17 +126,14 @@ class CheckpointManager:
         tmp = self.dir / f".tmp-{final.name}"
         sharded = is_sharded(model)
         if sharded:
-            if self.config.write_extra is not None:
-                raise CheckpointError(
-                    "CheckpointConfig.write_extra is not supported for a sharded (FSDP2) "
-                    "model yet: it would need the full weights on rank 0"
-                )
             main = _rank() == 0
             if main:
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir(parents=True)
             _barrier()
             _save_sharded(tmp / DCP_DIR, model, optimizer)  # every rank writes its shards
+            if self.config.write_extra is not None:  # a collective: every rank calls it
+                self.config.write_extra(tmp, model)
             if not main:
                 _barrier()  # rank 0 renames the folder into place
                 return final
@@ -147,7 +146,7 @@ class CheckpointManager:
         torch.save(_rng_state(), tmp / "rng.pt")
         state = {"step": step, "extra": extra or {}}
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=2, default=str))
-        if self.config.write_extra is not None:
+        if self.config.write_extra is not None and not sharded:
             self.config.write_extra(tmp, model)
         fsync_tree(tmp)
         old = self.dir / f".old-{final.name}"

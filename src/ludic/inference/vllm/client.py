@@ -27,8 +27,10 @@ is retried. A dead server raises ``ConnectionError`` / ``TimeoutError``, never h
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -283,26 +285,61 @@ class VLLMChatClient:
             with sync.stage("canary"):
                 sync.run_canary()
             return f"synced {len(params)} tensors to {self.base_url} as version {version} (woken)"
+        with self._paused(pause, version) as paused:
+            sync.publish(params, version=version)
+        with sync.stage("canary"):
+            sync.run_canary()
+        done = f"synced {len(params)} tensors to {self.base_url} as version {version}"
+        return done + (" (paused: in-flight requests aborted)" if paused else "")
+
+    @contextlib.contextmanager
+    def _paused(self, pause: bool | None, version: int) -> Iterator[bool]:
+        """The publish cycle around a weight change (see :meth:`sync_weights`): with
+        ``pause`` (default: on when ``partial_rollouts`` is not ``"off"``), ``/pause``
+        first and ``/resume`` after, whatever happened in between. Yields ``pause``."""
         if pause is None:
             pause = self.partial_rollouts != "off"
         if not pause:
-            sync.publish(params, version=version)
-            with sync.stage("canary"):
-                sync.run_canary()
-            return f"synced {len(params)} tensors to {self.base_url} as version {version}"
+            yield False
+            return
+        sync = self.weight_sync
         try:
             with sync.stage("pause", version):
                 self.control.pause("abort")
-            sync.publish(params, version=version)
+            yield True
         finally:  # a failed pause or push must not leave the server paused
             with sync.stage("resume"):
                 self.control.resume()
-        with sync.stage("canary"):
-            sync.run_canary()
-        return (
-            f"synced {len(params)} tensors to {self.base_url} as version {version} "
-            "(paused: in-flight requests aborted)"
-        )
+
+    def load_weights_from_disk(
+        self,
+        path: str | Path,
+        *,
+        version: int,
+        expected: Any = None,
+        pause: bool | None = None,
+    ) -> str:
+        """Have the server load the policy folder at ``path`` (e.g. a checkpoint's
+        ``step_N/policy``; a path on the server's machine, under its
+        ``--weight-load-roots``) as policy ``version``, verified as a sync is: each
+        worker's report of what it read and loaded is checked against ``expected``
+        (``SentChecksums``; default: the folder's ``ludic_checksums.json``, read here, or
+        its files' checksums where ludic did not write it). For a server restarted from
+        its checkpoint, or one far from the trainer; no weight-sync group is needed.
+        ``pause``: as :meth:`sync_weights`."""
+        from ludic.distributed.weight_transfer.manifest import expected_checksums
+
+        if expected is None:
+            try:
+                expected = expected_checksums(path)
+            except FileNotFoundError as e:
+                raise FileNotFoundError(
+                    f"{e}; pass expected= (the folder's ludic_checksums.json, read where the "
+                    "folder is) when this machine cannot read it"
+                ) from None
+        with self._paused(pause, version):
+            self.weight_sync.load_from_disk(str(path), version=version, expected=expected)
+        return f"loaded {path} on {self.base_url} as version {version} (verified)"
 
     def set_canary(self, canary: Canary | None, *, every: int = 10) -> None:
         """Check the server's logprobs of ``canary``'s fixed tokens against the trainer's

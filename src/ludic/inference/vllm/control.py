@@ -1,7 +1,7 @@
 """ludic's control plane on a vLLM server (policy and reward): health, runtime version,
 weight sync (``/init_communicator``, ``/update_param_batch``, ``/close_communicator``,
 ``/weight_report`` for the trainer's verification, ``/lora_adapter`` before an adapter-only
-sync),
+sync), a load of a policy folder from this machine's disk (``/load_weights_from_disk``),
 prefix cache, pause/resume and, for a trainer sharing the GPU, sleep/wake-up. The route table is in ``ludic.inference.vllm.server``.
 
 ``/pause`` closes the admission gate (``ludic.inference.vllm.admission``) before it pauses
@@ -48,7 +48,9 @@ from ludic.distributed.weight_transfer.deadlines import stage_deadline
 from ludic.inference.vllm.admission import AdmissionGate
 from ludic.inference.vllm.security import (
     DEFAULT_SYNC_TIMEOUT_CAP_S,
+    LoadPathRefused,
     capped_timeout,
+    check_load_path,
     check_sync_address,
 )
 
@@ -80,6 +82,9 @@ class ControlPolicy:
 
     sync_hosts: tuple[str, ...] = ()
     timeout_cap_s: float = DEFAULT_SYNC_TIMEOUT_CAP_S
+    load_roots: tuple[str, ...] = ()
+    """Folders ``/load_weights_from_disk`` may load from (``--weight-load-roots``); none:
+    the route is refused (403)."""
 
     def __post_init__(self) -> None:
         if not self.timeout_cap_s > 0:
@@ -374,6 +379,43 @@ def make_control_router(
         what = f"layout {update.layout}" if by_id else f"{len(update.names)} tensors"
         deadline = stage_deadline(cap, state.sync_bytes)
         start_background(state, f"update_param_batch({what})", work, deadline)
+        return {"status": "ok", "error_count": state.error_count}
+
+    @router.post("/load_weights_from_disk")
+    async def load_weights_from_disk(request: Request) -> dict[str, Any]:
+        """Load the safetensors files of a policy folder on this machine (body ``{"path":
+        str, "version": int | null}``; 403 unless the folder lies under
+        ``--weight-load-roots``), in the background like a sync: the workers report what
+        they read and loaded (``/weight_report``), then the prefix cache is dropped and
+        the version becomes ``version`` (or +1)."""
+        body = await json_body(request)
+        path, version = body.get("path"), body.get("version")
+        if not isinstance(path, str) or not path or len(path) > 4096:
+            raise HTTPException(HTTPStatus.BAD_REQUEST, "path: a folder's path (a string)")
+        if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+            raise HTTPException(HTTPStatus.BAD_REQUEST, f"version={str(version)[:32]!r}: an int")
+        try:
+            folder = check_load_path(path, policy.load_roots)
+            from ludic.distributed.weight_transfer.manifest import safetensors_files
+
+            files = safetensors_files(folder)
+            for file in files:  # a file linked from outside the roots is refused too
+                check_load_path(str(file), policy.load_roots)
+            nbytes = sum(f.stat().st_size for f in files)
+        except LoadPathRefused as e:
+            raise HTTPException(HTTPStatus.FORBIDDEN, str(e)) from None
+        except (FileNotFoundError, OSError) as e:
+            raise HTTPException(HTTPStatus.BAD_REQUEST, str(e)) from None
+
+        async def work() -> None:
+            await engine.collective_rpc("load_weights_from_disk", args=(str(folder), version))
+            await engine.reset_prefix_cache()
+            state.gate.lora_request = None  # full weights: no adapter serves requests
+            state.version = version if version is not None else state.version + 1
+            logger.info("weights loaded from %s: runtime version %d", folder, state.version)
+
+        deadline = stage_deadline(cap, nbytes)
+        start_background(state, f"load_weights_from_disk({folder.name})", work, deadline)
         return {"status": "ok", "error_count": state.error_count}
 
     @router.post("/lora_adapter")

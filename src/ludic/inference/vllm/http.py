@@ -228,6 +228,14 @@ class VLLMControlPlane:
     def close_communicator(self) -> None:
         self.post("/close_communicator")
 
+    def load_weights_from_disk(self, path: str, version: int | None, timeout_s: float) -> None:
+        """Have the server load the policy folder at ``path`` (a path on its machine) and
+        wait until it has (at most ``timeout_s``), raising the error it recorded; its
+        report is kept for :meth:`weight_report`."""
+        reply = self.post("/load_weights_from_disk", {"path": path, "version": version})
+        self._errors_before, self.record = int(reply["error_count"]), True
+        self.wait_until_applied(timeout_s)
+
     def world_size(self) -> int:
         return int(self.get("/get_world_size")["world_size"])
 

@@ -29,6 +29,7 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger("ludic.inference.vllm.security")
@@ -130,6 +131,30 @@ def check_sync_address(master_addr: str, allowed_hosts: Sequence[str]) -> None:
         f"master_addr={master_addr!r} is not a loopback address{listed}: the workers join "
         "only the trainer's group on this machine unless the server is started with "
         f"--weight-sync-hosts {master_addr}"
+    )
+
+
+class LoadPathRefused(PermissionError):
+    """``/load_weights_from_disk`` named a folder outside ``--weight-load-roots``."""
+
+
+def check_load_path(path: str, roots: Sequence[str]) -> Path:
+    """The folder ``path`` resolved (symlinks followed, so a link cannot lead out), if it
+    lies under one of ``roots`` (the server's ``--weight-load-roots``); else
+    :class:`LoadPathRefused`. The route reads any file it is pointed at: without roots the
+    server loads nothing from disk."""
+    if not roots:
+        raise LoadPathRefused(
+            "this server loads no weights from disk: start it with --weight-load-roots DIR "
+            "(the folders under DIR may be loaded)"
+        )
+    folder = Path(path).resolve()
+    for root in roots:
+        if folder.is_relative_to(Path(root).resolve()):
+            return folder
+    raise LoadPathRefused(
+        f"path {path!r} is not under --weight-load-roots ({', '.join(roots)}); this server "
+        "loads folders under those only"
     )
 
 

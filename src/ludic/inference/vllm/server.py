@@ -41,6 +41,10 @@ the reward server (``ludic.inference.vllm.reward_server``: ``make_control_router
                                 peft's ``r``, ``lora_alpha``, ``target_modules``); once it is
                                 loaded, requests naming no adapter are served with it (409
                                 unless started with ``--lora-rank``)
+``POST /load_weights_from_disk``  load a policy folder of this machine (``{"path",
+                                "version"}``) in the background, reported and versioned
+                                like a sync; 403 unless the folder is under
+                                ``--weight-load-roots DIR[,DIR...]``
 ``POST /reset_prefix_cache``    drop cached KV blocks
 ``POST /pause``                 close the admission gate, wait (at most the cap) until every
                                 admitted request is in the engine, then pause it: abort
@@ -182,9 +186,11 @@ def prepare_args(args: Namespace) -> Namespace:
     args.api_key = None  # vLLM's own check covers /v1 only; ours covers every route
     check_bind(args.host, args.ludic_api_key, getattr(args, "allow_insecure", False))
     hosts = getattr(args, "weight_sync_hosts", None) or ""
+    roots = getattr(args, "weight_load_roots", None) or ""
     args.control_policy = ControlPolicy(
         sync_hosts=tuple(h.strip() for h in hosts.split(",") if h.strip()),
         timeout_cap_s=getattr(args, "weight_sync_timeout_cap", DEFAULT_SYNC_TIMEOUT_CAP_S),
+        load_roots=tuple(r.strip() for r in roots.split(",") if r.strip()),
     )
     if getattr(args, "data_parallel_size", 1) != 1:
         raise SystemExit(
@@ -277,6 +283,13 @@ def add_ludic_args(parser: Any) -> None:
         metavar="HOST[,HOST...]",
         help="master_addr values /init_communicator accepts besides loopback (a trainer on "
         "another machine)",
+    )
+    group.add_argument(
+        "--weight-load-roots",
+        default="",
+        metavar="DIR[,DIR...]",
+        help="folders whose policy folders POST /load_weights_from_disk may load (e.g. a "
+        "run directory); none: the route is refused",
     )
     group.add_argument(
         "--weight-sync-timeout-cap",

@@ -22,7 +22,11 @@ from ludic.distributed.weight_transfer.base import (
 )
 from ludic.distributed.weight_transfer.broadcast import GroupFailureError
 from ludic.distributed.weight_transfer.deadlines import SyncProgress
-from ludic.distributed.weight_transfer.verify import SyncVerificationError, check_reports
+from ludic.distributed.weight_transfer.verify import (
+    SentChecksums,
+    SyncVerificationError,
+    check_reports,
+)
 from ludic.inference.vllm.adapter import ADAPTER_NAME, is_lora_name
 from ludic.inference.vllm.canary import Canary, check_canary
 from ludic.inference.vllm.http import AsyncHTTP, VLLMControlPlane, VLLMServerError
@@ -233,6 +237,30 @@ class WeightSyncSession:
         self.verified += 1
         if self._canary_due():
             self.canary_version = version
+
+    def load_from_disk(self, path: str, *, version: int | None, expected: SentChecksums) -> None:
+        """Have every server load the policy folder at ``path`` (on its own machine) as
+        ``version``, one after the other, and check each one's report against
+        ``expected`` (the folder's manifest) as a sync's against what was sent. Needs no
+        group."""
+        failed: list[SyncVerificationError] = []
+        for control in self.controls:
+            with self.stage("load from disk", version):
+                control.load_weights_from_disk(path, version, self.timeout_s)
+            with self.stage("report"):
+                report = control.weight_report()
+            server = control.policy.base_url
+            try:
+                check_reports(expected, report["workers"], server=server, version=version)
+            except SyncVerificationError as e:
+                e.servers = [server]
+                failed.append(e)
+            self.served_dtypes[server] = str(report.get("dtype", ""))
+        if failed:
+            for other in failed[1:]:
+                failed[0].add_note(f"also: {other}")
+                failed[0].servers += other.servers
+            raise failed[0]
 
     def _check_report(
         self, server: str, report: Mapping[str, Any], boot_id: str | None, version: int | None

@@ -174,6 +174,33 @@ class WeightSyncWorkerExtension:
         self._finish_sync(recorder, parsed.version)
         return len(pending)
 
+    def load_weights_from_disk(self, folder: str, version: int | None) -> int:
+        """Load the safetensors files of ``folder`` (a policy folder of the served
+        architecture; the control plane checked the path), recording the sync's report
+        as for one received: what was read, and what was loaded. Returns the number of
+        tensors loaded."""
+        from ludic.distributed.weight_transfer.manifest import folder_tensors, safetensors_files
+
+        if self.ludic_checkpoint is None:
+            self.ludic_checkpoint = checkpoint_shapes(self.model_runner.vllm_config.model_config)  # type: ignore[attr-defined]
+        recorder = self._new_recorder()
+        loaded = 0
+        # CPU: one load of everything (see the module docstring); CUDA: file by file
+        batches = [folder] if self._is_cpu() else [str(f) for f in safetensors_files(folder)]
+        for batch in batches:
+            named = dict(folder_tensors(batch))
+            check_adapter_names(named, adapter=False)
+            recorder.receive(named)
+            named = with_tied_alias(named, tied=recorder.tied_embeddings)
+            if self._is_cpu():
+                with recorder.capturing():
+                    self._load(named)
+            else:
+                self._load(named)
+            loaded += len(named)
+        self._finish_sync(recorder, version)
+        return loaded
+
     def set_lora_adapter(self, adapter: dict[str, Any]) -> None:
         """Announce that the next sync carries a LoRA adapter (``ludic.inference.vllm.
         adapter``): ``{"name", "config" (peft's), "folder"}``; this worker writes it to
@@ -337,6 +364,24 @@ class GroupJoin:
 
 
 # ------------------------------------------------------------------------------ checks
+TIED_HEAD = "lm_head.weight"
+EMBEDDINGS_SUFFIX = "embed_tokens.weight"
+
+
+def with_tied_alias(named: Mapping[str, torch.Tensor], *, tied: bool) -> dict[str, torch.Tensor]:
+    """``named`` plus the tied ``lm_head.weight`` alias of the input embeddings when the
+    model ties them and the tensors hold the embeddings without it, as a saved folder
+    does (Hugging Face drops the alias). A trainer's sync carries it; vLLM skips it on
+    load, but a CPU worker's layerwise reload leaves the output head on its previous
+    values without it (measured: greedy tokens off after a disk load of a tied model)."""
+    out = dict(named)
+    if tied and TIED_HEAD not in out:
+        embeddings = [name for name in out if name.endswith(EMBEDDINGS_SUFFIX)]
+        if len(embeddings) == 1:
+            out[TIED_HEAD] = out[embeddings[0]]
+    return out
+
+
 def check_adapter_names(named: Mapping[str, torch.Tensor], *, adapter: bool) -> None:
     """An announced adapter sync carries peft LoRA tensors only, any other sync none."""
     wrong = [n for n in named if is_lora_name(n) != adapter]
