@@ -424,6 +424,12 @@ def test_launch_config_errors_name_the_field(tmp_path: Path) -> None:
     data["launch"]["learner"]["gpus"] = 1
     with pytest.raises(RunError, match=r"launch.policy_server.gpus=0"):
         check_placement(validate_config(data))
+    data["launch"]["policy_server"]["gpus"] = 1
+    data["inference"]["vllm"]["tensor_parallel_size"] = 2
+    with pytest.raises(
+        RunError, match=r"launch.policy_server.gpus=1 with .*tensor_parallel_size=2"
+    ):
+        check_placement(validate_config(data))
     ipc = load_config(DEMO, [*base, "model.device=cuda", "inference.vllm.sync_strategy=cuda_ipc"])
     with pytest.raises(RunError, match=r"places the servers apart from the learner"):
         check_placement(ipc)

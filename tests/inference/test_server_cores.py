@@ -13,7 +13,13 @@ from ludic.inference.vllm.process import CPU_CORES_ENV, parse_cpu_cores
 
 @pytest.mark.parametrize(
     ("text", "cores"),
-    [("0", {0}), ("0-3", {0, 1, 2, 3}), ("0,2,5-6", {0, 2, 5, 6}), (" 1 , 3", {1, 3})],
+    [
+        ("0", {0}),
+        ("0-3", {0, 1, 2, 3}),
+        ("0,2,5-6", {0, 2, 5, 6}),
+        (" 1 , 3", {1, 3}),
+        ("0|1-2", {0, 1, 2}),  # a tensor-parallel server's workers: all of their cores
+    ],
 )
 def test_core_lists_parse(text: str, cores: set[int]) -> None:
     assert parse_cpu_cores(text) == cores

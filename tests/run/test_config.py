@@ -211,6 +211,9 @@ def test_partial_rollouts_continue_by_default(tmp_path: Path) -> None:
         (["num_servers=2", "cpu_cores=[0]"], "lists 1 core sets for num_servers=2"),
         (["cpu_cores=[0-]"], "'0-' is not a core list"),
         (["publish=all"], "publish: Input should be 'per_server' or 'one_group'"),
+        (["tensor_parallel_size=2", "cpu_cores=[0-1]"], "gives 1 worker core set(s) for "),
+        (["cpu_cores=['0|1']"], "gives 2 worker core set(s) for tensor_parallel_size=1"),
+        (["tensor_parallel_size=2", "extra_args=['--tensor-parallel-size=2']"], "keep tensor_"),
     ],
 )
 def test_policy_servers_config_names_the_bad_field(overrides: list[str], message: str) -> None:
@@ -226,6 +229,16 @@ def test_policy_servers_config_takes_core_numbers_and_running_urls() -> None:
         None, ["inference.vllm.start_server=false", "inference.vllm.urls=[http://h:1,http://h:2/]"]
     )
     assert v.inference.vllm.urls == ["http://h:1", "http://h:2/"]
+
+
+def test_a_tensor_parallel_cpu_server_needs_a_core_set_per_worker() -> None:
+    from ludic.run.errors import RunError
+    from ludic.run.preflight import check_local_servers
+
+    tp = ["inference.backend=vllm", "inference.vllm.tensor_parallel_size=2"]
+    with pytest.raises(RunError, match=r"tensor_parallel_size=2 on CPU needs .*cpu_cores.*'0\|1'"):
+        check_local_servers(load_config(None, tp))
+    check_local_servers(load_config(None, [*tp, "inference.vllm.cpu_cores=['0|1']"]))
 
 
 def test_memory_switches_reach_the_trainer_and_the_model(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -225,11 +225,16 @@ async def after_steps(client: Any, steps: int) -> None:
 
 @contextlib.contextmanager
 def policy_server(
-    root: Path, logprob_tol: float = MAX_ABS_LOGPROB_DIFF, **model_config: int
+    root: Path,
+    logprob_tol: float = MAX_ABS_LOGPROB_DIFF,
+    *,
+    extra_args: Sequence[str] = (),
+    cpu_cores: str | None = None,
+    **model_config: int,
 ) -> Iterator[ServedPolicy]:
     """A ludic policy server on a tiny Qwen2 (``model_config``: ``save_tiny_model``'s
-    sizes), with a client in a weight-sync group and the mirror; everything is stopped
-    (no process left) on exit."""
+    sizes; ``extra_args``, ``cpu_cores``: ``start_vllm_server``'s), with a client in a
+    weight-sync group and the mirror; everything is stopped (no process left) on exit."""
     import psutil
     import torch
     from transformers import AutoModelForCausalLM
@@ -239,12 +244,20 @@ def policy_server(
     from ludic.models.tiny import build_tiny_tokenizer, save_tiny_model
 
     model_dir = save_tiny_model(root / "model", **model_config)
-    server = start_vllm_server(model_dir, api_key=API_KEY, log_path=root / "server.log")
+    server = start_vllm_server(
+        model_dir,
+        api_key=API_KEY,
+        log_path=root / "server.log",
+        extra_args=extra_args,
+        cpu_cores=cpu_cores,
+    )
     client = VLLMChatClient(server.url, api_key=API_KEY, timeout_s=60.0)
     mirror = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     try:
         client.init_weight_sync(master_port=server.group_port)
-        yield ServedPolicy(server, client, mirror, build_tiny_tokenizer(), model_dir, logprob_tol)
+        yield ServedPolicy(
+            server, client, mirror, build_tiny_tokenizer(), model_dir, logprob_tol, root=root
+        )
     finally:
         client.close()
         pids = [server.pid, *(p.pid for p in psutil.Process(server.pid).children(recursive=True))]

@@ -79,7 +79,7 @@ from ludic.pipeline.run_info import (
 from ludic.run.config import PlacementConfig, RunConfig
 from ludic.run.errors import RunError
 from ludic.run.loading import dump_config
-from ludic.run.preflight import check_config
+from ludic.run.preflight import check_config, check_tensor_parallel_cores
 from ludic.run.signals import terminate_as_interrupt
 
 __all__ = ["launch_on_ray"]
@@ -108,6 +108,7 @@ def check_placement(config: RunConfig, address: str | None = None) -> None:
     """A CUDA run's servers and learner must ask Ray for a GPU; Ray Client and CUDA IPC
     (the servers are placed apart from the learner) are refused."""
     lc = config.launch
+    check_tensor_parallel_cores(config)
     address = address or lc.address or os.environ.get("RAY_ADDRESS")
     if address is not None and address.startswith("ray://"):
         raise RunError(
@@ -133,6 +134,13 @@ def check_placement(config: RunConfig, address: str | None = None) -> None:
                     f"launch.{role}.gpus=0 with model.device={config.model.device}: Ray hides "
                     f"the GPUs from a process that reserves none; set launch.{role}.gpus: 1"
                 )
+        tp = v.tensor_parallel_size
+        if _starts_policy_servers(config) and lc.policy_server.gpus < tp:
+            raise RunError(
+                f"launch.policy_server.gpus={lc.policy_server.gpus:g} with "
+                f"inference.vllm.tensor_parallel_size={tp}: each policy server shards the model "
+                f"over {tp} GPUs; set launch.policy_server.gpus: {tp}"
+            )
 
 
 def _import_ray(*, local_only: bool) -> Any:

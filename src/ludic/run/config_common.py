@@ -259,7 +259,13 @@ class PolicyServersConfig(VLLMConfig):
     is ``group_port + i`` in per_server."""
     cpu_cores: list[str] = []
     """CPU only: the cores of each server, e.g. ["0-3", "4-7"] (``VLLM_CPU_OMP_THREADS_BIND``;
-    every process of server i is also pinned there). Empty: vLLM's own binding."""
+    every process of server i is also pinned there). With ``tensor_parallel_size`` > 1,
+    one set per worker joined by ``|``, e.g. ["0|1"] (required then: vLLM's own binding
+    wants a NUMA node per worker). Empty: vLLM's own binding."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """Workers each server shards the model over (vLLM ``--tensor-parallel-size``: GPUs on
+    CUDA, processes on CPU). A weight sync sends every worker the full tensors and each
+    loads its own shard; verification adds the shards' checksums up."""
 
     sync_strategy: Literal["broadcast", "cuda_ipc", "packed_cuda_ipc"] = "broadcast"
     """How weights reach the servers: ``broadcast`` (a process group over
@@ -304,9 +310,22 @@ class PolicyServersConfig(VLLMConfig):
                 f"cpu_cores lists {len(self.cpu_cores)} core sets for num_servers={n}; "
                 "give one per server"
             )
+        tp = self.tensor_parallel_size
         for cores in self.cpu_cores:
-            if not re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", cores):
+            workers = cores.split("|")
+            if not all(re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", w) for w in workers):
                 raise ValueError(f"cpu_cores: {cores!r} is not a core list like '0-3' or '0,2'")
+            if len(workers) != tp:
+                raise ValueError(
+                    f"cpu_cores: {cores!r} gives {len(workers)} worker core set(s) for "
+                    f"tensor_parallel_size={tp}; give one per worker, joined by '|' (e.g. "
+                    f"{'|'.join(str(i) for i in range(tp))!r})"
+                )
+        if tp > 1 and "--tensor-parallel-size" in " ".join(self.extra_args):
+            raise ValueError(
+                "extra_args sets --tensor-parallel-size and so does tensor_parallel_size; "
+                "keep tensor_parallel_size (ludic sizes the weight-sync group from it)"
+            )
         if self.sync_strategy != "broadcast" and self.server_count > 1:
             raise ValueError(
                 f"sync_strategy={self.sync_strategy} shares the trainer's GPU with one server; "

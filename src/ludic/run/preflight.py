@@ -56,8 +56,10 @@ def check_local_servers(config: RunConfig) -> None:
     """The vLLM servers ludic starts on this machine (``ludic train``, ``ludic learner``;
     ``ludic launch`` places them on GPUs of their own): one runs on the first visible GPU,
     so a trainer there cannot join it in an NCCL group (NCCL refuses two ranks on one
-    GPU). Raise :class:`RunError` naming the fix."""
+    GPU). A tensor-parallel CPU server needs its workers' cores. Raise :class:`RunError`
+    naming the fix."""
     v = config.inference.vllm
+    check_tensor_parallel_cores(config)
     if (
         config.inference.backend == "vllm"
         and v.start_server
@@ -72,6 +74,22 @@ def check_local_servers(config: RunConfig) -> None:
             "inference.vllm.sync_strategy=packed_cuda_ipc (trainer and server share the "
             "GPU), or model.device=cuda:1, or start the server yourself on another GPU "
             "(inference.vllm.start_server=false)"
+        )
+
+
+def check_tensor_parallel_cores(config: RunConfig) -> None:
+    """A policy server ludic starts on CPU with ``tensor_parallel_size`` > 1 needs
+    ``cpu_cores`` (a core set per worker): vLLM's own CPU binding asks for a NUMA node
+    per worker and fails on a machine with fewer."""
+    v = config.inference.vllm
+    tp = v.tensor_parallel_size
+    cpu = not config.model.device.startswith("cuda")
+    if config.inference.backend == "vllm" and v.start_server and tp > 1 and cpu and not v.cpu_cores:
+        example = "|".join(str(i) for i in range(tp))
+        raise RunError(
+            f"inference.vllm.tensor_parallel_size={tp} on CPU needs inference.vllm.cpu_cores: "
+            f"one core set per worker, joined by '|', for each server (e.g. ['{example}']); "
+            "vLLM's own CPU binding wants a NUMA node per worker"
         )
 
 

@@ -197,9 +197,12 @@ def _vllm_pool(config: RunConfig, *, model_dir: Path, log_dir: Path) -> Iterator
 
 
 def server_args(v: VLLMConfig, cuda: bool, lora_rank: int = 0) -> list[str]:
-    """The server's command line beyond the model: ``extra_args``, the GPU memory share,
-    sleep mode for a colocated server, ``--lora-rank`` for adapter-only syncs."""
+    """The server's command line beyond the model: ``extra_args``, tensor parallelism,
+    the GPU memory share, sleep mode for a colocated server, ``--lora-rank`` for
+    adapter-only syncs."""
     extra = [*v.extra_args]
+    if getattr(v, "tensor_parallel_size", 1) > 1:
+        extra += ["--tensor-parallel-size", str(v.tensor_parallel_size)]
     if lora_rank and "--lora-rank" not in extra:
         extra += ["--lora-rank", str(lora_rank)]
     if cuda:

@@ -68,9 +68,10 @@ worker processes it spawns inherit them."""
 
 
 def parse_cpu_cores(cores: str) -> set[int]:
-    """``"0-3,6"`` -> ``{0, 1, 2, 3, 6}``; raises ``ValueError`` on anything else."""
+    """``"0-3,6"`` -> ``{0, 1, 2, 3, 6}`` (``"0|1"``, a tensor-parallel server's set per
+    worker: all of them); raises ``ValueError`` on anything else."""
     out: set[int] = set()
-    for part in cores.split(","):
+    for part in cores.replace("|", ",").split(","):
         match = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", part)
         low, high = (int(match[1]), int(match[2] or match[1])) if match else (0, -1)
         if high < low:
