@@ -5,9 +5,11 @@
 #     bash benchmarks/gpu_smoke.sh            # PYTHON=python3 and OUT=/tmp/gpu_smoke by default
 #
 # 1. The GPU tests: CUDA IPC between processes, NCCL broadcast (two GPUs), the bf16 packed
-#    and checkpointed training step, the FSDP2 trainer on NCCL, and the colocated vLLM
-#    server (CUDA IPC syncs verified and to parity, an adapter-only LoRA sync over packed
-#    CUDA IPC, sleep/wake). Each that cannot run says why (-rs).
+#    and checkpointed training step, the FSDP2 trainer on NCCL (two GPUs, and a group of
+#    one on one GPU: the sharded learner's path, checkpointed and resumed), the colocated
+#    vLLM server (CUDA IPC syncs verified and to parity, an adapter-only LoRA sync over
+#    packed CUDA IPC, sleep/wake) and a reward server's sleep and wake (weights kept, and
+#    reloaded from disk). Each that cannot run says why (-rs).
 # 2. benchmarks/gpu_sync.py: a Qwen2.5-0.5B-shaped bf16 policy synced by packed and
 #    per-tensor CUDA IPC, NCCL (two GPUs) and into a real vLLM server (goal <= 0.1 s);
 #    benchmarks/lora_sync.py --cuda: that shape's LoRA policy, adapter-only against merged.
@@ -40,6 +42,7 @@ $PYTHON -m pytest -q -rs -p no:cacheprovider \
     tests/training/test_train_step_gpu.py \
     tests/distributed/test_fsdp_trainer.py \
     tests/vllm/test_vllm_colocated.py \
+    tests/vllm_reward/test_reward_sleep.py \
     -k "cuda or nccl or gpu or bf16 or flash or colocated or sleep" || status=1
 
 echo "== 2. weight sync of a 0.5B-shaped policy"

@@ -20,13 +20,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def run(out: Path, *args: str, world_size: int = 1) -> subprocess.CompletedProcess[str]:
+def run(out: Path, *args: str, world_size: int = 0) -> subprocess.CompletedProcess[str]:
     return run_argv([str(out), *args], world_size=world_size)
 
 
-def run_argv(argv: list[str], world_size: int = 1) -> subprocess.CompletedProcess[str]:
-    """The worker with ``argv`` (``OUT ARGS``, or several runs: ``OUT1 ARGS1 + OUT2 ...``)."""
-    if world_size == 1:
+def run_argv(argv: list[str], world_size: int = 0) -> subprocess.CompletedProcess[str]:
+    """The worker with ``argv`` (``OUT ARGS``, or several runs: ``OUT1 ARGS1 + OUT2 ...``);
+    ``world_size`` 0: one process without ranks, else under torchrun (1: a group of one,
+    sharded all the same)."""
+    if world_size == 0:
         command = [sys.executable, str(WORKER), *argv]
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
@@ -34,7 +36,7 @@ def run_argv(argv: list[str], world_size: int = 1) -> subprocess.CompletedProces
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
-def train(out: Path, *args: str, world_size: int = 1) -> dict:
+def train(out: Path, *args: str, world_size: int = 0) -> dict:
     done = run(out, *args, world_size=world_size)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return torch.load(out / "result.pt", weights_only=True)
@@ -78,7 +80,7 @@ def exact_runs(tmp_path_factory: pytest.TempPathFactory, redis_server) -> Path:
         same = ["--no-shared-prefix"] if "--groups" in args else []
         one += ["+", str(root / "one" / name), *args, *same]
         two += ["+", str(root / "two" / name), *args]
-    for argv, world_size in ((one[1:], 1), (two[1:], 2)):
+    for argv, world_size in ((one[1:], 0), (two[1:], 2)):
         done = run_argv(argv, world_size=world_size)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return root
@@ -120,7 +122,11 @@ def test_a_failing_source_on_rank_zero_stops_every_rank_with_its_error(tmp_path:
     assert "rank 0 stopped the step: RuntimeError: the rollout engine broke" in done.stderr
 
 
-@pytest.mark.parametrize(("first", "then"), [(2, 1), (1, 2)], ids=["2-ranks-to-1", "1-to-2-ranks"])
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [(2, 1), (0, 2)],  # a group of one shards too (FSDP2 over one rank)
+    ids=["2-ranks-to-a-group-of-1", "1-process-to-2-ranks"],
+)
 def test_a_checkpoint_resumes_at_another_world_size(tmp_path: Path, first: int, then: int):
     # Steps 1-2 at one world size (checkpointed every step), step 3 at the other after a
     # resume: the same weights as three uninterrupted steps in one process.
@@ -137,9 +143,29 @@ def test_a_checkpoint_resumes_at_another_world_size(tmp_path: Path, first: int, 
     assert len(part["history"]) == 2 and len(rest["history"]) == 1
     assert rest["history"][0]["loss"] == pytest.approx(whole["history"][2]["loss"], abs=1e-10)
     sharded = (tmp_path / "checkpoints" / "step_00000002" / "dcp").is_dir()
-    assert sharded == (first > 1)  # a sharded run saves through torch.distributed.checkpoint
+    assert sharded == (first > 0)  # a sharded run saves through torch.distributed.checkpoint
     for name, weight in whole["weights"].items():
         torch.testing.assert_close(rest["weights"][name], weight, rtol=1e-10, atol=1e-10, msg=name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FSDP2 over NCCL needs a CUDA GPU")
+def test_a_group_of_one_gpu_trains_and_resumes_as_one_process(tmp_path: Path) -> None:
+    """A group of one on one GPU (torchrun, NCCL default group): the policy sharded by
+    FSDP2 over that rank, checkpointed through torch.distributed.checkpoint and resumed,
+    trains as a plain process does (the sharded learner's path on the smallest machine;
+    on CPU, ``test_a_checkpoint_resumes_at_another_world_size`` runs a group of one)."""
+    args = ["grpo", "float32", "--device", "cuda", "--adam-eps", "1e-3", "--budget", "48"]
+    whole = train(tmp_path / "whole", *args, "--steps", "3")
+    checkpoints = str(tmp_path / "checkpoints")
+    train(tmp_path / "part", *args, "--steps", "2", "--checkpoints", checkpoints, world_size=1)
+    assert (tmp_path / "checkpoints" / "step_00000002" / "dcp").is_dir()  # sharded
+    rest = train(
+        tmp_path / "rest", *args, "--steps", "3", "--checkpoints", checkpoints, "--resume",
+        world_size=1,
+    )  # fmt: skip
+    assert rest["history"][0]["loss"] == pytest.approx(whole["history"][2]["loss"], abs=1e-4)
+    for name, weight in whole["weights"].items():
+        torch.testing.assert_close(rest["weights"][name], weight, rtol=1e-4, atol=1e-4, msg=name)
 
 
 @pytest.mark.skipif(

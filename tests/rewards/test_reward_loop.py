@@ -188,3 +188,47 @@ def test_a_few_failures_are_printed_once_per_kind_and_counted(tiny_tokenizer, ca
     # with max_failure_fraction=0, any failure stops the run
     with pytest.raises(RewardLoopError, match="1 of 6 samples"):
         _score_batches(tiny_tokenizer, fails_on_zero, max_failure_fraction=0.0)
+
+
+class RecordingServers:
+    """A fake ``ScoringServers`` (the real ones need vLLM's sleep mode, CUDA only): records
+    when the loop wakes and puts them to sleep, next to the scorer's calls."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    async def wake(self) -> None:
+        self.events.append("wake")
+
+    async def sleep(self) -> None:
+        self.events.append("sleep")
+
+
+def test_colocate_wakes_its_servers_for_each_batchs_scoring_only(tiny_tokenizer) -> None:
+    events: list[str] = []
+
+    async def scorer(data_source, solution_str, ground_truth, extra_info):
+        events.append("score")
+        return 0.0
+
+    _score_batches(tiny_tokenizer, scorer, batches=2, servers=RecordingServers(events))
+    assert events == ["wake", *["score"] * 6, "sleep"] * 2
+
+    class BrokenManager:  # the scoring itself breaks (not a sample's failure)
+        async def run_single(self, sample):
+            events.append("score")
+            raise RuntimeError("the reward manager broke")
+
+    events.clear()
+    loop = RewardLoop(BrokenManager(), mode="colocate", servers=RecordingServers(events))
+    client = ScriptedChatClient(tiny_tokenizer, lambda req, prompt: "0")
+
+    async def main() -> None:
+        rollouts = await _engine(client, tiny_tokenizer, loop).generate_rollouts(_requests(2))
+        await loop(rollouts)
+
+    with pytest.raises(RuntimeError, match="the reward manager broke"):
+        asyncio.run(main())
+    assert events[0] == "wake" and events[-1] == "sleep"  # asleep again all the same
+    with pytest.raises(ValueError, match="servers that sleep between batches need mode='colo"):
+        RewardLoop(make_reward_manager("naive"), servers=RecordingServers(events))

@@ -177,6 +177,26 @@ def test_the_built_in_rule_scores_the_arithmetic_env_like_its_verifier(tmp_path:
         (["reward_loop.rule_weight=0"], "no reward"),
         (["reward_loop.disrm.num_servers=2", "reward_loop.disrm.server.port=9000"], "own port"),
         (["reward_loop.manager_module=no_such_module_x"], "reward_loop.manager_module"),
+        # reward servers that sleep between batches (issue 27): colocate mode, CUDA only
+        (["reward_loop.disrm.sleep=keep_weights"], "a standalone loop scores while"),
+        (
+            ["reward_loop.mode=colocate", "reward_loop.disrm.sleep=keep_weights"],
+            "reward_loop.disrm.sleep: vLLM sleep mode frees GPU memory and exists on CUDA only",
+        ),
+        (
+            ["reward_loop.mode=colocate", "reward_loop.genrm.sleep=reload_weights"]
+            + ["reward_loop.router.address=http://127.0.0.1:1"],
+            "the run starts no server to put to sleep",
+        ),
+        (
+            ["reward_loop.disrm.sleep=keep_weights", "reward_loop.disrm.server.start_server=false"],
+            "a running server (server.start_server: false) is not one",
+        ),
+        (
+            ["reward_loop.mode=colocate", "reward_loop.disrm.sleep=keep_weights"]
+            + ["model.device=cuda", "trainer.mode=pipeline"],
+            "the actors share the reward servers",
+        ),
     ],
 )
 def test_bad_reward_loop_settings_name_the_field(tmp_path, overrides, message) -> None:

@@ -46,6 +46,7 @@ __getattr__, __all__ = lazy_exports(
         "group_pattern": "ludic.rewards.group_judge",
         "parse_group_judgement": "ludic.rewards.group_judge",
         "GroupScorer": "ludic.rewards.loop",
+        "ScoringServers": "ludic.rewards.loop",
         "DisRMScore": "ludic.rewards.hybrid",
         "WeightedReward": "ludic.rewards.hybrid",
         "REWARD_KEY": "ludic.rewards.loop",

@@ -7,7 +7,9 @@ Two modes (spec 5):
   generating; the rollout hook (``loop`` itself, in ``rollout_hooks``) then only waits for
   what is left.
 * **colocate**: nothing starts until the whole batch is generated; the rollout hook scores
-  every rollout then (a reward model that shares the policy's hardware).
+  every rollout then (a reward model that shares the policy's hardware). With
+  ``servers`` (:class:`ScoringServers`, e.g. ``ludic.run.reward_sleep``) the reward
+  servers sleep outside that window and are woken for it.
 
 With a ``group_scorer`` (e.g. :class:`~ludic.rewards.group_judge.GroupJudge`) the unit of
 scoring is a group instead of a sample: the rollouts of one prompt (``meta["group_id"]``,
@@ -74,6 +76,16 @@ def rollout_reward_sample(rollout: Rollout, *, data_source: str | None = None) -
     )
 
 
+class ScoringServers(Protocol):
+    """Reward servers that free their GPU between batches (colocate mode: vLLM sleep
+    mode): the loop wakes them before it scores a batch and puts them back to sleep
+    after, whatever the scoring did."""
+
+    async def wake(self) -> None: ...
+
+    async def sleep(self) -> None: ...
+
+
 class GroupScorer(Protocol):
     """Scores one group's samples together (``GroupJudge``): one result per sample, in
     order; a failure is each sample's ``error``, not an exception."""
@@ -100,6 +112,8 @@ class RewardLoop:
         to_sample: rollout -> :class:`RewardSample` (default :func:`rollout_reward_sample`).
         max_failure_fraction: a batch with more failed samples than this fraction raises
             :class:`RewardLoopError` (1.0: never; 0.0: any failure does).
+        servers: colocate mode only: :class:`ScoringServers` woken around each batch's
+            scoring (asleep otherwise).
     """
 
     def __init__(
@@ -112,9 +126,15 @@ class RewardLoop:
         num_workers: int = 8,
         to_sample: Callable[[Rollout], RewardSample] = rollout_reward_sample,
         max_failure_fraction: float = 0.5,
+        servers: ScoringServers | None = None,
     ) -> None:
         if mode not in ("standalone", "colocate"):
             raise ValueError(f"RewardLoop: mode={mode!r}; choose 'standalone' or 'colocate'")
+        if servers is not None and mode != "colocate":
+            raise ValueError(
+                "RewardLoop: servers that sleep between batches need mode='colocate' (a "
+                "standalone loop scores while episodes run)"
+            )
         if num_workers < 1:
             raise ValueError(f"RewardLoop: num_workers={num_workers}; expected >= 1")
         if (manager is None) == (group_scorer is None):
@@ -133,6 +153,7 @@ class RewardLoop:
         self.num_workers = num_workers
         self.to_sample = to_sample
         self.max_failure_fraction = float(max_failure_fraction)
+        self.servers = servers
         self.failures = 0
         """Samples that failed to score so far (every batch)."""
         self._logged_errors: set[str] = set()
@@ -159,12 +180,16 @@ class RewardLoop:
 
     async def __call__(self, rollouts: list[Rollout]) -> None:
         """Rollout hook: wait for (or, in colocate mode, run) every rollout's scoring and
-        write its result into ``rollout.meta["reward_loop"]``."""
-        if self.group_scorer is not None:
-            results = await self._group_results(rollouts)
+        write its result into ``rollout.meta["reward_loop"]`` (``servers``: woken for it,
+        asleep again after)."""
+        if self.servers is None:
+            results = await self._results(rollouts)
         else:
-            tasks = [self._pending.pop(r.id, None) or self._score(r) for r in rollouts]
-            results = await gather_or_cancel(*tasks)
+            await self.servers.wake()
+            try:
+                results = await self._results(rollouts)
+            finally:
+                await self.servers.sleep()
         for rollout, result in zip(rollouts, results):
             rollout.meta[REWARD_KEY] = {
                 "score": result.score,
@@ -172,6 +197,12 @@ class RewardLoop:
                 "error": result.error,
             }
         self._check_failures(rollouts, results)
+
+    async def _results(self, rollouts: list[Rollout]) -> list[RewardResult]:
+        if self.group_scorer is not None:
+            return await self._group_results(rollouts)
+        tasks = [self._pending.pop(r.id, None) or self._score(r) for r in rollouts]
+        return list(await gather_or_cancel(*tasks))
 
     def _check_failures(self, rollouts: list[Rollout], results: Sequence[RewardResult]) -> None:
         failed = [(r, res.error) for r, res in zip(rollouts, results) if res.error is not None]

@@ -688,6 +688,17 @@ class RunConfig(Section):
                 "algorithm.name=reward_rl needs a reward section (reward.path: a reward "
                 "model folder, e.g. RUN_DIR/reward_model of a task: reward_model run)"
             )
+        sleeping = self.reward_loop is not None and self.reward_loop.sleeping_servers()
+        if sleeping and not self.model.device.startswith("cuda"):
+            raise ValueError(
+                f"reward_loop.{sleeping[0]}.sleep: vLLM sleep mode frees GPU memory and exists "
+                f"on CUDA only; with model.device={self.model.device} set sleep: off"
+            )
+        if sleeping and self.trainer.mode == "pipeline":
+            raise ValueError(
+                f"reward_loop.{sleeping[0]}.sleep with trainer.mode=pipeline: the actors share "
+                "the reward servers and score at any time; set sleep: off"
+            )
         if self.reward_loop is not None and self.algorithm.name == "reward_rl":
             raise ValueError(
                 "reward_loop and algorithm.name=reward_rl are two ways to score samples; "

@@ -198,6 +198,13 @@ class RewardServersConfig(Section):
     """This component's weight in the hybrid reward."""
     server: VLLMConfig = VLLMConfig()
     """Settings of each server (``port`` must be null when num_servers > 1)."""
+    sleep: Literal["off", "keep_weights", "reload_weights"] = "off"
+    """``reward_loop.mode: colocate`` on CUDA: the servers sleep (vLLM sleep mode) while
+    the policy generates and the trainer trains, and wake to score each batch, so the GPU
+    they share holds their memory only then. keep_weights: level 1, the weights wait in
+    CPU memory; reload_weights: level 2, dropped, and read again from ``path`` at each
+    wake (``POST /load_weights_from_disk``, verified). The KV cache is freed either way.
+    off: they stay awake. Only for servers the run starts."""
 
     @model_validator(mode="after")
     def _ports(self) -> RewardServersConfig:
@@ -205,6 +212,11 @@ class RewardServersConfig(Section):
             raise ValueError(
                 f"server.port={self.server.port} with num_servers={self.num_servers}: each "
                 "server needs its own port; leave server.port null (free ports are picked)"
+            )
+        if self.sleep != "off" and not self.server.start_server:
+            raise ValueError(
+                f"sleep={self.sleep} puts the servers the run starts to sleep; a running "
+                "server (server.start_server: false) is not one: set sleep: off"
             )
         if not self.server.start_server and self.num_servers > 1:
             raise ValueError(
@@ -360,4 +372,29 @@ class RewardLoopSection(Section):
             return self
         if self.rule_weight == 0 and self.disrm is None and self.genrm is None:
             raise ValueError("rule_weight=0 leaves no reward: set disrm or genrm, or rule_weight")
+        return self
+
+    def sleeping_servers(self) -> list[str]:
+        """The server groups (``disrm``, ``genrm``, ``group_judge``) set to sleep."""
+        return [
+            name
+            for name in ("disrm", "genrm", "group_judge")
+            if getattr(self, name) is not None and getattr(self, name).sleep != "off"
+        ]
+
+    @model_validator(mode="after")
+    def _sleep_in_colocate_mode(self) -> RewardLoopSection:
+        for name in self.sleeping_servers():
+            sleep = getattr(self, name).sleep
+            if self.mode != "colocate":
+                raise ValueError(
+                    f"{name}.sleep={sleep} with mode={self.mode}: a standalone loop scores "
+                    "while the policy generates, so its servers never sleep; set mode: "
+                    "colocate (or sleep: off)"
+                )
+            if self.router.address is not None:
+                raise ValueError(
+                    f"{name}.sleep={sleep} with router.address: the run starts no server to "
+                    "put to sleep; set sleep: off"
+                )
         return self

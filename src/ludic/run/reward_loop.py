@@ -11,7 +11,9 @@ same servers.
 
 Where the servers start: in the training process (``sync`` / ``async``); in pipeline mode
 once, in ``ludic train``'s launcher (:func:`reward_router`), whose actors get the router's
-address as ``reward_loop_from_config(..., router=...)`` and start nothing.
+address as ``reward_loop_from_config(..., router=...)`` and start nothing. Servers set to
+``sleep`` (colocate mode, CUDA) sleep once the probe has scored through them, and the loop
+wakes them for each batch (:mod:`ludic.run.reward_sleep`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from ludic.run.config import RunConfig
 from ludic.run.config_reward import RewardLoopSection
 from ludic.run.errors import RunError
 from ludic.run.registries import REWARD_FUNCTION, REWARD_MANAGER, load_part
+from ludic.run.reward_sleep import SLEEP_LEVELS, RewardServerSleep, sleep_server_args
 from ludic.run.servers import server_api_key, server_args
 from ludic.training import RewardLoopCreditAssigner
 from ludic.training.algorithm import RLAlgorithm
@@ -69,8 +72,9 @@ def reward_loop_from_config(
         yield None
         return
     with contextlib.ExitStack() as stack:
+        servers = None  # reward servers that sleep between batches
         if router is None:
-            router = stack.enter_context(reward_router(config, log_dir=log_dir))
+            router, servers = _start_servers(config, log_dir, stack)
         address, key = router
         to_sample = functools.partial(
             rollout_reward_sample, data_source=section.data_source or config.env.kind
@@ -85,6 +89,7 @@ def reward_loop_from_config(
                 num_workers=section.num_workers,
                 max_failure_fraction=section.max_failure_fraction,
                 to_sample=to_sample,
+                servers=_asleep(servers),
             )
             return
         function: Any = rule_function(section)
@@ -104,6 +109,7 @@ def reward_loop_from_config(
             num_workers=section.num_workers,
             max_failure_fraction=section.max_failure_fraction,
             to_sample=to_sample,
+            servers=_asleep(servers),
         )
 
 
@@ -270,19 +276,29 @@ def reward_router(config: RunConfig, *, log_dir: Path) -> Iterator[RouterAddress
     models in ``log_dir``), all stopped on exit; (None, None) when the loop uses no
     server."""
     with contextlib.ExitStack() as stack:
-        yield _router_address(config, log_dir, stack)
+        yield _start_servers(config, log_dir, stack)[0]
 
 
-def _router_address(config: RunConfig, log_dir: Path, stack: contextlib.ExitStack) -> RouterAddress:
-    """Start the reward servers and a router over them (stopped by ``stack``)."""
+def _asleep(servers: RewardServerSleep | None) -> RewardServerSleep | None:
+    """``servers`` put to sleep (after the probe scored through them awake)."""
+    if servers is not None:
+        servers.sleep_now()
+    return servers
+
+
+def _start_servers(
+    config: RunConfig, log_dir: Path, stack: contextlib.ExitStack
+) -> tuple[RouterAddress, RewardServerSleep | None]:
+    """Start the reward servers and a router over them (stopped by ``stack``); the
+    servers set to sleep between batches, if any (awake now)."""
     section = config.reward_loop
     if section is None:
-        return None, None
+        return (None, None), None
     r = section.router
     if r.address is not None:
         from ludic.inference.vllm.security import API_KEY_ENV
 
-        return r.address.rstrip("/"), r.api_key or os.environ.get(API_KEY_ENV) or None
+        return (r.address.rstrip("/"), r.api_key or os.environ.get(API_KEY_ENV) or None), None
     servers = (
         ("disrm", section.disrm),
         ("genrm", section.genrm),
@@ -290,7 +306,7 @@ def _router_address(config: RunConfig, log_dir: Path, stack: contextlib.ExitStac
     )
     groups = [(n, g) for n, g in servers if g]
     if not groups:
-        return None, None
+        return (None, None), None
     try:
         from ludic.inference.router import start_router
         from ludic.inference.vllm.process import start_vllm_server
@@ -300,6 +316,7 @@ def _router_address(config: RunConfig, log_dir: Path, stack: contextlib.ExitStac
     cuda = config.model.device.startswith("cuda")
     urls: list[str] = []
     starting = []
+    sleeping: list[tuple[str, int, Path]] = []
     for name, group in groups:
         if not group.server.start_server:
             if group.server.port is None:
@@ -307,6 +324,12 @@ def _router_address(config: RunConfig, log_dir: Path, stack: contextlib.ExitStac
             urls.append(f"http://{group.server.host}:{group.server.port}")
             continue
         model = group.path or _tiny_model(name, log_dir)
+        if group.sleep == "reload_weights" and not Path(model).is_dir():
+            raise RunError(
+                f"reward_loop.{name}.sleep=reload_weights reads the weights again from "
+                f"{name}.path at every wake; {model!r} is not a local model folder (download "
+                "it first, or use sleep: keep_weights)"
+            )
         for i in range(group.num_servers):
             server = start_vllm_server(
                 model,
@@ -314,7 +337,10 @@ def _router_address(config: RunConfig, log_dir: Path, stack: contextlib.ExitStac
                 host=group.server.host,
                 port=group.server.port,
                 api_key=key,
-                extra_args=server_args(group.server, cuda),
+                extra_args=[
+                    *server_args(group.server, cuda),
+                    *sleep_server_args(group.sleep, model),
+                ],
                 cpu=not cuda,
                 log_path=log_dir / f"vllm_{name}_{i}.log",
                 wait=False,
@@ -322,6 +348,8 @@ def _router_address(config: RunConfig, log_dir: Path, stack: contextlib.ExitStac
             stack.callback(server.stop)
             starting.append((server, group.server.timeout_s))
             urls.append(server.url)
+            if group.sleep != "off":
+                sleeping.append((server.url, SLEEP_LEVELS[group.sleep], Path(model)))
     for server, timeout_s in starting:  # started together, waited for in turn
         server.wait_until_healthy(max(timeout_s, 300.0))
     router = start_router(
@@ -335,7 +363,12 @@ def _router_address(config: RunConfig, log_dir: Path, stack: contextlib.ExitStac
         log_path=log_dir / "reward_router.log",
     )
     stack.callback(router.stop)
-    return router.url, key
+    if not sleeping:
+        return (router.url, key), None
+    timeout_s = max(g.server.timeout_s for _, g in groups)
+    sleep = RewardServerSleep.start(sleeping, api_key=key, timeout_s=timeout_s)
+    stack.callback(sleep.close)
+    return (router.url, key), sleep
 
 
 def _tiny_model(name: str, run_dir: Path) -> Path:

@@ -208,7 +208,8 @@ class Trainer(HasTrainingCore):
         # that fails half-way may have counted part of its batch)
         self._closed_ledger: dict[str, int] | None = None
         self.reference_model = self._prepare_reference(reference_model)
-        self.ranks = ranks if ranks is not None and ranks.world_size > 1 else None
+        # a group of one shards too (FSDP2 over one process: the NCCL path on one GPU)
+        self.ranks = ranks
         self._varlen = self._varlen_attention()
         self._parts = self._split(self.model)
         self._reference_parts = (
