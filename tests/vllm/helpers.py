@@ -230,11 +230,13 @@ def policy_server(
     *,
     extra_args: Sequence[str] = (),
     cpu_cores: str | None = None,
+    model_dir: Path | None = None,
     **model_config: int,
 ) -> Iterator[ServedPolicy]:
     """A ludic policy server on a tiny Qwen2 (``model_config``: ``save_tiny_model``'s
-    sizes; ``extra_args``, ``cpu_cores``: ``start_vllm_server``'s), with a client in a
-    weight-sync group and the mirror; everything is stopped (no process left) on exit."""
+    sizes), or on ``model_dir``; ``extra_args``, ``cpu_cores``: ``start_vllm_server``'s;
+    with a client in a weight-sync group and the mirror. Everything is stopped (no
+    process left) on exit."""
     import psutil
     import torch
     from transformers import AutoModelForCausalLM
@@ -243,7 +245,8 @@ def policy_server(
     from ludic.inference.vllm.process import start_vllm_server
     from ludic.models.tiny import build_tiny_tokenizer, save_tiny_model
 
-    model_dir = save_tiny_model(root / "model", **model_config)
+    if model_dir is None:
+        model_dir = save_tiny_model(root / "model", **model_config)
     server = start_vllm_server(
         model_dir,
         api_key=API_KEY,
