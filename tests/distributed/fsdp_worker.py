@@ -9,7 +9,8 @@ one used; with ``--redis`` it is a pipeline learner's: rank 0 first pushes the b
 a queue of their own at URL, then takes them from there, in the wire format, and
 acknowledges each after its step); after the steps rank 0 writes ``OUT/result.pt``: each
 step's metrics, the final full weights (gathered from the shards) and, with ``--redis``,
-the ids of the batches the queue recorded as trained. Several runs, one after the other in the
+the ids of the batches the queue recorded as trained and how many acknowledgements it
+counted. Several runs, one after the other in the
 same processes (and process group): ``OUT1 ARGS1 + OUT2 ARGS2 + ...``.
 """
 
@@ -196,7 +197,8 @@ def train_once(args: argparse.Namespace, ranks: TrainerRanks | None, device: str
     if ranks is None or ranks.is_main:
         args.out.mkdir(parents=True, exist_ok=True)
         trained = sorted(queue.records("trained")) if queue is not None else []
-        result = {"history": history, "weights": weights, "trained": trained}
+        acks = queue.counters()["trained_batches"] if queue is not None else 0
+        result = {"history": history, "weights": weights, "trained": trained, "acks": acks}
         torch.save(result, args.out / "result.pt")
     if client is not None:
         client.close()

@@ -105,7 +105,8 @@ def test_two_ranks_train_exactly_as_one_process(exact_runs: Path, case: str):
         torch.testing.assert_close(two["weights"][name], weight, rtol=tol, atol=tol, msg=name)
     assert all(step["grad_norm"] > 1e-3 for step in one["history"])  # the weights moved
     queued = ["batch-0", "batch-1"] if "--redis" in args else []
-    assert one["trained"] == two["trained"] == queued  # each acknowledged once, by rank 0
+    assert one["trained"] == two["trained"] == queued  # each acknowledged, by rank 0 ...
+    assert one["acks"] == two["acks"] == len(queued)  # ... once
 
 
 def test_data_exhausted_on_rank_zero_ends_every_rank_cleanly(tmp_path: Path) -> None:

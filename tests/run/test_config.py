@@ -317,3 +317,13 @@ def test_nccl_to_a_server_on_the_trainers_own_gpu_is_refused_naming_the_fix() ->
     check_local_servers(load_config(recipe, [*broadcast, "model.device=cuda:1"]))
     check_local_servers(load_config(recipe, [*broadcast, "inference.vllm.start_server=false"]))
     check_local_servers(load_config(recipe))  # the recipe itself: packed CUDA IPC
+
+
+def test_a_pipeline_learners_ranks_wait_for_a_batch_longer_than_rank_0_does() -> None:
+    from datetime import timedelta
+
+    from ludic.run.trainer_ranks import GROUP_TIMEOUT, group_timeout
+
+    assert group_timeout(load_config(None, [])) == GROUP_TIMEOUT
+    pipeline = load_config(None, ["trainer.mode=pipeline", "pipeline.batch_timeout_s=900"])
+    assert group_timeout(pipeline) == GROUP_TIMEOUT + timedelta(seconds=900)

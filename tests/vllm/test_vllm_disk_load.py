@@ -2,7 +2,8 @@
 with ``--weight-load-roots ROOT/disk``). A policy folder ludic saved loads to parity and
 is verified against its manifest like a sync against what was sent; a folder changed on
 disk since it was saved fails that check, naming the tensor; a path outside the roots (by
-``..`` or by a symlink) is refused with 403 and changes nothing; a bad body is a 400."""
+``..``, by a symlinked folder or a symlinked file) is refused with 403 and changes
+nothing; a bad body is a 400."""
 
 from __future__ import annotations
 
@@ -56,9 +57,13 @@ def test_paths_outside_the_roots_are_refused_and_change_nothing(served, tmp_path
     inside_link = served.root / "disk" / "link"
     if not inside_link.exists():
         os.symlink(outside, inside_link)
+    linked_file = served.root / "disk" / "linked_file"  # a folder inside, its file outside
+    if not linked_file.exists():
+        linked_file.mkdir()
+        os.symlink(outside / "model.safetensors", linked_file / "model.safetensors")
     version = served.client.get_policy_version()
     control = served.client.control
-    for path in (outside, served.root / "disk" / ".." / "elsewhere", inside_link):
+    for path in (outside, served.root / "disk" / ".." / "elsewhere", inside_link, linked_file):
         with pytest.raises(VLLMServerError, match=r"403.*--weight-load-roots"):
             control.post("/load_weights_from_disk", {"path": str(path), "version": 99})
     empty = served.root / "disk" / "empty"

@@ -61,3 +61,6 @@ def test_an_exported_policy_on_two_workers_serves_syncs_and_loads_to_parity(tmp_
         served.client.load_weights_from_disk(folder, version=2)
         served.assert_parity()
         assert served.client.get_policy_version() == 2
+        report = served.client.control.weight_report()["workers"]  # read, loaded: sharded
+        assert [w["version"] for w in report] == [2, 2] and report[1]["tp_rank"] == 1
+        assert any(entry["sharded"] for entry in report[1]["loaded"].values())

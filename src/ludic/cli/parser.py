@@ -185,7 +185,9 @@ def _add_pipeline_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
             "runs the warm start, then trains on the batches actors push to Redis\n"
             "(pipeline.redis_url, or a local redis-server it starts in RUN_DIR/redis) and\n"
             "publishes weights (vLLM server, or Redis for the transformers backend). Start\n"
-            "actors with `ludic actor CONFIG --run-dir RUN_DIR`; `ludic train` starts both."
+            "actors with `ludic actor CONFIG --run-dir RUN_DIR`; `ludic train` starts both.\n"
+            "With trainer.world_size=N it runs as N FSDP2 ranks under torchrun (rank 0\n"
+            "reads the queue)."
         ),
         examples=(
             "  ludic learner my_run.yaml trainer.mode=pipeline\n"

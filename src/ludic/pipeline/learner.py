@@ -20,8 +20,14 @@ Reads top to bottom like ``ludic train``'s job, with a Redis queue where the rol
    pushes are refused, batches still queued are recorded in ``P:unused``), withdraws its
    announcement, writes the reward curve and the summary.
 
-A failure or Ctrl-C/SIGTERM checkpoints the last step (as ``ludic train`` does) and does
-not end the run in Redis: a learner restarted on the same run directory requeues the
+With ``trainer.world_size: N`` the learner is N FSDP2 ranks (``ludic learner`` starts
+them with torchrun; ``ludic launch`` places them on Ray): rank 0 does all of the above,
+the others follow its steps (:mod:`ludic.run.trainer_ranks`), receiving each batch from
+it; checkpoints are sharded.
+
+A failure or Ctrl-C/SIGTERM checkpoints the last step (as ``ludic train`` does; a sharded
+learner does not, and resumes from its newest checkpoint) and does not end the run in
+Redis: a learner restarted on the same run directory requeues the
 batches it had taken but not acknowledged, continues the version from its checkpoint, and
 actors that are still waiting go on.
 """

@@ -407,8 +407,10 @@ def make_control_router(
         except (FileNotFoundError, OSError) as e:
             raise HTTPException(HTTPStatus.BAD_REQUEST, str(e)) from None
 
+        checked = [str(f.resolve()) for f in files]  # the workers read these, and only these
+
         async def work() -> None:
-            await engine.collective_rpc("load_weights_from_disk", args=(str(folder), version))
+            await engine.collective_rpc("load_weights_from_disk", args=(checked, version))
             await engine.reset_prefix_cache()
             state.gate.lora_request = None  # full weights: no adapter serves requests
             state.version = version if version is not None else state.version + 1

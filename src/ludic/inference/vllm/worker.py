@@ -174,24 +174,27 @@ class WeightSyncWorkerExtension:
         self._finish_sync(recorder, parsed.version)
         return len(pending)
 
-    def load_weights_from_disk(self, folder: str, version: int | None) -> int:
-        """Load the safetensors files of ``folder`` (a policy folder of the served
-        architecture; the control plane checked the path), recording the sync's report
-        as for one received: what was read, and what was loaded. Returns the number of
-        tensors loaded."""
-        from ludic.distributed.weight_transfer.manifest import folder_tensors, safetensors_files
+    def load_weights_from_disk(self, files: list[str], version: int | None) -> int:
+        """Load the safetensors ``files`` (a policy folder's, of the served architecture;
+        the control plane checked each path), recording the sync's report as for one
+        received: what was read, and what was loaded. Returns the number of tensors
+        loaded."""
+        from ludic.distributed.weight_transfer.manifest import folder_tensors
 
         if self.ludic_checkpoint is None:
             self.ludic_checkpoint = checkpoint_shapes(self.model_runner.vllm_config.model_config)  # type: ignore[attr-defined]
+        model = self.model_runner.model  # type: ignore[attr-defined]
         recorder = self._new_recorder()
+        # the alias only where the served model has an output head tied to the embeddings
+        tied = recorder.tied_embeddings and hasattr(model, "lm_head")
         loaded = 0
         # CPU: one load of everything (see the module docstring); CUDA: file by file
-        batches = [folder] if self._is_cpu() else [str(f) for f in safetensors_files(folder)]
+        batches = [files] if self._is_cpu() else [[file] for file in files]
         for batch in batches:
-            named = dict(folder_tensors(batch))
+            named = {name: t for file in batch for name, t in folder_tensors(file)}
             check_adapter_names(named, adapter=False)
             recorder.receive(named)
-            named = with_tied_alias(named, tied=recorder.tied_embeddings)
+            named = with_tied_alias(named, tied=tied)
             if self._is_cpu():
                 with recorder.capturing():
                     self._load(named)
