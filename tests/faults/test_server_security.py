@@ -108,7 +108,14 @@ def test_ludic_serve_policy_starts_on_cpu_with_the_train_defaults(keyed_server):
 def test_every_route_but_health_needs_the_key(keyed_server):
     routes = _routes(keyed_server)
     paths = {p for _, p in routes}
-    for must in ("/invocations", "/tokenize", "/detokenize", "/v1/models", "/v1/completions"):
+    for must in (
+        "/invocations",
+        "/tokenize",
+        "/detokenize",
+        "/v1/models",
+        "/v1/completions",
+        "/load_weights_from_disk",
+    ):
         assert must in paths, f"{must} missing from the app's routes: the sweep is stale"
     assert len(routes) > 20
     with httpx.Client(base_url=keyed_server.url, timeout=30) as http:

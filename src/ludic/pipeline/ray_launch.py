@@ -37,10 +37,10 @@ Reads top to bottom:
 Failures: a rollout actor whose process is killed (a signal) or whose Ray actor dies (its
 worker killed, its node lost) is restarted by Ray, up to ``launch.max_restarts`` times; the
 new one regenerates the batch the old one had claimed, so the run loses nothing. Any other
-failure -- the learner (any of its ranks) exits with an error or is killed, an actor exits with an error, a restart budget is
-spent, a server fails to start -- stops every process (SIGTERM: the learner checkpoints) and
-fails the command with the process's error line and its log's path; ``--resume RUN_DIR``
-continues. Ctrl-C and SIGTERM do the same (exit 130 / 143).
+failure -- the learner (any of its ranks) exits with an error or is killed, an actor exits
+with an error, a restart budget is spent, a server fails to start -- stops every process
+(SIGTERM: the learner checkpoints) and fails the command with the process's error line and
+its log's path; ``--resume RUN_DIR`` continues. Ctrl-C and SIGTERM do the same (exit 130 / 143).
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ class RewardServerSleep:
         self.asleep = True
 
     def wake_now(self) -> None:
-        from ludic.distributed.weight_transfer.verify import check_reports
+        from ludic.inference.vllm.weight_sync import load_verified
 
         for server in self.servers:
             control = server.control
@@ -93,10 +93,12 @@ class RewardServerSleep:
                 control.wake_up()
                 continue
             control.wake_up(["weights"])
-            control.load_weights_from_disk(str(server.folder), None, self.timeout_s)
-            report = control.weight_report()
-            check_reports(
-                server.expected, report["workers"], server=control.policy.base_url, version=None
+            load_verified(
+                control,
+                str(server.folder),
+                version=None,
+                expected=server.expected,
+                timeout_s=self.timeout_s,
             )
             control.wake_up(["kv_cache"])
         self.asleep = False

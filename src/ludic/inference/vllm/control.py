@@ -398,16 +398,15 @@ def make_control_router(
             folder = check_load_path(path, policy.load_roots)
             from ludic.distributed.weight_transfer.manifest import safetensors_files
 
-            files = safetensors_files(folder)
-            for file in files:  # a file linked from outside the roots is refused too
-                check_load_path(str(file), policy.load_roots)
+            # each file resolved and checked too: one linked from outside the roots is refused
+            files = [check_load_path(str(f), policy.load_roots) for f in safetensors_files(folder)]
             nbytes = sum(f.stat().st_size for f in files)
         except LoadPathRefused as e:
             raise HTTPException(HTTPStatus.FORBIDDEN, str(e)) from None
         except (FileNotFoundError, OSError) as e:
             raise HTTPException(HTTPStatus.BAD_REQUEST, str(e)) from None
 
-        checked = [str(f.resolve()) for f in files]  # the workers read these, and only these
+        checked = [str(f) for f in files]  # the workers read these, and only these
 
         async def work() -> None:
             await engine.collective_rpc("load_weights_from_disk", args=(checked, version))

@@ -229,11 +229,7 @@ class WeightSyncSession:
             except SyncVerificationError as e:
                 e.servers = [control.policy.base_url]
                 failed.append(e)
-        if failed:
-            for other in failed[1:]:
-                failed[0].add_note(f"also: {other}")
-                failed[0].servers += other.servers
-            raise failed[0]
+        raise_all(failed)
         self.verified += 1
         if self._canary_due():
             self.canary_version = version
@@ -241,26 +237,20 @@ class WeightSyncSession:
     def load_from_disk(self, path: str, *, version: int | None, expected: SentChecksums) -> None:
         """Have every server load the policy folder at ``path`` (on its own machine) as
         ``version``, one after the other, and check each one's report against
-        ``expected`` (the folder's manifest) as a sync's against what was sent. Needs no
-        group."""
+        ``expected`` (the folder's manifest) as a sync's against what was sent
+        (:func:`load_verified`). Needs no group."""
         failed: list[SyncVerificationError] = []
         for control in self.controls:
-            with self.stage("load from disk", version):
-                control.load_weights_from_disk(path, version, self.timeout_s)
-            with self.stage("report"):
-                report = control.weight_report()
-            server = control.policy.base_url
             try:
-                check_reports(expected, report["workers"], server=server, version=version)
+                with self.stage("load from disk", version):
+                    report = load_verified(
+                        control, path, version=version, expected=expected, timeout_s=self.timeout_s
+                    )
             except SyncVerificationError as e:
-                e.servers = [server]
                 failed.append(e)
-            self.served_dtypes[server] = str(report.get("dtype", ""))
-        if failed:
-            for other in failed[1:]:
-                failed[0].add_note(f"also: {other}")
-                failed[0].servers += other.servers
-            raise failed[0]
+                continue
+            self.served_dtypes[control.policy.base_url] = str(report.get("dtype", ""))
+        raise_all(failed)
 
     def _check_report(
         self, server: str, report: Mapping[str, Any], boot_id: str | None, version: int | None
@@ -444,6 +434,38 @@ class FanOutControlPlane:
     def begin_sync(self) -> None:
         for control in self.controls:
             control.begin_sync()
+
+
+def load_verified(
+    control: VLLMControlPlane,
+    path: str,
+    *,
+    version: int | None,
+    expected: SentChecksums,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """Have the server of ``control`` load the policy folder at ``path`` (on its machine)
+    as ``version`` and check its workers' report against ``expected``, as a sync's against
+    what was sent; returns the report. :class:`SyncVerificationError` names the server."""
+    control.load_weights_from_disk(path, version, timeout_s)
+    report = control.weight_report()
+    server = control.policy.base_url
+    try:
+        check_reports(expected, report["workers"], server=server, version=version)
+    except SyncVerificationError as e:
+        e.servers = [server]
+        raise
+    return report
+
+
+def raise_all(failed: Sequence[SyncVerificationError]) -> None:
+    """Raise the first of ``failed`` (the others noted on it, their servers added), if any."""
+    if not failed:
+        return
+    for other in failed[1:]:
+        failed[0].add_note(f"also: {other}")
+        failed[0].servers += other.servers
+    raise failed[0]
 
 
 def close_quietly(sender: Any) -> None:
