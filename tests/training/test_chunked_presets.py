@@ -29,7 +29,8 @@ from ludic.training.config import TrainerConfig
 from ludic.training.logprobs import token_logprobs
 from ludic.training.losses import CompositeLoss, EntropyBonus, KLPenalty, LossInputs
 from ludic.training.losses.base import masked_token_entropy
-from ludic.training.trainer import StepTotals, Trainer
+from ludic.training.policy_update import StepTotals
+from ludic.training.trainer import Trainer
 from ludic.training.types import SAWBatch
 
 PRESETS = {
@@ -120,12 +121,14 @@ def test_a_preset_has_the_naive_loss_and_gradients_in_float64(setup, name) -> No
     trainer = Trainer(
         policy, algorithm, FixedSource(SAWBatch(items)), config, reference_model=reference
     )
-    microbatches = trainer._microbatches(items)
+    microbatches = trainer.update.microbatches(items)
     assert len(microbatches) > 1
     totals = StepTotals(len(items), sum(i.num_action_tokens for i in items))
-    reference_logprobs = trainer._reference_logprobs(items)
+    reference_logprobs = trainer.update.reference_logprobs(items)
     policy.zero_grad()
-    loss, _, run = trainer._accumulate_gradients(microbatches, totals, None, reference_logprobs)
+    loss, _, run = trainer.update.accumulate_gradients(
+        microbatches, totals, None, reference_logprobs
+    )
     assert run < sum(len(mb) * max(i.num_tokens for i in mb) for mb in microbatches)
     assert loss == pytest.approx(loss_naive, abs=1e-9, rel=1e-9)
     grads = {n: p.grad for n, p in policy.named_parameters()}

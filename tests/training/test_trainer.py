@@ -20,7 +20,8 @@ from ludic.training.config import TrainerConfig
 from ludic.training.filters import drop_truncated, drop_version_span
 from ludic.training.loggers import JsonlLogger
 from ludic.training.losses.base import LossInputs, LossOutput
-from ludic.training.trainer import EmptyBatchError, NonFiniteError, StepTotals, Trainer
+from ludic.training.policy_update import StepTotals
+from ludic.training.trainer import EmptyBatchError, NonFiniteError, Trainer
 from ludic.training.types import DataExhausted, SAWBatch, SAWItem
 
 
@@ -89,7 +90,7 @@ def test_microbatched_gradients_equal_full_batch_gradients(tiny_tokenizer) -> No
         model = build_tiny_causal_lm(tiny_tokenizer, seed=0)
         trainer = Trainer(model, _algorithm(), ListSource(), _config())
         microbatches = split_microbatches(items, budget)
-        loss, _, _ = trainer._accumulate_gradients(microbatches, totals)
+        loss, _, _ = trainer.update.accumulate_gradients(microbatches, totals)
         grads.append(
             (len(microbatches), loss, {n: p.grad.clone() for n, p in model.named_parameters()})
         )

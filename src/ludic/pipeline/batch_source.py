@@ -78,6 +78,7 @@ from ludic.training.batching.wire import (
 )
 from ludic.training.ledger import ABORTED, DROPPED_STALE, GENERATED, SOURCE_KEYS, batch_tokens
 from ludic.training.sample_audit import DROPPED_BY_SOURCE, SampleAudit
+from ludic.training.staleness import is_too_stale, may_start
 from ludic.training.types import BatchSource, DataExhausted, SAWBatch, SAWItem
 
 __all__ = [
@@ -281,12 +282,12 @@ class PipelineBatchSource:
             item_version = item.policy_version
             if item_version is None:
                 item_version = producer.policy_version
-            lag = None if item_version is None else version - item_version
-            if lag is not None and self.max_staleness is not None and lag > self.max_staleness:
+            if is_too_stale(item_version, version, self.max_staleness):
                 stale.append(item)
                 continue
             fresh.append(item)
-            if lag is not None:
+            if item_version is not None:
+                lag = version - item_version
                 staleness.append(max(lag, 0))
                 lost += lag < 0
         dropped = len(wire.batch.items) - len(fresh)
@@ -508,19 +509,16 @@ async def _admitted(
 ) -> bool:
     """Wait until batch ``index`` may start (True), or ``stop`` is set or the learner
     ended the run (False)."""
-    if max_staleness is None:
-        return True
-    needed = index - max_staleness
     deadline = time.monotonic() + timeout_s
     while True:
         finished = await asyncio.to_thread(queue.finished_batches)
-        if finished >= needed:
+        if may_start(index, finished, max_staleness):
             return True
         if stop_set() or await asyncio.to_thread(queue.is_done):
             return False
         if time.monotonic() >= deadline:
             raise AdmissionTimeoutError(
-                f"batch {index} waits for the learner to finish {needed} batches "
+                f"batch {index} waits for the learner to finish {index - max_staleness} batches "
                 f"(index - max_staleness={max_staleness}); it has finished {finished} after "
                 f"{timeout_s:.0f}s. Is the learner running on {queue.keys.prefix!r}?"
             )

@@ -35,6 +35,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ludic.training.ledger import GENERATED
+from ludic.training.staleness import may_start
 from ludic.training.types import BatchSource, DataExhausted, SAWBatch
 
 __all__ = ["AsyncBatchSource"]
@@ -159,7 +160,7 @@ class AsyncBatchSource:
     # ---------------------------------------------------------------- the producer
     def _admitted(self) -> bool:
         base = self._base_version if self._base_version is not None else self._version
-        return self._started <= self._version - base + self.max_staleness
+        return may_start(self._started, self._version - base, self.max_staleness)
 
     def _ensure_started(self) -> None:
         if self._producer is not None:
