@@ -3,10 +3,9 @@
 The names most scripts need are importable from here (lazily, so ``import ludic`` is
 cheap); everything else lives in its subpackage:
 
-* ``ludic.envs`` -- environments; ``ludic.agents`` / ``ludic.context`` / ``ludic.parsers``
-  -- the agent harness; ``ludic.interaction`` -- protocols that own the loop;
-* ``ludic.inference`` -- the ``ChatClient`` contract and backends;
-* ``ludic.training`` -- rollout engine, credit assignment, losses, presets, the Trainer;
+* ``ludic.envs``, ``ludic.agents``, ``ludic.context``, ``ludic.parsers``, ``ludic.interaction``
+  -- environments and the agent harness; ``ludic.inference`` -- ``ChatClient`` and backends;
+* ``ludic.rollouts`` -- the rollout engine; ``ludic.training`` -- credit, losses, the Trainer;
 * ``ludic.eval`` -- evaluation; ``ludic.distributed`` -- weight publishing.
 """
 

@@ -1,16 +1,12 @@
-"""``ludic train`` / ``ludic eval`` as plain functions: each picks the job a config asks
-for, by ``task`` and ``trainer.mode``.
+"""``ludic train`` / ``ludic eval`` as plain functions that pick the job a config asks for.
 
-* ``task: reward_model`` -- :func:`ludic.run.reward_job.train_reward_model` (it checks the
-  config itself);
+* ``task: reward_model`` -- :func:`ludic.run.reward_job.train_reward_model`;
 * ``trainer.mode: pipeline`` -- :func:`ludic.pipeline.launch.launch_pipeline` (a local
-  Redis, one learner process and ``pipeline.num_actors`` actor processes);
-* otherwise (``sync`` / ``async``) -- :func:`ludic.run.rl_job.train_rl`, in this process
-  or as one of ``trainer.world_size`` ranks.
+  Redis, one learner and ``pipeline.num_actors`` actor processes);
+* otherwise -- :func:`ludic.run.rl_job.train_rl`, here or as ``trainer.world_size`` ranks.
 
-Every part the config names is checked (:func:`~ludic.run.preflight.check_config`) before a
-run directory is made or a step is taken. Ctrl-C or SIGTERM stops at a step boundary and
-saves a checkpoint; ``train(config, resume=RUN_DIR)`` continues the run.
+Every part the config names is checked before a run directory is made. Ctrl-C or SIGTERM
+stops at a step boundary with a checkpoint; ``train(config, resume=RUN_DIR)`` continues.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """JSON Lines files: one reader for the whole project, an fsynced append and an atomic
 rewrite (pure stdlib).
 
-Crash model: a process killed while appending leaves at most one *torn* last line (a
-prefix of a JSON object). :func:`read_jsonl` can drop such a line with a
-:class:`TornLineWarning` naming the file (``tolerate_torn_tail=True``, for files this
-library appends to, e.g. ``metrics.jsonl``); a malformed line anywhere else is a
-:class:`JSONLError` naming ``file:line``. :func:`rewrite_jsonl` never leaves a partly
-written file: it writes a temporary file in the same folder, fsyncs it and renames it over
-the original, so a kill at any moment leaves the old or the new content.
+A process killed while appending leaves at most one *torn* last line: :func:`read_jsonl`
+drops it with a :class:`TornLineWarning` naming the file (``tolerate_torn_tail=True``, for
+files this library appends to); a malformed line anywhere else is a :class:`JSONLError`
+naming ``file:line``. :func:`rewrite_jsonl` writes a temporary file in the same folder,
+fsyncs it and renames it over the original: a kill leaves the old or the new content.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Parsers: turn raw completion text into an action, plus an intrinsic format reward.
 
-A parser is any callable ``(text: str) -> ParseResult``. ``action=None`` means failure;
-``obs`` then carries feedback the protocol shows the agent instead of calling
-``env.step``, and ``reward`` is typically a penalty.
-
-Ready-made parsers (each returns ``action=None``, ``failure_reward`` and a feedback
-``obs`` on failure, and ``success_reward`` with ``obs=None`` on success):
-
-* :func:`xml_tag_parser` -- the content of the last ``<tag>...</tag>``.
-* :func:`think_prefix_parser` -- requires a leading ``<think>...</think>`` and returns
-  what follows it.
-* :func:`boxed_parser` -- the content of the last ``\\boxed{...}``.
-
-:func:`compose_parsers` chains them, e.g. ``compose_parsers(think_prefix_parser(),
-xml_tag_parser("move"))`` enforces "think first, then answer in a ``<move>`` tag".
+A parser is any callable ``(text: str) -> ParseResult``. ``action=None`` is a failure: the
+protocol shows ``obs`` (feedback) to the agent instead of calling ``env.step``, and
+``reward`` is typically a penalty. Ready-made (``failure_reward`` and feedback on failure,
+``success_reward`` and ``obs=None`` on success): :func:`xml_tag_parser` (the last
+``<tag>...</tag>``), :func:`think_prefix_parser` (a leading ``<think>...</think>``
+required; returns what follows) and :func:`boxed_parser` (the last ``\\boxed{...}``).
+:func:`compose_parsers` chains them: ``(think_prefix_parser(), xml_tag_parser("move"))``.
 """
 
 from __future__ import annotations

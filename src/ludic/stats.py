@@ -3,11 +3,9 @@
 ``source`` is a dotted path read through attributes or mapping keys (``"total_reward"``,
 ``"meta.reward"``, ``"info.correct"``) or a callable ``item -> value``. Example::
 
-    aggregate_stats(
-        [Reducer("reward_mean", "total_reward"),
-         Reducer("success_rate", "total_reward", reduce="fraction", transform=lambda r: r > 0)],
-        rollouts,
-    )
+    aggregate_stats([Reducer("reward_mean", "total_reward"),
+                     Reducer("success_rate", "total_reward", reduce="fraction",
+                             transform=lambda r: r > 0)], rollouts)
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Where a step's time goes: seconds per stage, summed over the process's threads.
 
-The stages ludic times (``STAGES``): ``template`` (chat template rendering and
-tokenization), ``sample`` (the in-process backend's sampling, on the compute thread),
-``env`` (env ``reset`` / ``step``), ``parser`` (the agent's parser), ``credit`` (credit
-assignment and building the batch's items), ``logging`` and ``checkpoint``. The trainer
-adds each step's totals to its metrics as ``time/stage/<stage>_s`` (logging and checkpoint
-of a step land in the next step's figures, as they run after its metrics are made).
-
-Times are wall clock inside each stage. A stage runs synchronously (no ``await`` inside),
-so time on one thread is not counted twice; stages on different threads (the compute
-thread samples while the event loop renders templates) may overlap, and then add up to
-more than the step took.
+Stages (``STAGES``): ``template`` (chat template and tokenization), ``sample`` (in-process
+sampling, on the compute thread), ``env`` (``reset`` / ``step``), ``parser``, ``credit``
+(credit assignment and the batch's items), ``logging`` and ``checkpoint``. The trainer logs
+each step's totals as ``time/stage/<stage>_s`` (a step's logging and checkpoint land in the
+next step's). A stage runs synchronously, so one thread's time is not counted twice; stages
+on different threads may overlap and add up to more than the step took.
 """
 
 from __future__ import annotations

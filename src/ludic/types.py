@@ -1,15 +1,10 @@
 """Pure data shared by every layer: messages, token traces, steps and rollouts.
 
-Nothing here imports from the rest of ludic. Value objects validate themselves in
-``__post_init__`` so bad data fails where it is built.
-
-Three notions of "the episode stopped" are kept apart on purpose:
-
-* ``terminated`` -- the environment reached a true terminal state.
-* ``truncated`` -- the episode was cut off: an env time limit, or the protocol's
-  ``max_steps``.
-* ``finish_reason`` -- why the *LLM* stopped generating one completion (``"stop"``,
-  ``"length"``, ...). A ``"length"`` finish says nothing about the episode.
+Nothing here imports from the rest of ludic; value objects validate themselves in
+``__post_init__``, so bad data fails where it is built. Three notions of "stopped" are kept
+apart on purpose: ``terminated`` (the env reached a true terminal state), ``truncated``
+(cut off: an env time limit or the protocol's ``max_steps``) and ``finish_reason`` (why the
+*LLM* stopped one completion: ``"stop"``, ``"length"``, ...; says nothing of the episode).
 """
 
 from __future__ import annotations

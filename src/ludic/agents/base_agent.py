@@ -1,15 +1,12 @@
-"""``Agent``: an LLM with state -- a chat client, a context strategy, a parser and a chat
-template -- that implements the ``ActingAgent`` protocol.
-
-One ``act`` is one model call here; subclasses (``ToolAgent``, ``ReActAgent``) loop over
-``_call_model`` and finish with ``_finish_with_parse`` or ``_fail``.
+"""``Agent``: an LLM with state (chat client, context strategy, parser, chat template) that
+implements ``ActingAgent``; one ``act`` is one model call. Subclasses (``ToolAgent``,
+``ReActAgent``) loop over ``_call_model`` and end with ``_finish_with_parse`` or ``_fail``.
 
 Token-in prompts: the first call of a turn renders ``context.on_before_act()`` with the
-chat template. A later call of the same turn (same ``turn_id``, after tool results) uses
+chat template; a later call of the same turn (same ``turn_id``, after tool results) uses
 ``chat_template.extend(prev_prompt, prev_completion, new_messages)``, so its prompt starts
-with the exact tokens of the previous call and all calls of a turn form one training
-sequence. The context strategy's view is not re-applied within a turn (that would change
-earlier tokens).
+with the previous call's exact tokens and a turn's calls form one training sequence (the
+context strategy is not re-applied within a turn: that would change earlier tokens).
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
-"""``ReActAgent``: [think -> tool]* -> act, with a final-answer shot clock.
+"""``ReActAgent``: [think -> tool]* -> act, a ``ToolAgent`` with a final-answer shot clock.
 
-Each model call may think and call tools (``<tool_call>`` blocks); a call without tool
-calls is the final answer. What one ``act`` returns:
-
-* ``action_target="env"`` -- the final answer, parsed by the action parser (or a parse
-  failure with feedback);
-* ``action_target="external"`` -- external tool calls for the protocol; it answers via
-  ``on_tool_results`` and calls ``act`` again with the same ``turn_id``.
-
-Internal tools run inside ``act`` (as in ``ToolAgent``), so ``act`` never returns
-``"internal"``; the model calls that ran internal tools are the act's ``AgentStep``s with
-``action_target="internal"``.
-
-Shot clock: the model calls of a turn are counted across ``act`` calls (external round
-trips included). Once ``max_react_steps`` calls of the turn ended without a final answer,
-the agent appends ``{"role": "user", "content": final_answer_prompt}`` after the last tool
-results and makes one more call. That call's tool calls are not run: its text goes to the
-action parser as the final answer (a reply that is only a tool call then fails to parse),
-and its step has ``info["forced_final_answer"] = True``. A turn thus makes at most
-``max_react_steps + 1`` model calls. ``max_tool_calls`` still caps internal tool calls per
-``act``.
+A model call without tool calls is the final answer (``action_target="env"``); internal
+tools run inside ``act`` as in ``ToolAgent``, external ones go to the protocol
+(``action_target="external"``), which continues the turn. The shot clock counts a turn's
+model calls across ``act`` calls: after ``max_react_steps`` without a final answer the agent
+appends ``final_answer_prompt`` as a user message and makes one last call, whose tool calls
+are not run (its text is parsed as the answer; ``info["forced_final_answer"] = True``), so
+a turn makes at most ``max_react_steps + 1`` calls.
 """
 
 from __future__ import annotations

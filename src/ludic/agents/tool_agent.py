@@ -1,27 +1,12 @@
-"""``ToolAgent``: an ``Agent`` that calls tools.
+"""``ToolAgent``: an ``Agent`` that calls tools; a completion without tool calls is the answer.
 
-Two tool scopes:
-
-* ``tools`` (internal) -- Python functions the agent runs itself (calculator, code
-  interpreter). Their results are appended as ``{"role": "tool", ...}`` messages and the
-  agent calls the model again within the same ``act`` and turn. Each model call is its own
-  ``AgentStep`` (``action_target="internal"``, results in ``tool_results``), and each
-  prompt extends the previous prompt + completion tokens.
-* ``external_tools`` -- names or schemas of tools the interaction protocol handles
-  (delegation, sub-agents). ``act`` returns ``AgentAct(action_target="external",
-  tool_calls=[...])``; the protocol answers through ``on_tool_results`` and calls ``act``
-  again with the same ``turn_id``, which continues the turn.
-
-One ``act`` loops: call the model; a completion without tool calls is the final answer and
-goes to the parser (``action_target="env"``); otherwise run its internal calls and, if it
-also called external tools, return those to the protocol (internal results come first in
-the history, then the protocol's).
-
-The model's tool mistakes never raise. An unknown tool name, arguments that do not fit the
-function, or an exception inside the tool become the tool's result (``"Error: ..."``) and
-are listed in ``step.info["tool_errors"]``. A malformed ``<tool_call>`` block, or asking
-for more than ``max_tool_calls`` internal calls in one ``act``, ends the act as a parse
-failure with reward ``tool_error_penalty`` and feedback for the model.
+``tools`` (internal) are functions the agent runs itself: each model call is its own
+``AgentStep`` (``action_target="internal"``), the results go in as ``tool`` messages and the
+next call, in the same ``act`` and turn, extends the previous tokens. ``external_tools``
+(delegation, sub-agents) are returned to the protocol (``action_target="external"``), which
+answers through ``on_tool_results`` and calls ``act`` again with the same ``turn_id``. Tool
+mistakes never raise: a bad name or arguments, or a raising tool, give an ``"Error: ..."``
+result; a malformed ``<tool_call>`` or over ``max_tool_calls`` in one ``act`` fails to parse.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Tools for agents: JSON schemas from Python functions, and running one tool call.
 
-A tool is a plain function with type hints and a docstring::
-
-    def add(a: int, b: int) -> int:
-        \"\"\"Add two integers.
-
-        Args:
-            a: the first addend.
-            b: the second addend.
-        \"\"\"
-        return a + b
-
-``tool_schema(add)`` gives the OpenAI function schema that chat templates accept as
-``tools``. ``call_tool`` runs a ``ToolCall`` and never raises for the model's mistakes: an
-unknown name, bad arguments or an exception inside the tool become an error message that
-goes back to the model as the tool's result.
+A tool is a plain function with type hints and a docstring (its text, and an ``Args:``
+section for the parameters): ``tool_schema(fn)`` gives the OpenAI function schema that chat
+templates accept as ``tools``. ``call_tool`` runs a ``ToolCall`` and never raises for the
+model's mistakes: an unknown name, bad arguments or an exception inside the tool become an
+error message that goes back to the model as the tool's result.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """Publishing reward-model weights (docs/design.md, "Reward models"), per training mode.
 
-What a sync in each mode carries, and the names it carries them under, is decided by
-:mod:`ludic.distributed.reward_weights` (re-exported here).
-
-:class:`RewardModelPublisher` wraps a policy publisher (``BroadcastPolicyPublisher``: the
-same extractor, sender and control plane as the policy): what it announces is built from
-the very tensors it broadcasts, so announcement and payload cannot differ (the sample
-client in the spec filtered names out of the announcement but still broadcast them,
-which desynchronizes the group).
+What a sync in each mode carries, and under which names, is decided by
+:mod:`ludic.distributed.reward_weights` (re-exported here). :class:`RewardModelPublisher` wraps
+a ``BroadcastPolicyPublisher`` (the policy's extractor, sender and control plane) and announces
+exactly the tensors it broadcasts, so announcement and payload cannot differ (a difference
+would desynchronize the group).
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
-"""Reward-model weights by training mode (docs/design.md, "Reward models"): the naming rules in one place.
+"""Reward-model weights by training mode (docs/design.md, "Reward models"): the naming rules.
 
-:class:`RewardModelTrainingMode` says what trains (head only, LoRA, full) and therefore
-what a sync carries. :func:`reward_sync_params` turns what the caller passes into exactly
-the tensors a sync moves: names normalized to the served checkpoint's (peft / HF wrapper
-prefixes removed), then checked against the mode:
-
-* ``HEAD_ONLY``: only head tensors (``score.*`` / ``classifier.*``), at least one;
-* ``LORA``: merged weights of backbone and head; raw peft tensors (``lora_A``/``lora_B``,
-  ``.base_layer``, ``modules_to_save`` copies) are refused, since sending them would load
-  the unmerged base weights;
-* ``FULL``: backbone and head, no peft tensors.
-
-A failed check raises ``ValueError`` naming the mode and the offending names, before
-anything is announced. :func:`reward_model_state_dict` builds the right dict from a
-training model (head only, or merged out of place for LoRA).
-
-Pure naming and tensor selection: no client, server or process group is imported here, so
-both the inference clients and the publishers build on it.
+:func:`reward_sync_params` turns what the caller passes into exactly what a sync moves: names
+normalized to the served checkpoint's (peft / HF wrapper prefixes removed), then checked
+against the :class:`RewardModelTrainingMode` (``HEAD_ONLY``: head tensors only; ``LORA``:
+merged weights, raw peft tensors refused; ``FULL``: no peft tensors), a ``ValueError`` before
+anything is announced (the rules in full: docs/reward-models.md). :func:`reward_model_state_dict`
+builds that dict from a training model. Pure naming and tensor selection: no client, server or
+process group here, so both the inference clients and the publishers build on it.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
-"""Where a QA env's samples come from: local files and Hugging Face datasets.
+"""Where a QA env's samples come from: a local file or ``hf:NAME[:SPLIT]``.
 
-A *source* is a path or ``hf:NAME[:SPLIT]``:
-
-* ``*.jsonl``: read line by line by ludic (errors name ``file:line``; fields may mix types,
-  e.g. answers ``4`` and ``"4"``, which Arrow would refuse);
-* ``*.json``, ``*.parquet``, ``*.csv``: through the ``datasets`` library
-  (``load_dataset("json" | "parquet" | "csv", data_files=path)``);
-* ``hf:NAME[:SPLIT]`` (e.g. ``hf:openai/gsm8k:test``, with ``subset="main"``): through
-  ``datasets.load_dataset(NAME, subset, split=SPLIT)`` (``train`` when no split is given).
-  With ``HF_HUB_OFFLINE=1`` it is read from the local cache (``HF_DATASETS_CACHE``) without
-  touching the network; without it ``datasets`` asks the Hub first.
-
-``datasets`` is an optional dependency (``pip install 'ludic-rl[data]'``), imported only
-for the sources that need it. :func:`split_holdout` carves a held-out evaluation part out
-of the samples, the same way on every call.
+``*.jsonl`` is read line by line by ludic (errors name ``file:line``; fields may mix types,
+which Arrow would refuse); ``*.json``, ``*.parquet`` and ``*.csv`` go through the
+``datasets`` library, and so does ``hf:NAME[:SPLIT]`` (``load_dataset(NAME, subset,
+split=SPLIT)``, ``train`` by default; only the local cache with ``HF_HUB_OFFLINE=1``).
+``datasets`` (the ``data`` extra) is imported only for the sources that need it.
+:func:`split_holdout` carves a held-out part out of the samples, the same on every call.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
-"""OpenEnv environments: ``env.kind: openenv``.
+"""OpenEnv environments: ``env.kind: openenv`` (docs/envs/openenv.md).
 
-An OpenEnv environment (https://github.com/huggingface/OpenEnv: an ``Environment`` served
-over HTTP and WebSocket, typed ``Action`` and ``Observation`` models) trains as it is.
 :class:`OpenEnvEnv` plays one episode per WebSocket session through the environment's
-client (``GenericEnvClient`` by default, or your ``EnvClient`` subclass): the policy's
-text is the action's ``action_field``, the observation is shown as text, the reward is the
-environment's own (its rubric's), ``done`` ends the episode.
-
-The server is either one already running (``base_url``) or the environment class itself
-(``environment`` with its ``action`` and ``observation`` classes), which ludic serves with
-OpenEnv's ``create_app`` on a free loopback port, once per process. Needs the ``openenv``
-extra (``pip install 'ludic-rl[openenv]'``; tested with openenv 0.4.1).
+client (``GenericEnvClient``, or your ``EnvClient`` subclass): the policy's text fills the
+action's ``action_field``, the observation is shown as text, the reward is the
+environment's own, ``done`` ends the episode. The server is one already running
+(``base_url``) or the ``environment`` class (with its ``action`` and ``observation``
+classes), which ludic serves on a free loopback port, once per process. Needs the
+``openenv`` extra.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
-"""``ReasoningGymEnv``: the procedural tasks of reasoning-gym (about 100: arithmetic, logic,
-puzzles, ...), one problem per episode, scored by the task's own ``score_answer``.
+"""``ReasoningGymEnv``: reasoning-gym's procedural tasks (about 100), one problem per episode,
+scored by the task's own ``score_answer`` (docs/envs/reasoning-gym.md).
 
-reasoning-gym (https://github.com/open-thought/reasoning-gym) generates every problem from a
-seed, so nothing is downloaded. ``task`` names one of its datasets and ``config`` holds that
-dataset's own settings (its ``*Config`` dataclass's fields). The ``train`` part is the
-``size`` problems of dataset seed ``seed``; the ``heldout`` part is the ``heldout_size``
-(default ``size``) problems of seed ``heldout_seed``, each question once, less every problem
-whose question the train part also has, so a held-out evaluation never shows a trained problem, even for a task with few
-distinct problems. reasoning-gym draws problem ``i`` of seed ``s`` from ``Random(s + i)``,
-so seeds ``s`` and ``s + 1`` share all but one problem: ``heldout_seed`` defaults to ``seed +
-size``, the first seed whose problems the train part does not draw. Needs the ``envs`` extra (``pip install 'ludic-rl[envs]'``).
+``task`` names a dataset and ``config`` its settings; nothing is downloaded. The ``train``
+part is the ``size`` problems of seed ``seed``; the ``heldout`` part the ``heldout_size``
+problems of ``heldout_seed`` (default ``seed + size``, the first seed whose problems the
+train part does not draw), each question once, less every question the train part has.
+Needs the ``envs`` extra.
 """
 
 from __future__ import annotations

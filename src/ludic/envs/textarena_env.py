@@ -1,22 +1,12 @@
-"""``TextArenaEnv``: TextArena's text games (hundreds: board, card, word, negotiation;
-one, two or more players) as a multi-agent ``LudicEnv``, for self-play from one policy.
+"""``TextArenaEnv``: TextArena's text games as a multi-agent ``LudicEnv``, for self-play from
+one policy (docs/envs/textarena.md).
 
-``game`` is a TextArena env id such as ``TicTacToe-v0-train`` (the ``-train`` variants show
-the game's messages and the current board, a self-contained observation each turn: pair
-them with ``agent.context: latest_observation``). Players are ``player_0`` ..
-``player_{n-1}``; one acts at a time (``active_agents``), the others wait. When the game
-ends every player gets TextArena's reward (two players: +1 win, -1 loss, 0 draw; more
-players: by rank) and the game's own info (role, reason). TextArena handles a malformed or
-illegal move itself: a warning and a retry, a second one loses the game. A player whose
-game ended before it ever moved gets reward 0 (there is no action to credit).
-
-TextArena's games draw from Python's and numpy's global random generators (``reset(seed)``
-reseeds Python's), which concurrent episodes in one process share; each env here keeps its
-own states of both and swaps them in around every call into the game (under a lock), so
-an episode's draws are a function of its seed. A thread that draws from the global
-generators outside ludic's envs during such a call would take from the env's stream. Needs
-the ``envs`` extra (``pip install 'ludic-rl[envs]'``); games that download word lists or
-call remote judges need what TextArena needs for them.
+``game`` is a TextArena env id (a ``-train`` variant, with ``agent.context:
+latest_observation``); players ``player_0`` .. ``player_{n-1}`` act one at a time. At the
+end each player gets TextArena's reward and the game's info (one that never moved: 0);
+TextArena handles illegal moves itself. The games draw from Python's and numpy's global
+random generators: each env swaps its own states of both in around every call into the
+game (under a lock), so an episode's draws are a function of its seed. Needs ``envs``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Tic-tac-toe: a single-agent env against a built-in opponent, and a two-player env.
 
-Actions (both envs): a cell number ``"1"``..``"9"``, row-major from the top left, as
-drawn on the board, or a coordinate ``"A1"``..``"C3"`` (column letter A-C left to right,
-row 1-3 top to bottom; ``"B2"`` is the centre, cell 5). Case and whitespace are ignored.
-
-The observation is the board with the numbers of the empty cells showing::
-
-    X|2|3
-    4|O|6
-    7|8|9
+Actions (both envs): a cell ``"1"``..``"9"``, row-major from the top left, or a coordinate
+``"A1"``..``"C3"`` (column A-C left to right, row 1-3 top to bottom; ``"B2"`` is cell 5);
+case and whitespace are ignored. The observation is the board with the numbers of the empty
+cells showing, three lines such as ``X|2|3``, ``4|O|6``, ``7|8|9``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
-"""verifiers (v1) tasksets: ``env.kind: verifiers`` with ``agent.program: verifiers``.
+"""verifiers (v1) tasksets: ``env.kind: verifiers`` with ``agent.program: verifiers``
+(docs/envs/verifiers.md).
 
-A verifiers taskset (https://github.com/PrimeIntellect-ai/verifiers, ``import
-verifiers.v1 as vf``: a ``vf.Taskset`` of ``vf.Task`` s whose ``@vf.reward`` hooks score a
-trace) trains as it is. :class:`VerifiersEnv` deals the taskset's tasks, one per episode;
-the ``verifiers`` agent program (:func:`verifiers_program`) runs each through a verifiers
-``Agent`` whose client is ludic's agent endpoint, so every model call is sampled by the
-policy and recorded with its exact tokens, and the episode's reward is the task's own
-score (``trace.reward``: its rewards, weighted), with each reward and metric kept as a
-metric.
-
-The agent's harness (the program the model runs in) is ludic's in-process chat harness: the
-task's system prompt and prompt, one chat call, the reply scored. Tasksets whose tasks need
-tools (MCP servers) or a container are refused when the env is built. Needs the
-``verifiers`` extra (``pip install 'ludic-rl[verifiers]'``; tested with verifiers 0.4.0).
+:class:`VerifiersEnv` deals the taskset's tasks, one per episode; the ``verifiers`` agent
+program (:func:`verifiers_program`) runs each through a verifiers ``Agent`` whose client is
+ludic's agent endpoint, so every model call is recorded with its exact tokens. The reward
+is the task's own score (``trace.reward``), each reward and metric kept as a metric. The
+harness is ludic's in-process chat harness (one chat call); tasksets needing tools (MCP) or
+a container are refused when the env is built. Needs the ``verifiers`` extra.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """Evaluation: run requests through a ``RolloutEngine`` and reduce per-rollout records.
 
 Each rollout becomes one *eval item*, a plain dict that ``Reducer`` paths read:
-
-* ``rollout_id``, ``total_reward``, ``success`` (the last env step's ``info["correct"]``
-  where the env reports one -- a partial-credit reward is not a success -- else
-  ``total_reward > 0``), ``length`` (env
-  steps), ``num_agent_steps``, ``parse_error`` (any step), ``parse_error_rate`` (fraction
-  of agent steps), ``terminated``, ``truncated``;
-* ``info``: the last environment step's ``info`` (e.g. ``"info.correct"``);
-* ``meta``: the rollout's ``meta`` (e.g. ``"meta.env_seed"``).
+``rollout_id``, ``total_reward``, ``success`` (the last env step's ``info["correct"]``
+where the env reports one, else ``total_reward > 0``), ``length`` (env steps),
+``num_agent_steps``, ``parse_error`` (any step), ``parse_error_rate`` (of agent steps),
+``terminated``, ``truncated``, ``info`` (the last env step's, e.g. ``"info.correct"``) and
+``meta`` (the rollout's, e.g. ``"meta.env_seed"``).
 """
 
 from __future__ import annotations

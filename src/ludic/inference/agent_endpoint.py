@@ -1,38 +1,11 @@
 """An OpenAI-compatible endpoint of ludic's own for agent programs, recording exact tokens.
 
-An agent written against the OpenAI API (any framework: a hand-written loop, an SDK's
-agent, a tool-calling workflow) runs unchanged: ludic hands it an ``openai.AsyncOpenAI``
-client whose base URL is an episode of this endpoint. Every call it makes -- chat
-completions (with tools) or completions, any number of them -- is rendered with the
-policy's chat template, sampled by ludic's :class:`~ludic.inference.client.ChatClient`
-(vLLM or the in-process backend) and recorded: the prompt's token ids, the completion's
-token ids and logprobs, and the policy version, keyed by the episode. Training then uses
-those exact tokens (never the text re-tokenized); see
-:class:`~ludic.interaction.program.ProgramProtocol`.
-
-Routes, under ``/episodes/{episode}/v1``: ``POST /chat/completions``, ``POST
-/completions``, ``GET /models``; and ``GET /health``. Like ludic's servers: the API key on
-every route but ``/health`` (a fresh random one unless given, so there is always one),
-loopback unless another host is given, request bodies bounded
-(413 above :data:`MAX_BODY_BYTES`), no streaming (400), ``n`` = 1.
-
-Sampling follows the episode's :class:`~ludic.inference.request.InferenceSpec` (the run's
-``sampling`` section): a request's ``temperature``, ``top_p`` or ``seed`` does not change
-it (the logprobs the trainer corrects with are those of the run's sampler); a request's
-``max_tokens`` (or ``max_completion_tokens``) may lower the run's budget, never raise it;
-``stop`` strings are honoured; ``structured_outputs`` (vLLM's field, ``extra_body`` in the
-SDK) constrains the call when the backend can (``structured_outputs=True``: vLLM), else it
-is refused (400). What a request asked for is kept in the call's record.
-
-Tool calls: the policy writes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
-blocks (:class:`~ludic.inference.tool_parser.XMLJsonToolCallParser`); the response carries
-them as OpenAI ``tool_calls`` (ids unique in the episode) with ``finish_reason:
-"tool_calls"``. A request whose messages continue an earlier call (its messages, its
-reply -- tool calls included -- then new ones) is prompted with that call's exact prompt
-and completion tokens followed by the new messages (``ChatTemplate.extend``), so the
-policy's own tokens are not re-tokenized; any other request (a trimmed or edited history,
-a template ``extend`` cannot diff) is rendered by the chat template. Either way each call
-trains on the prompt tokens it was given and the tokens it sampled.
+An OpenAI-API agent runs unchanged on the ``openai.AsyncOpenAI`` client ludic hands it (its
+base URL an episode of this endpoint). Each call (chat completions with tools, completions)
+is rendered with the policy's chat template, sampled by ludic's ``ChatClient`` and recorded
+(prompt ids, completion ids and logprobs, policy version) so training uses those exact tokens
+(:class:`~ludic.interaction.program.ProgramProtocol`); tool calls: ``tool_parser``. A request
+never changes the run's sampler; routes, sampling rules, security: docs/envs/programs.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
-"""Sampling one next token for every row of a batch at once.
+"""Sampling one next token for every row of a batch at once (the in-process backend's sampler).
 
-Each row has its own temperature, top-k, top-p and (optionally) seed. The work is
-tensor-wide: one temperature divide, one top-k mask, one top-p mask and one argmax over
-``[B, V]``; the only per-row step is drawing the random noise of a seeded row from its
-own ``torch.Generator``, so a seeded request samples the same tokens whichever rows it
-shares a batch with (given the same logits).
-
-Sampling uses the exponential race (the "Gumbel-max" trick in another form): with
-``E_v ~ Exp(1)`` drawn independently per token, ``argmax_v p_v / E_v`` is distributed as
-``p``. It needs no normalization and no ``multinomial`` call per row.
-
-The logprob of each chosen token is taken under the distribution it was drawn from: the
-log-softmax of the processed scores (temperature, then the top-k / top-p masks), and of
-the raw logits for a greedy row. That is vLLM's ``processed_logprobs``, which ludic's
-vLLM server returns.
+Each row has its own temperature, top-k, top-p and optional seed; the work is tensor-wide over
+``[B, V]``: the exponential race ``argmax_v p_v / E_v`` with ``E_v ~ Exp(1)`` (no normalization,
+no ``multinomial`` per row). Only a seeded row's noise is drawn per row, from its own
+``torch.Generator``, so it samples the same tokens whichever rows share its batch. A chosen
+token's logprob is under the distribution it was drawn from (after temperature, top-k, top-p;
+the raw logits for a greedy row): vLLM's ``processed_logprobs``, as ludic's server returns.
 """
 
 from __future__ import annotations

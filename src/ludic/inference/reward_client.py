@@ -1,13 +1,10 @@
-"""Reward-model inference contracts (docs/design.md, "Reward models"): scoring requests and responses,
-the ``RewardModelClient`` protocol and the three training modes of a reward model.
+"""Reward-model inference contracts (docs/design.md, "Reward models"): scoring requests and
+responses, the ``RewardModelClient`` protocol and the three training modes of a reward model.
 
-A reward model here is a sequence classifier with one label: an LLM backbone plus a linear
-``score`` head read at the last token. Its raw output is a logit ``s``; with
-``normalize=True`` a server applies the model's activation (a sigmoid for one label) and
-returns ``sigmoid(s)``.
-
-Implementations: :class:`ludic.inference.vllm.reward_client.VLLMRewardClient` (a vLLM
-reward server, ``ludic serve reward``) and
+A reward model here is a one-label sequence classifier (an LLM backbone plus a linear ``score``
+head read at the last token): its raw output is a logit ``s``, ``sigmoid(s)`` with ``normalize``.
+Implementations: :class:`ludic.inference.vllm.reward_client.VLLMRewardClient` (a vLLM reward
+server, ``ludic serve reward``) and
 :class:`ludic.inference.transformers_reward_client.TransformersRewardClient` (in process).
 """
 

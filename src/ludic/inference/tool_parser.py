@@ -1,13 +1,11 @@
 """Tool-call parsing: completion text -> the ``ToolCall``s the model asked for.
 
 A ``ToolCallParser`` is any callable ``(text) -> ToolCallParse``. The default,
-:class:`XMLJsonToolCallParser`, reads the Hermes / Qwen convention::
-
-    <tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>
-
-Malformed blocks are a *parse failure*, not an exception: the result has no calls and an
-``error`` message meant for the model (the agent turns it into feedback), because a policy
-that writes broken JSON must be told so and penalised, not crash the rollout.
+:class:`XMLJsonToolCallParser`, reads the Hermes / Qwen convention
+``<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>``.
+Malformed blocks are a *parse failure*, not an exception: no calls and an ``error`` message
+meant for the model (the agent turns it into feedback), so a policy that writes broken JSON
+is told so and penalised instead of crashing the rollout.
 """
 
 from __future__ import annotations

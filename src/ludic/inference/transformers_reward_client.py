@@ -1,17 +1,11 @@
-"""An in-process ``RewardModelClient`` on a transformers sequence-classification model: the
+"""An in-process ``RewardModelClient`` on a transformers one-label sequence classifier: the
 embedded counterpart of a vLLM reward server (docs/design.md, "Reward models").
 
-The model is a one-label sequence classifier (``AutoModelForSequenceClassification`` with
-``num_labels=1``, e.g. :func:`ludic.models.tiny.build_tiny_reward_model`). A request's
-inputs are scored in right-padded batches of at most ``max_batch_size`` rows, in eval mode
-under ``torch.no_grad`` (the model's mode is restored after). The score of a sequence is
-the model's own pooled logit ``s`` (HF pools decoder classifiers at the last token that
-is not ``config.pad_token_id``; right padding with that id leaves it unchanged), or
-``sigmoid(s)`` with ``normalize``.
-
-The forward runs in a worker thread (``asyncio.to_thread``) so the event loop stays free;
-one lock serializes forwards and weight syncs, so a request is scored by one version of
-the weights, never a half-copied one.
+Inputs are scored in right-padded batches of at most ``max_batch_size`` rows, in eval mode
+under ``torch.no_grad`` (the model's mode restored after); a score is the model's own pooled
+logit ``s`` (HF pools at the last non-pad token), or ``sigmoid(s)`` with ``normalize``. The
+forward runs in a worker thread so the event loop stays free; one lock serializes forwards
+and weight syncs, so a request is never scored by half-copied weights.
 """
 
 from __future__ import annotations

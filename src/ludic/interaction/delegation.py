@@ -1,23 +1,12 @@
 """Delegation: a parent agent's external tool call runs a whole sub-agent episode.
 
-The parent emits a tool call (``action_target="external"``), e.g.
-``solve_subtask(task="...")``. The handler built by :func:`make_delegation_handler`
-builds an env from the call's arguments, runs a ``SingleAgentProtocol`` with a fresh
-sub-agent, and answers with the sub-agent's final action. The sub-agent's rollout is
-returned too, so the parent's protocol hands both rollouts to training::
-
-    handler = make_delegation_handler(
-        tool_name="delegate",
-        sub_agent_factory=lambda: make_agent(...),
-        env_factory=lambda args: TaskEnv(args["task"]),
-        max_steps=4,
-    )
-    protocol = SingleAgentProtocol(parent_agent, external_tool_handler=handler)
-    parent_rollout, *sub_rollouts = await protocol.run(env=env, max_steps=8)
-
-Sub-rollout ``meta``: ``delegated=True``, ``role="sub_agent"``, ``tool_call_id``,
-``tool_name``, ``tool_arguments`` (+ the handler's ``meta``); the parent's protocol adds
-``parent_rollout_id`` and ``parent_turn_id`` once it knows them.
+:func:`make_delegation_handler` builds a protocol's external tool handler: a call to
+``tool_name`` builds an env from the call's arguments, plays it with a fresh sub-agent and
+answers with the sub-agent's final action. The sub-rollout is returned too, so the parent's
+protocol hands both to training (docs/pieces.md has an example). Its ``meta``:
+``delegated=True``, ``role="sub_agent"``, ``tool_call_id``, ``tool_name``,
+``tool_arguments`` (+ the handler's ``meta``), and ``parent_rollout_id`` /
+``parent_turn_id``, which the parent's protocol adds once it knows them.
 """
 
 from __future__ import annotations

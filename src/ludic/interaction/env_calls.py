@@ -1,23 +1,12 @@
-"""How the protocols call env code: on the event loop (the default), or off it, so that
-an episode's timeout can fire while a blocking env runs.
+"""How the protocols call env code: on the event loop (the default), or in threads.
 
-``LudicEnv.reset``/``step`` are synchronous and may block (a sandbox, a simulator, a
-remote call). Called on the event loop, a blocking step freezes every episode and
-``asyncio.timeout`` cannot fire until it returns (the episode then fails with
-``TimeoutError`` at its next await: late, but never silently). With
-:func:`env_calls_in_threads` (``RolloutEngine(env_calls="thread")``, config
-``env.run_in_thread``), :func:`call_env` runs each call in a daemon thread
-(``ludic._async.in_daemon_thread``) and awaits it; a timed-out call is abandoned there.
-
-Inline is the default because it is deterministic: every episode's reset returns in the
-same loop tick, so an in-process backend batches their first requests together exactly as
-before (threads let requests arrive in a timing-dependent order, and batch composition
-changes greedy outputs in float32). Use threads for envs that block.
-
-Calls on one env are serialised by a per-env lock, and :func:`close_env` takes the same
-lock: an abandoned call still running is never overlapped by another call or by
-``close()``, which then runs in the background once the call returns. Episodes stay
-deterministic: one episode awaits each of its env calls before the next, as before.
+``LudicEnv.reset``/``step`` are synchronous and may block. Inline (the default) every
+episode's reset returns in the same loop tick, so an in-process backend batches the first
+requests the same way each run (deterministic outputs), but a blocking call delays the
+episode timeout until it returns. With :func:`env_calls_in_threads`
+(``RolloutEngine(env_calls="thread")``, config ``env.run_in_thread``), :func:`call_env` runs
+each call in a daemon thread; a timed-out call is abandoned there. A per-env lock, also
+taken by :func:`close_env`, keeps an abandoned call from overlapping another or ``close()``.
 """
 
 from __future__ import annotations

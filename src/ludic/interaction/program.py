@@ -1,27 +1,12 @@
-"""The program loop: an agent program written against the OpenAI API plays one episode.
+"""The program loop: an OpenAI-API agent program plays one episode (docs/envs/programs.md).
 
-``async def program(client: openai.AsyncOpenAI, task: dict) -> result`` is any code: a
-hand-written loop, a framework's agent, tool calls, many turns. :class:`ProgramProtocol`
-resets the env, opens an episode of an :class:`~ludic.inference.agent_endpoint.AgentEndpoint`
-and awaits the program with a client pointed at it; every call the program makes is
-sampled by the policy and recorded with its exact tokens. The episode becomes one rollout
-with one trainable step per call (each call its own turn: its prompt as rendered, its
-completion's token ids and logprobs, its policy version), the reward on the last.
-
-``task``: ``{"prompt": the env's first observation, "seed": the env seed, **the reset
-info}`` (the info's JSON values, less a QA env's ``target``: the program answers, the env
-scores). The program's result:
-
-* a number: the reward;
-* a string: the program's answer, given to ``env.step``, whose reward counts (a QA env's
-  verifier scores it);
-* a mapping with ``reward`` (a number) or ``answer`` (a string), and optionally
-  ``metrics`` (numbers, kept in the last env step's info).
-
-A program that raises fails the episode, and with it the run: loud, like an env that
-raises. Past ``max_steps`` calls the endpoint refuses the next one (HTTP 429); a program
-that then raises or returns ends the episode truncated (``truncation_reason="max_steps"``)
-with the reward it returned, or 0.
+``async def program(client: openai.AsyncOpenAI, task: dict)`` is any code.
+:class:`ProgramProtocol` resets the env, opens an episode of an ``AgentEndpoint`` and awaits
+the program with a client pointed at it; the episode becomes one rollout with one trainable
+step per call (its own turn, exact tokens), the reward on the last. ``task``: ``{"prompt",
+"seed", **the reset info}`` less a QA env's ``target``; the result: a reward, an answer for
+``env.step`` to score, or ``{reward | answer, metrics}``. A raising program fails the run;
+past ``max_steps`` calls the endpoint answers HTTP 429 and the episode ends truncated.
 """
 
 from __future__ import annotations

@@ -1,32 +1,12 @@
 """The decoder layers of a Llama-shaped Hugging Face model, run without the model's forward.
 
-A transformers 5 forward wraps the model's math in mask building, cache classes, output
-capturing and decorators; for a small model on CPU that overhead costs as much as the
-arithmetic. :class:`LeanLayers` runs the same model's own modules (its embedding, norms,
-projections, MLPs) in the order its ``forward`` does, with rotary angles looked up in a
-table built from the model's own ``rotary_emb`` at every position (elementwise in the
-position: the same values as its per-call computation), and leaves the attention to the
-caller: the in-process sampler's key/value cache (:mod:`ludic.inference.kv_decoder`) and
-the trainer's shared-prefix forward (:mod:`ludic.training.shared_prefix`).
-
-For a small model (projection weights of at most :data:`FUSE_BYTES`) the query/key/value
-and the gate/up projections run as one matmul each, on weights concatenated per call
-(differentiable: a gradient reaches each projection's own weight), and the query and key
-heads are rotated together. The served models' RMSNorm modules run as one
-``F.rms_norm`` on float32 (the same float32 values as their own forward, which upcasts, takes
-the mean square, scales by its reciprocal root and by the weight, in that order; tested bit
-for bit); on other dtypes (their own forward upcasts half precision and double alike to
-float32) they are called. Because it calls the modules, a LoRA adapter attached by peft
-(which wraps the projections) is applied as in the model's own forward (wrapped projections
-are never fused).
-
-It serves the architectures whose decoder layer is ``x + attn(norm(x))`` then
-``x + mlp(norm(x))`` with rotary positions (``rotate_half``) and full attention: Llama,
-Mistral and Qwen2 (without an active sliding window) and Qwen3 (its per-head query/key
-norms included), with rotary scaling that does not depend on the sequence (not the
-``dynamic`` or ``longrope`` types), on one device and without forward hooks (which a lean
-pass would skip). :func:`decoder_problem` says why another model is not served; callers
-then use the model's own forward.
+A transformers forward wraps the math in masks, cache classes and output capturing, which on CPU
+cost a small model as much as the arithmetic. :class:`LeanLayers` runs the model's own modules in
+its forward's order, rotary angles from a table of its ``rotary_emb``, and leaves the attention to
+the caller (:mod:`ludic.inference.kv_decoder`, :mod:`ludic.training.shared_prefix`). Up to
+:data:`FUSE_BYTES` it fuses q/k/v and gate/up into one matmul each; a float32 RMSNorm is one
+``F.rms_norm``, bit for bit; peft LoRA applies as in the model's forward (never fused). Served:
+Llama, Mistral, Qwen2, Qwen3 (details: docs/pieces.md); :func:`decoder_problem` says why not.
 """
 
 from __future__ import annotations

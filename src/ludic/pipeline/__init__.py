@@ -1,23 +1,12 @@
 """The actor/learner pipeline over Redis: rollout actors push batches into a Redis queue,
-one learner trains on them and publishes weights back.
+one learner trains on them and publishes weights back (the guide: docs/async.md).
 
-Two floors, each importing only the one below it:
-
-* the Redis parts -- :mod:`~ludic.pipeline.redis_keys` (key names, the guarded client
-  import), :mod:`~ludic.pipeline.redis_queue` (the batch queue: claims, pushes, the
-  learner's processing list, acknowledgements), :mod:`~ludic.pipeline.redis_weights`
-  (weights through Redis), :mod:`~ludic.pipeline.redis_server` (a local ``redis-server``)
-  and :mod:`~ludic.pipeline.batch_source` (``PipelineBatchSource`` for the Trainer,
-  ``run_pipeline_actor`` for an actor);
-* the processes -- :mod:`~ludic.pipeline.run_info` (a pipeline run's Redis URL, key
-  prefix and ``pipeline.json``), :mod:`~ludic.pipeline.learner` (``ludic learner``),
-  :mod:`~ludic.pipeline.actor` (``ludic actor``), :mod:`~ludic.pipeline.launch`
-  (``trainer.mode: pipeline``: a local Redis, the learner and the actors as processes) and
-  :mod:`~ludic.pipeline.ray_launch` (``ludic launch``: the same, placed on a Ray cluster;
-  without an address, on a local Ray on loopback, :mod:`~ludic.pipeline.ray_local`).
-
-Needs the ``redis`` extra (``pip install 'ludic-rl[redis]'``); ``ludic launch`` the ``ray``
-extra.
+The Redis parts (``redis_keys``, ``redis_queue``, ``redis_tokens``, ``redis_weights``,
+``redis_server``, and ``batch_source``: ``PipelineBatchSource``, ``run_pipeline_actor``) sit
+below the processes (``run_info``, ``learner``, ``actor``, ``launch`` for ``trainer.mode:
+pipeline``; ``ray_launch``, ``ray_local``, ``ray_processes`` for ``ludic launch`` on Ray);
+the layers contract in ``pyproject.toml`` keeps imports pointing down. Needs the ``redis``
+extra (``pip install 'ludic-rl[redis]'``); ``ludic launch`` the ``ray`` extra.
 """
 
 from __future__ import annotations

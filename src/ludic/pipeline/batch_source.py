@@ -1,52 +1,12 @@
-"""The actor/learner pipeline: actors generate batches into Redis, a learner trains on them.
+"""Both ends of the pipeline's queue: :func:`run_pipeline_actor`, :class:`PipelineBatchSource`.
 
-Actor (any number, each with a unique ``actor_id``), :func:`run_pipeline_actor`::
-
-    k = queue.claim_index(actor_id)             global batch index (INCR, kept per actor)
-    wait until finished_batches >= k - max_staleness     admission control (AReaL)
-    batch = await source.next_batch()           e.g. a RolloutBatchSource
-    queue.push(encode_batch(batch, producer))   blocks while the queue is full
-
-Learner, :class:`PipelineBatchSource` (a ``BatchSource`` for the ``Trainer``)::
-
-    on start: version = the given one (the checkpoint's step) or P:version;
-              requeue_unacked(version): what was taken, or trained after it, goes back
-    next_batch: take -> decode (a bad payload goes to P:dead, the next one is taken)
-                -> drop items with policy_version < version - max_staleness
-                   (all of them stale: the batch goes to P:dropped, the next one is taken)
-    mark_trained(batch), after the optimizer step: ack (P:trained), version += 1
-    on_checkpoint(step), after a checkpoint is written: commit the batches trained to it
-
-**Versions.** One trained batch is one optimizer step, so the learner's policy version
-advances by one per :meth:`PipelineBatchSource.mark_trained`, like ``Trainer.step``; it is
-written to ``P:version`` in the ack's transaction. A fresh learner continues from
-``P:version`` (set ``trainer.step = source.version``); one resuming from a checkpoint calls
-``source.set_version(trainer.step)`` after ``trainer.resume()``.
-
-**Staleness.** An item's staleness is ``version - item.policy_version`` (the oldest token's
-version; the producer's declared version when the item has none). The learner drops items
-staler than ``max_staleness`` before the Trainer sees them and counts them in
-``batch.meta["pipeline_dropped_stale"]`` (logged by the Trainer as
-``batch/pipeline_dropped_stale``). Admission control makes such drops rare: actor ``k``
-starts only once the learner has finished ``k - max_staleness`` batches. It counts
-finished batch indices (trained, dropped, dead, or claims given up for good: the run
-ended, an actor's data ran out) rather than versions, so that a batch that is dropped,
-rejected or never made cannot stall the actors forever. An actor that is stopped or
-killed keeps its claim: restarted under its id it makes that batch, so no index (and no
-prompt: an actor's problems are a function of the batch index) is skipped.
-
-**After a resume.** A learner resumed from a checkpoint of version ``c`` may take items
-sampled by a newer version (the crashed learner's, published before the crash, lost with
-it). They are trained (their ``old_logprobs`` are the sampling policy's, so the loss's
-importance ratio is exact), with staleness 0, and counted in
-``batch.meta["pipeline_from_lost_versions"]``.
-
-**TrainerConfig.max_staleness.** The Trainer drops items staler than the smaller of its
-own ``max_staleness`` and this source's, by the same rule. With this source leave the
-Trainer's at ``None`` (the source already enforces its bound) or set the same value: with
-the Trainer's step equal to the source's version it then drops nothing more. A smaller one
-drops items that the pipeline records as trained (they show up in the Trainer's
-``dropped/stale`` metric).
+An actor (unique ``actor_id``) claims a global batch index, waits for admission
+(``ludic.training.staleness.may_start``, counted in finished batch indices), makes the batch
+with any ``BatchSource`` and pushes it, blocking while the queue is full. The learner's
+``PipelineBatchSource`` is the Trainer's ``BatchSource``: it requeues what a crashed learner
+held, decodes batches (bad ones to ``P:dead``), drops stale items (``is_too_stale``; all stale:
+``P:dropped``) and acknowledges each batch in ``mark_trained`` (version += 1), committed at the
+next checkpoint. Versions, resumes, lost versions and the Trainer's own bound: docs/async.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
 """``ludic train CONFIG`` with ``trainer.mode: pipeline``: the whole pipeline from one command.
 
-1. The run directory (new, or ``--resume RUN_DIR``), as ``ludic train`` makes it.
-2. Redis: ``pipeline.redis_url``, or a local redis-server with an fsync-always AOF in
-   RUN_DIR/redis (a resumed run gets its queue back from the AOF).
-3. The reward loop's servers, where ``reward_loop.disrm`` / ``genrm`` name some and
-   ``reward_loop.router.address`` none: started once, here, with the router over them
-   (logs in RUN_DIR: vllm_disrm_I.log, vllm_genrm_I.log, reward_router.log), as ``ludic
-   train`` starts them in sync mode; every actor scores through that router, whose URL and
-   key the children get in ``$LUDIC_REWARD_ROUTER_URL`` / ``$LUDIC_REWARD_ROUTER_KEY``.
-4. Child processes, each the leader of its own process group, each ending when this process
-   dies (even by ``kill -9``: the kernel sends it SIGTERM, ``PR_SET_PDEATHSIG``)::
-
-       python -m ludic learner RUN_DIR/config.yaml --run-dir RUN_DIR [pipeline.redis_url=URL]
-       python -m ludic actor   RUN_DIR/config.yaml --run-dir RUN_DIR --actor-id actor-I ...
-
-   Their output (stdout and stderr) goes to RUN_DIR/logs/NAME.log and, prefixed with
-   ``[NAME]``, to this terminal.
-5. Wait for the learner. It ends the run in Redis when its steps are done; actors see that
-   and exit, those still running after ``pipeline.stop_timeout_s`` get SIGTERM. Then the
-   reward servers and Redis stop.
-
-Failures: a child that exits with an error (learner or actor) stops the others (SIGTERM,
-then SIGKILL after ``pipeline.stop_timeout_s``; the learner checkpoints on SIGTERM) and
-fails the command with the child's error line and its log's path (the reward servers
-stop after the children). Ctrl-C or SIGTERM does the same and exits 130 / 143; ``--resume
-RUN_DIR`` continues the run.
+Makes (or resumes) the run directory; starts Redis (``pipeline.redis_url``, or a local
+redis-server with an fsync-always AOF in RUN_DIR/redis), the reward loop's servers and router
+once for every actor, then the learner and ``pipeline.num_actors`` actors as children, each
+leading its own process group and dying with this process (``PR_SET_PDEATHSIG``), their output
+in RUN_DIR/logs/NAME.log and here, prefixed ``[NAME]``. Waits for the learner; a failing child,
+Ctrl-C or SIGTERM stops the rest (SIGTERM, then SIGKILL after ``pipeline.stop_timeout_s``) and
+fails naming the child's error line and log. Placement on a Ray cluster: ``ray_launch``.
 """
 
 from __future__ import annotations

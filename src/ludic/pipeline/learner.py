@@ -1,35 +1,12 @@
 """``ludic learner CONFIG``: the pipeline's learner (Redis -> Trainer -> publish).
 
-Reads top to bottom like ``ludic train``'s job, with a Redis queue where the rollouts were:
-
-1. the run directory: new, or continued (``--run-dir``; a checkpoint is resumed);
-2. Redis: ``pipeline.redis_url``, or a local redis-server (fsync-always AOF in
-   RUN_DIR/redis) that lives as long as this learner; ``RUN_DIR/pipeline.json`` says where;
-3. the warm start (SFT), here, before RL, when ``warm_start.steps > 0``: the warm-started
-   weights are the first ones published, so every actor starts from them;
-4. RL: a ``Trainer`` on a ``PipelineBatchSource`` (batches from the actors; items staler
-   than ``trainer.max_staleness`` dropped), publishing after every ``publish_every`` steps:
-   to the vLLM server that actors generate from (``inference.backend: vllm``: the learner
-   starts it or connects to it, and owns its weight-sync group), or into Redis
-   (``transformers``: each actor reloads its in-process copy before its next batch). The
-   starting weights are published as version ``trainer.step`` before the learner announces
-   itself in ``P:learner``; actors wait for that announcement. Checkpoints, resume,
-   ``metrics.jsonl`` and greedy evaluations are those of ``ludic train``'s RL phase
-   (``samples.jsonl`` is not written: rollouts stay on the actors);
-5. the end: after ``trainer.steps`` steps the learner sets ``P:done`` (actors stop, later
-   pushes are refused, batches still queued are recorded in ``P:unused``), withdraws its
-   announcement, writes the reward curve and the summary.
-
-With ``trainer.world_size: N`` the learner is N FSDP2 ranks (``ludic learner`` starts
-them with torchrun; ``ludic launch`` places them on Ray): rank 0 does all of the above,
-the others follow its steps (:mod:`ludic.run.trainer_ranks`), receiving each batch from
-it; checkpoints are sharded.
-
-A failure or Ctrl-C/SIGTERM checkpoints the last step (as ``ludic train`` does; a sharded
-learner does not, and resumes from its newest checkpoint) and does not end the run in
-Redis: a learner restarted on the same run directory requeues the
-batches it had taken but not acknowledged, continues the version from its checkpoint, and
-actors that are still waiting go on.
+``ludic train``'s job with a Redis queue where the rollouts were: the run directory (new, or
+``--run-dir``), Redis (``pipeline.redis_url``, or a local server living as long as this
+learner; ``RUN_DIR/pipeline.json`` says where), the warm start, then a ``Trainer`` on a
+``PipelineBatchSource``, publishing to the actors' vLLM server or into Redis. It announces
+itself in ``P:learner`` once the starting weights are published and ends the run (``P:done``)
+after ``trainer.steps``. ``trainer.world_size: N``: N FSDP2 ranks, the others following rank 0
+(``ludic.run.trainer_ranks``). Failures, restarts and what it does not write: docs/async.md.
 """
 
 from __future__ import annotations

@@ -1,46 +1,12 @@
 """``ludic launch CONFIG``: a pipeline run (``trainer.mode: pipeline``) placed on a Ray cluster.
 
-Reads top to bottom:
-
-1. The run directory (new, or ``--resume RUN_DIR``), on this node, as ``ludic train`` makes it.
-2. Ray: ``--address`` / ``launch.address`` / ``$RAY_ADDRESS``, or a local Ray started for the
-   run (as many logical CPUs as the run asks for: they schedule, the cores are shared), on
-   127.0.0.1 and ended with the launcher, even a SIGKILLed one
-   (:mod:`ludic.pipeline.ray_local`).
-3. Redis: ``pipeline.redis_url``, or a redis-server here with an fsync-always AOF in
-   RUN_DIR/redis, listening on this node's address behind a fresh password (the processes
-   get the URL in ``$LUDIC_REDIS_URL``, never on a command line).
-4. Placement groups, each granted within ``launch.placement_timeout_s`` or the launch fails
-   naming what it asked for and what the cluster has:
-
-   * the servers' group (``launch.strategy``): ``inference.vllm.num_servers`` policy servers
-     (``inference.backend: vllm`` with ``start_server``) and the reward server (``reward``
-     with ``backend: vllm`` and ``server.start_server``), each on its node's address and a
-     free port, waited for on ``/health``;
-   * the learner's (``launch.learner_strategy``): one bundle per rank of
-     ``trainer.world_size``, rank 0 on this machine (it owns the run directory), told where
-     the servers are (``inference.vllm.urls``; ``group_host``, the weight-sync rendezvous,
-     is this node's address) -- the weights cross nodes over the sync group as on one
-     machine. Several ranks form an FSDP2 group whose store rank 0 hosts at a free port of
-     this node's address (``MASTER_ADDR``/``MASTER_PORT`` in each rank's environment, as
-     torchrun would set them); ranks on other nodes need the run directory on a shared
-     filesystem;
-   * the rollout actors' group (``launch.strategy``): ``pipeline.num_actors`` ``ludic actor``
-     processes, each with a stable ``--actor-id`` and the reward server's address.
-
-   Each process runs inside a Ray actor (:class:`ludic.pipeline.ray_processes.PlacedProcess`)
-   and ends with it; its output comes back here, prefixed ``[NAME]``, and into
-   RUN_DIR/logs/NAME.log.
-5. Wait for the learner. When it is done, actors (which see the end of the run in Redis)
-   get ``pipeline.stop_timeout_s`` to exit; then everything is stopped and Ray released.
-
-Failures: a rollout actor whose process is killed (a signal) or whose Ray actor dies (its
-worker killed, its node lost) is restarted by Ray, up to ``launch.max_restarts`` times; the
-new one regenerates the batch the old one had claimed, so the run loses nothing. Any other
-failure -- the learner (any of its ranks) exits with an error or is killed, an actor exits
-with an error, a restart budget is spent, a server fails to start -- stops every process
-(SIGTERM: the learner checkpoints) and fails the command with the process's error line and
-its log's path; ``--resume RUN_DIR`` continues. Ctrl-C and SIGTERM do the same (exit 130 / 143).
+Makes the run directory on this node, joins Ray (``--address`` / ``launch.address`` /
+``$RAY_ADDRESS``, else a local Ray on loopback: ``ray_local``), starts Redis here behind a fresh
+password (its URL in ``$LUDIC_REDIS_URL``), then places three groups, each within
+``launch.placement_timeout_s``: the servers (waited for on ``/health``), the learner's ranks
+(rank 0 on this node, which owns the run directory) and the rollout actors. Each process runs
+in a Ray actor (``ray_processes.PlacedProcess``), its output coming back here and to
+RUN_DIR/logs. Restarts, failures and the shared filesystem a sharded learner needs: docs/async.md.
 """
 
 from __future__ import annotations

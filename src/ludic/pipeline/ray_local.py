@@ -1,26 +1,12 @@
-"""The local Ray of ``ludic launch`` (no ``--address``): on loopback, and gone with the
-launcher.
+"""The local Ray of ``ludic launch`` (no ``--address``): on loopback, and gone with the launcher.
 
-**Loopback.** Ray takes the host's network-interface address as its node address, and its
-processes (GCS, raylet, agents, workers) and the run's servers listen there. With
-:data:`LOCAL_ONLY_ENV` in the environment when ``ray`` is imported, Ray runs local-only:
-its node address is 127.0.0.1 and all of it listens on loopback. (In Ray 2.60,
-``ray.init(_node_ip_address="127.0.0.1")`` alone is not enough: a loopback address is
-rewritten to the interface's unless Ray runs local-only.) The launcher sets it before it
-imports ray, and every process of the launch inherits it; a launch that joins a cluster
-at a loopback address (``--address 127.0.0.1:PORT``) needs it too.
-
-**Nothing left behind.** Ray ends its GCS and raylet with the launcher (it starts them with
-``PR_SET_PDEATHSIG``), but not the raylet's agents (the dashboard and runtime-env agents
-ignore SIGTERM and outlive a SIGKILLed launcher). So before Ray starts, the launcher starts
-a reaper in its own session (``python -m ludic.pipeline.ray_local``) whose stdin is a pipe
-from the launcher, and marks its environment (:data:`LAUNCH_ID_ENV`, inherited by Ray's
-processes and by the run's); once Ray is up it tells the reaper Ray's session directory.
-When the pipe closes -- Ray shut down, or the launcher gone, even by SIGKILL -- the reaper
-ends every process of the launch and exits: Ray's own (those holding a file in the session
-directory, their logs: Ray's agents overwrite their environment with their process title,
-so the mark alone misses them) at once with SIGKILL, the run's (the mark) with SIGTERM, then
-SIGKILL after ``grace_s`` (``pipeline.stop_timeout_s``; a learner checkpoints).
+:data:`LOCAL_ONLY_ENV`, set before ``ray`` is imported (also to join a cluster at a loopback
+address), makes Ray local-only: node address 127.0.0.1, all of it listening on loopback
+(``ray.init(_node_ip_address=...)`` alone is not enough). Ray's dashboard and runtime-env
+agents outlive a SIGKILLed launcher, so a reaper (``python -m ludic.pipeline.ray_local``, in
+its own session) watches a pipe from the launcher; when it closes, the reaper SIGKILLs Ray's
+processes (those holding a file in Ray's session directory) and SIGTERMs the run's (marked by
+:data:`LAUNCH_ID_ENV`), SIGKILLing them after ``grace_s`` (``pipeline.stop_timeout_s``).
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """What ``ludic launch`` runs on a Ray node: one ludic process per Ray actor.
 
-:class:`PlacedProcess` (made a Ray actor by :mod:`ludic.pipeline.ray_launch`) resolves its command
-on the node Ray put it on -- the node's address, a free port, a node-local copy of the run's
-config -- and starts it::
-
-    learner        python -m ludic learner RUN_DIR/config.yaml --run-dir RUN_DIR [OVERRIDE ...]
-                   (each rank of a sharded learner: RANK, WORLD_SIZE, MASTER_ADDR/PORT set)
-    rollout        python -m ludic actor COPY/config.yaml --run-dir COPY --actor-id NAME [...]
-    policy_server  python -m ludic serve policy --model MODEL --host NODE_IP --port PORT ...
-    reward_server  python -m ludic serve reward --model reward.path --host NODE_IP ...
-
-The process leads its own session and ends with the Ray actor, even when the actor is
-killed (``PR_SET_PDEATHSIG``; a server's watchdog also ends vLLM's own processes). Its output
-is kept until the launcher polls it (:meth:`PlacedProcess.poll`), so logs come back to the
-launching terminal whichever node the process runs on.
-
-A rollout actor's copy of the run directory (``$TMPDIR/ludic-launch/NAME-PID/RUN_NAME``)
-holds the config and, without ``model.path``, the tiny model's folder (its tokenizer): the
-run directory itself stays on the launching node, with the learner. Its name is the run's,
-so the default Redis key prefix is the same.
+:class:`PlacedProcess` (made a Ray actor by ``ray_launch``) resolves its command on its node
+(the node's address, a free port, a node-local copy of the config) and starts it: ``ludic
+learner`` (one per rank, torchrun's variables set), ``ludic actor``, ``ludic serve policy`` or
+``ludic serve reward``. The process leads its own session and ends with the Ray actor, even a
+killed one (``PR_SET_PDEATHSIG``); its output waits for the launcher's :meth:`PlacedProcess.poll`.
+A rollout actor's copy of the run directory (``$TMPDIR/ludic-launch/NAME-PID/RUN_NAME``) keeps
+the run's name, hence its default Redis prefix; the run directory stays with the learner.
 """
 
 from __future__ import annotations

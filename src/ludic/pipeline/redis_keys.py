@@ -1,39 +1,11 @@
 """The names and errors of the Redis batch queue (:mod:`ludic.pipeline.redis_queue`).
 
-Payloads are opaque bytes to the queue (see :mod:`ludic.training.batching.wire`); batches are
-named by a ``batch_id`` unique within a ``prefix``. Several runs share one Redis through
-their prefixes. Keys (``P`` = prefix)::
-
-    P:queue                  list of batch ids; actors LPUSH, the learner takes from the right
-    P:payload:<id>           the payload of a queued or in-flight batch
-    P:processing:<learner>   ids a learner has taken and not yet trained on
-    P:uncommitted:<learner>  ids it trained on since its last checkpoint (their payloads
-                             kept): a resume from that checkpoint trains them again
-    P:produced               hash id -> JSON (actor, batch_index, num_items, pushed_at)
-    P:trained                hash id -> JSON record of the step that trained it
-    P:dropped                hash id -> JSON record (every item was too stale to train on)
-    P:dead                   hash id -> JSON {error, at}: payloads that failed to decode
-    P:dead_payload:<id>      the rejected bytes, kept for inspection
-    P:stats                  hash of counters (pushed/trained/dropped/dead/requeued ...,
-                             generated_tokens: completion tokens of every batch pushed)
-    P:batch_tokens           hash id -> completion tokens generated for it (written by push)
-    P:accounted              hash id -> the learner step whose token ledger counts it
-                             (see ludic.pipeline.redis_tokens)
-    P:version                the learner's policy version
-    P:next_index             global batch-index counter; P:claims hash actor -> claimed index
-    P:max_staleness          the learner's max_staleness (actors check they agree)
-    P:closed                 set when producers are done: an empty queue then ends training
-    P:done                   set by the learner when the run is over: actors stop, pushes
-                             are refused, what was still queued moved to P:unused
-    P:unused                 hash id -> JSON: batches queued when the run ended (never trained)
-    P:abandoned              hash batch-<index> -> JSON {actor_id, batch_index, reason}: claimed
-                             indices given up for good (the run ended, an actor's data ran out)
-    P:learner                JSON: the running learner's announcement (version, weights
-                             channel, inference URL); actors wait for it before starting
-    P:weights                the policy weights published through Redis (safetensors bytes;
-                             see ludic.pipeline.redis_weights), P:weights_version
-                             their version; both written in one MULTI/EXEC
-
+Every key of a run lies under its prefix ``P``, so several runs share one Redis: the queue
+(``P:queue``, ``P:payload:<id>``, ``P:processing:<learner>``, ``P:uncommitted:<learner>``),
+each batch's fate (``P:produced``, ``P:trained``, ``P:dropped``, ``P:dead``, ``P:unused``,
+``P:abandoned``), counters and the token ledger (``ludic.pipeline.redis_tokens``), the
+learner's state (``P:version``, ``P:learner``, ``P:done``) and weights (``P:weights``).
+Every key and what it holds: docs/async.md, "What is in Redis".
 """
 
 from __future__ import annotations

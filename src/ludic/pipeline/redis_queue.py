@@ -1,38 +1,12 @@
-"""A reliable, bounded batch queue on Redis for the actor/learner pipeline.
+"""A reliable, bounded batch queue on Redis for the pipeline: :class:`RedisBatchQueue`.
 
-Payloads are opaque bytes here (see :mod:`ludic.training.batching.wire`); batches are
-named by a ``batch_id`` unique within a ``prefix``. Several runs share one Redis through
-their prefixes; the keys of one prefix are listed in :mod:`ludic.pipeline.redis_keys`.
-
-Guarantees:
-
-* **Reliable queue.** ``take`` moves an id from ``P:queue`` into the learner's processing
-  list with one ``BLMOVE`` (blocking at most ``block_s`` per call, so nothing hangs).
-  ``ack`` / ``drop`` / ``reject`` remove it from there and write its record and counters
-  in one ``MULTI``/``EXEC`` transaction (under ``WATCH``), and refuse an id this learner
-  does not hold. A learner killed between ``take`` and ``ack`` leaves the id in its
-  processing list; :meth:`RedisBatchQueue.requeue_unacked` (run when a learner starts)
-  moves such ids back to the head of the queue, oldest next. Each id ends in exactly one
-  of ``P:trained``, ``P:dropped`` or ``P:dead``.
-* **Exactly once, across checkpoints.** An ``ack`` is not final: the id waits in the
-  learner's uncommitted list, its payload kept, until a checkpoint covers its update
-  (:meth:`RedisBatchQueue.commit`, called after the checkpoint is written). A learner
-  that resumes from a checkpoint calls ``requeue_unacked(checkpoint_step)``: the batches
-  trained after that checkpoint (their updates died with the old process) have their
-  records and counts undone and go back to the queue's head, so the resumed learner
-  trains each of them once, in the order they were first taken.
-* **Backpressure.** The queue holds at most ``max_queued`` batches (checked and pushed
-  under ``WATCH``, so concurrent actors cannot overfill it). When it is full ``push``
-  blocks, polling with a backoff from 10 ms to 250 ms, until there is room or
-  ``push_timeout_s`` has passed, then raises :class:`QueueFullError`. Nothing is dropped
-  on the actor side. (Requeued batches may briefly exceed the bound.)
-* **Idempotent writes.** A push whose reply was lost (Redis restarted) is retried and
-  recognised through ``P:produced``; an ack through ``P:trained``; a ``BLMOVE`` whose
-  reply was lost leaves an id in the processing list that the next ``take`` adopts.
-* **Connection loss.** Every command is retried with backoff for ``reconnect_timeout_s``
-  (Redis restarting, loading its AOF), then :class:`PipelineConnectionError` is raised.
-  With ``appendonly yes`` and ``appendfsync always`` Redis replies only after the write
-  is on disk, so a push or ack that returned survives a ``kill -9`` of Redis.
+Payloads are opaque bytes (``ludic.training.batching.wire``); the keys are ``redis_keys``'s.
+``take`` moves an id into the learner's processing list (``BLMOVE``); ``ack`` / ``drop`` /
+``reject`` settle it in one ``MULTI``/``EXEC`` under ``WATCH``, so each id ends in exactly one
+of ``P:trained``, ``P:dropped``, ``P:dead``; an ack is final once a checkpoint covers it
+(``commit``), and ``requeue_unacked`` hands a starting learner back what its predecessor held.
+``push`` blocks while ``max_queued`` batches wait (:class:`QueueFullError` after
+``push_timeout_s``); retries are idempotent. The guarantees in full: docs/design.md, "Pipeline".
 """
 
 from __future__ import annotations

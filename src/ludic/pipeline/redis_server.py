@@ -1,17 +1,11 @@
 """Start a local ``redis-server`` for the pipeline (tests, examples, single-machine runs).
 
-Durable by default: ``--appendonly yes --appendfsync always`` in ``data_dir``, so Redis
-replies to a write only once it is on disk and a restart on the same folder (even after
-``kill -9``) keeps every acknowledged push and ack. Listens on 127.0.0.1 unless given
-another ``host`` (``ludic launch``: the node's address, for actors on other nodes), which
-needs a ``password`` (passed on stdin, so it shows in no process list).
-
-    server = start_redis_server(tmp_dir)          # waits until PING answers
-    queue = RedisBatchQueue(server.url, prefix="run1")
-    ...
-    server.stop()
-
-Install Redis with ``apt-get install redis-server`` (``make test`` does).
+Durable: ``--appendonly yes --appendfsync always`` in ``data_dir``, so every acknowledged push
+and ack survives a restart on the same folder, even after ``kill -9``. Listens on 127.0.0.1
+unless given another ``host`` (``ludic launch``: the node's address), which needs a
+``password`` (passed on stdin, so it shows in no process list). ``start_redis_server(dir)``
+waits until PING answers; ``server.stop()`` ends it. Needs the ``redis-server`` binary
+(``apt-get install redis-server``; ``make test`` installs it).
 """
 
 from __future__ import annotations

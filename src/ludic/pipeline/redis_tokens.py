@@ -1,29 +1,12 @@
-"""The pipeline's token ledger in Redis: what the actors generated, and what no learner
-step has accounted for yet.
+"""The pipeline's token ledger in Redis: what the actors generated, and what no learner step
+has accounted for yet (``P:stats`` ``generated_tokens``, ``P:batch_tokens``, ``P:accounted``).
 
-Keys (``P`` = prefix; see :mod:`ludic.pipeline.redis_keys`)::
-
-    P:stats generated_tokens  completion tokens of every batch pushed (cumulative)
-    P:batch_tokens            hash id -> completion tokens generated for the batch
-    P:accounted               hash id -> the learner step whose token ledger counts it
-
-``push`` writes the first two in its own transaction, so a batch is in the queue exactly
-when its tokens are counted. The learner's :class:`~ludic.training.ledger.TokenLedger`
-takes ``generated`` from here, and ``in_flight`` is the tokens of the batches no step has
-accounted for (queued, or taken and not handed out), so its check every step is
-
-    generated_tokens = the learner's trained + dropped + aborted + sum(P:batch_tokens
-                       of ids not in P:accounted)
-
-against counts the actors wrote: a batch lost or counted twice anywhere between an actor's
-push and the learner's step breaks it. An id is marked accounted by the step that hands it
-out, drops or rejects it (:func:`mark_accounted`); once a checkpoint covers that step,
-both entries go (:func:`commit_accounted`). A learner that resumes from the checkpoint of
-step ``C`` (:func:`resume_accounting`) commits what steps up to ``C`` accounted, forgets
-the marks of later steps (their ledger died with the crash: those batches are back in the
-queue, or finished for good) and returns the tokens of batches that are no longer queued
-and that no checkpointed step accounted for: dropped, rejected or set aside after ``C``.
-The resumed learner counts them as aborted.
+``push`` counts a batch's tokens in its own transaction, so a batch is queued exactly when its
+tokens are counted. The learner's ``TokenLedger`` takes ``generated`` from here and
+``in_flight`` as the tokens of batches no step has accounted for. :func:`mark_accounted`: the
+step that hands out, drops or rejects a batch; :func:`commit_accounted`: once a checkpoint
+covers it; :func:`resume_accounting`: after a resume, what later steps dropped or rejected is
+counted as aborted. The identity the ledger checks: docs/async.md.
 """
 
 from __future__ import annotations

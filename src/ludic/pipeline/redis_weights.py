@@ -1,26 +1,12 @@
-"""Policy weights through Redis, for pipeline actors whose inference runs in their own
-process (``inference.backend: transformers``): such an actor cannot join a weight-sync
-group with the learner, so the learner stores each published version in Redis and every
-actor loads it into its in-process model before starting a new batch.
+"""Policy weights through Redis, for pipeline actors with an in-process model
+(``inference.backend: transformers``), which cannot join a weight-sync group.
 
-Format (no pickle): ``P:weights`` holds the bytes of ``safetensors.torch.save(tensors,
-metadata)`` -- an 8-byte little-endian header length, a JSON header (dtype, shape and
-offsets per tensor, plus ``__metadata__``) and the raw tensor bytes -- with metadata
-``{"format": "ludic.policy_weights", "version": "<int>"}``; ``P:weights_version`` holds the
-version as a decimal string. The publisher writes both in one ``MULTI``/``EXEC``, and the
-subscriber reads both in one, then checks that the version inside the bytes is the one it
-read. Tensors are the policy's HF-named weights (``policy_state_dict``: a LoRA policy is
-published merged), copied to CPU.
-
-Every version replaces the previous one (Redis keeps one copy; with the AOF on, each publish
-also appends the bytes to the AOF until Redis rewrites it). Fine for the tiny and small
-models this path is for; for real models use ``inference.backend: vllm``, where the learner
-pushes weights to the vLLM server(s) over a weight-sync group and actors only send requests.
-
-    publisher = RedisWeightPublisher(queue)            # learner: a PolicyPublisher
-    trainer = Trainer(..., publisher=publisher)
-    subscriber = RedisWeightSubscriber(queue, client)  # actor: client.sync_weights(...)
-    version = subscriber.refresh()                     # before each batch
+:class:`RedisWeightPublisher` (the learner's) writes each version as ``P:weights`` (the bytes of
+``safetensors.torch.save``: HF names, LoRA merged, on CPU, metadata ``{"format":
+"ludic.policy_weights", "version": "<int>"}``; no pickle) and ``P:weights_version``, in one
+``MULTI``/``EXEC``; an actor's :class:`RedisWeightSubscriber` reads both in one, checks that the
+versions agree and loads them (``refresh()``, before each batch). Redis keeps one copy: fine
+for small models; real ones use ``inference.backend: vllm`` and the learner's weight-sync group.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """What the pipeline's processes share: the mode check, the Redis key prefix, the queue
 settings, the run directory's ``pipeline.json`` and the config check between processes.
 
-A pipeline run (``trainer.mode: pipeline``) is one learner and any number of actors on
-one Redis key prefix::
-
-    ludic learner CONFIG [--run-dir DIR]          Redis -> Trainer -> publish weights
-    ludic actor CONFIG --run-dir DIR [--actor-id ID]    rollouts -> SAW batches -> Redis
-    ludic train CONFIG                            starts Redis, the learner and actors
-
-``RUN_DIR/pipeline.json`` (written by the learner) names the Redis URL and the prefix, so
-an actor given only the run directory finds the queue.
+A run is one learner and any number of actors on one key prefix (``ludic learner``, ``ludic
+actor``, or ``ludic train`` starting all of them). ``RUN_DIR/pipeline.json``, written by the
+learner, names the Redis URL and the prefix, so an actor given the run directory finds the queue.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
-"""The reward loop (spec 5): reward functions scored per sample, asynchronously.
+"""The reward loop (spec 5, docs/reward-loop.md): reward functions scored per sample, async.
 
-* :mod:`ludic.rewards.sample`: what a reward function sees (:class:`RewardSample`) and what
-  scoring returns (:class:`RewardResult`).
-* :mod:`ludic.rewards.functions`: user reward functions with the spec's signature
-  ``compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)``, sync
-  or async (detected), loaded from ``path/to/file.py:function`` or ``package.module:function``.
-* :mod:`ludic.rewards.rules`: built-in rule rewards chosen by ``data_source`` (GSM8K,
-  MATH through ``math-verify``, format).
-* :mod:`ludic.rewards.managers`: reward managers by name (``naive``, ``dapo``,
-  ``rate_limited``; ``@register("name")`` adds yours).
-* :mod:`ludic.rewards.genrm`: an LLM judge through chat completions (``GenRMJudge``,
-  ``chat_complete``, ``parse_judgement``).
-* :mod:`ludic.rewards.group_judge`: the G completions of one prompt judged together
-  (``GroupJudge``: scores or a ranking in one call, in the manner of ART's RULER).
-* :mod:`ludic.rewards.hybrid`: a discriminative reward model as a reward function
-  (``DisRMScore``) and weighted sums of functions (``WeightedReward``: rule + DisRM + GenRM).
-* :mod:`ludic.rewards.loop`: ``RewardLoop``, N workers scoring rollouts as their
-  episodes end (standalone) or after the batch (colocate).
+* ``sample``: :class:`RewardSample`, :class:`RewardResult`; ``functions``: user functions
+  ``compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)``, loaded
+  from ``file.py:fn`` or ``module:fn``; ``rules``: built-in rules by ``data_source``;
+* ``managers``: reward managers by name (``naive``, ``dapo``, ``rate_limited``, yours);
+* ``genrm``, ``group_judge``, ``hybrid``: an LLM judge (``GenRMJudge``), a group judge
+  (``GroupJudge``), a DisRM (``DisRMScore``) and weighted sums (``WeightedReward``);
+* ``loop``: ``RewardLoop``, N workers scoring rollouts as episodes end or after the batch.
 """
 
 from ludic._lazy import lazy_exports

@@ -1,15 +1,11 @@
 """User reward functions: spec 5's ``compute_score`` signature, sync or async.
 
-A reward function is called as::
-
-    compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
-
-and returns a number, or a dict with a ``score`` entry whose other numeric entries are
-logged as metrics. ``async def`` functions are awaited; plain functions run in a daemon
-thread, so a slow checker never blocks generation and one that hangs past its timeout is
-abandoned without holding up the program's exit. Extra keyword
-arguments (``kwargs``, e.g. ``reward_router_address``) are passed only to functions that
-accept them: by name, or all of them to a function with ``**kwargs``.
+``compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)`` returns a
+number, or a dict with a ``score`` whose other numeric entries are logged as metrics.
+``async def`` functions are awaited; plain ones run in a daemon thread, so a slow checker
+never blocks generation and one that hangs past its timeout is abandoned. Extra keyword
+arguments (e.g. ``reward_router_address``) go only to functions that accept them: by
+name, or all of them with ``**kwargs``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
-"""Generative reward models (GenRM): an LLM judge served by vLLM, called through chat
-completions, its judgement parsed into a score.
+"""Generative reward models (GenRM): an LLM judge called through chat completions, its
+judgement parsed into a score.
 
-* :func:`chat_complete`: ``POST /v1/chat/completions`` to a server (or the reward router)
-  with the shared retry policy; reward functions call it with the address the reward loop
-  passes them (``reward_router_address``).
-* :func:`parse_judgement`: ``"... Score: 7"`` -> 0.7 (the last match of a pattern, divided
-  by ``scale``); no match raises, so an unreadable judgement is a recorded failure, never
-  a silent 0.
-* :class:`GenRMJudge`: a ready reward function (spec 5's signature): prompt template ->
-  judge -> parser. With a vLLM judge, ``structured_outputs={"regex": ...}`` forces the
-  judgement's format.
+* :func:`chat_complete`: ``POST /v1/chat/completions`` to a server or the reward router
+  (the ``reward_router_address`` the loop passes), with the shared retry policy;
+* :func:`parse_judgement`: ``"... Score: 7"`` -> 0.7 (last match / ``scale``); no match
+  raises, so an unreadable judgement is a recorded failure, never a silent 0;
+* :class:`GenRMJudge`: a ready reward function, prompt template -> judge -> parser (with a
+  vLLM judge, ``structured_outputs={"regex": ...}`` forces the judgement's format).
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
-"""A group-relative judge: the G completions of one prompt sent to an LLM judge together,
-its scores or its ranking turned into one reward each (in the manner of ART's RULER,
-https://art.openpipe.ai/fundamentals/ruler: a judge compares answers to the same question
-better than it grades each alone).
+"""A group-relative judge (in the manner of ART's RULER): the G completions of one prompt go
+to an LLM judge together, and its scores or its ranking become one reward each.
 
-One chat-completions call judges a whole group, so every member is scored by the same
-judge, the same version of it and the same context. With a vLLM judge the reply is forced
-into compact JSON of exactly G entries (``structured_outputs``, a regex); a reply that still does
-not parse (another server, a wrong length, a ranking that is not a permutation) is an
-error for every member of the group, never a silent score.
-
-* ``scores``: ``{"scores": [s_1, ..., s_G]}`` with integers 0..10; reward_i = s_i / 10.
-* ``ranking``: ``{"ranking": [a_1, ..., a_G]}``, the answer numbers best first (a
-  permutation of 1..G); the answer at position p (0-based) gets 1 - p / (G - 1).
+One chat-completions call judges a whole group (same judge, version and context for all).
+With a vLLM judge the reply is forced into compact JSON of G entries (a regex); a reply
+that still does not parse is an error for every member, never a silent score.
+``scores``: ``{"scores": [s_1, ..., s_G]}``, integers 0..10, reward s_i / 10. ``ranking``:
+``{"ranking": [a_1, ..., a_G]}``, the answer numbers best first (a permutation of 1..G);
+position p (0-based) gets 1 - p / (G - 1).
 """
 
 from __future__ import annotations

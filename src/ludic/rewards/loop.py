@@ -1,30 +1,12 @@
-"""``RewardLoop``: score rollouts per sample with a reward manager and N workers.
+"""``RewardLoop``: score rollouts per sample with a reward manager and N workers (spec 5).
 
-Two modes (spec 5):
-
-* **standalone**: each rollout is scored as soon as its episode ends
-  (``RolloutEngine(on_episode=[loop.on_episode])``), overlapping the episodes still
-  generating; the rollout hook (``loop`` itself, in ``rollout_hooks``) then only waits for
-  what is left.
-* **colocate**: nothing starts until the whole batch is generated; the rollout hook scores
-  every rollout then (a reward model that shares the policy's hardware). With
-  ``servers`` (:class:`ScoringServers`, e.g. ``ludic.run.reward_sleep``) the reward
-  servers sleep outside that window and are woken for it.
-
-With a ``group_scorer`` (e.g. :class:`~ludic.rewards.group_judge.GroupJudge`) the unit of
-scoring is a group instead of a sample: the rollouts of one prompt (``meta["group_id"]``,
-split by ``meta["agent_id"]``), scored together once all ``group_size`` have arrived
-(standalone) or with the batch (colocate); ``num_workers`` then bounds the groups scored at
-once.
-
-Either way at most ``num_workers`` samples are scored at once, and each rollout gets
-``rollout.meta["reward_loop"] = {"score", "metrics", "error"}`` (``score`` ``None``: the
-manager dropped the sample after an error). :func:`reward_loop_metrics` sums a batch up.
-
-Failures are loud: each new kind of error is logged once (a warning with how many samples
-of the batch it hit), and a batch in which more than ``max_failure_fraction`` of the
-samples failed raises :class:`RewardLoopError` with the first error and its sample, rather
-than training on what is left (or on nothing).
+Standalone: each rollout is scored as its episode ends (``on_episode``), and the rollout
+hook (the loop itself) waits for the rest. Colocate: the hook scores the batch once it is
+generated, waking sleeping ``servers`` (:class:`ScoringServers`). A ``group_scorer`` scores
+a prompt's group (``meta["group_id"]``, per ``agent_id``) once all ``group_size`` arrived.
+At most ``num_workers`` samples (or groups) are scored at once; each rollout gets
+``meta["reward_loop"] = {"score", "metrics", "error"}`` (:func:`reward_loop_metrics`). Each
+new error kind is logged once; too many failures raise :class:`RewardLoopError`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Reward managers: how one sample is scored (spec 5's ``run_single``), chosen by name.
 
-Built in: ``naive`` (the reward function's score), ``dapo`` (plus DAPO's overlong
-penalty) and ``rate_limited`` (for functions that call an external API: requests/s,
-tokens/s and concurrency limits). Add your own with ``@register("name")`` on a
-:class:`RewardManager` subclass that implements ``run_single``.
-
-Failures never become a silent 0: a function that raises, times out or returns a
-non-score gives a :class:`RewardResult` with ``error`` set and ``score`` the configured
+Built in: ``naive`` (the function's score), ``dapo`` (plus DAPO's overlong penalty) and
+``rate_limited`` (requests/s, tokens/s and concurrency limits, for functions that call an
+API). Add yours with ``@register("name")`` on a :class:`RewardManager` subclass with
+``run_single``. Failures never become a silent 0: a function that raises, times out or
+returns a non-score gives a :class:`RewardResult` with ``error`` set and ``score`` the
 ``on_error`` fallback, or ``None`` (``on_error="drop"``: the sample is dropped).
 """
 

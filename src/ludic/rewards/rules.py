@@ -1,16 +1,12 @@
-"""Built-in rule rewards, chosen by ``data_source`` (spec 5's default reward function).
+"""Built-in rule rewards chosen by ``data_source`` (spec 5's default reward function); each
+returns 1.0 for a correct answer, else 0.0.
 
-* GSM8K (``gsm8k``, ``openai/gsm8k``): the number after the last ``####`` of the response,
-  else its last number, equals the ground truth's (which may be a whole GSM8K solution).
-* MATH (``math``, ``hendrycks_math``, ``DigitalLearningGmbH/MATH-lighteval``, ...): the
-  content of the response's last ``\\boxed{}`` is equivalent to the ground truth through
-  ``math-verify`` (fractions, LaTeX, intervals; the ``math`` extra). No box: 0.
-* arithmetic (``arithmetic``, the demo env): the response is the ground truth's number
-  (``numeric_match``: ``"19"``, ``" 19 "`` and ``"19.0"`` match 19).
-* ``format_score``: 1 when the response has a non-empty ``\\boxed{}`` answer (or, with
-  ``tag="answer"``, an ``<answer>...</answer>``), else 0; a shaping term to add to the above.
-
-Each returns 1.0 for a correct answer and 0.0 otherwise.
+* GSM8K (``gsm8k``, ``openai/gsm8k``): the number after the response's last ``####``, else
+  its last number, equals the ground truth's (which may be a whole GSM8K solution).
+* MATH (``math``, ``hendrycks_math``, ...): the last ``\\boxed{}`` is equivalent to the
+  ground truth through ``math-verify`` (the ``math`` extra); no box: 0.
+* ``arithmetic``: ``numeric_match`` (``"19"``, ``" 19 "`` and ``"19.0"`` match 19).
+* ``format_score``: 1 for a non-empty ``\\boxed{}`` (or ``<answer>``, ``tag="answer"``).
 """
 
 from __future__ import annotations

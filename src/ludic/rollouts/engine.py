@@ -1,19 +1,12 @@
 """The rollout engine: a stateless factory floor that turns requests into rollouts.
 
-For every request and each of its ``num_episodes`` episodes the engine builds a fresh env
-(``env_registry[kind](**kwargs)``) and a fresh protocol, and runs
-``protocol.run(...)``. Episodes run concurrently, at most ``max_concurrency`` at a time.
-
-Seeds: all episodes of a request share ``request.env_seed`` (the same problem; ``None``
-lets the env choose). The sampling seed of episode ``e`` is ``sampling.seed + e`` when the
-request sets one (distinct generations), else ``None``.
-
-Every rollout's ``meta`` receives (without overwriting what the protocol set): the
-request's ``meta``, ``env_kind``, ``protocol_kind``, ``env_seed``, ``sampling_seed``,
-``episode_index`` and ``request_index``.
-
-Turning rollouts into training data (rollout hooks, credit, ``SAWItem``s) is the batch
-source's job (``ludic.training.RolloutBatchSource``); the engine knows nothing of training.
+For each request and each of its ``num_episodes`` episodes it builds a fresh env
+(``env_registry[kind](**kwargs)``) and protocol and runs ``protocol.run``, at most
+``max_concurrency`` at a time. A request's episodes share ``request.env_seed``; episode
+``e`` samples with seed ``sampling.seed + e`` (``None`` if unset). Each rollout's ``meta``
+gets, without overwriting the protocol's: the request's ``meta``, ``env_kind``,
+``protocol_kind``, ``env_seed``, ``sampling_seed``, ``episode_index``, ``request_index``.
+Turning rollouts into training data is ``ludic.training.RolloutBatchSource``'s job.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
-"""The trained policy as a Hugging Face folder.
+"""The trained policy as a Hugging Face folder (``RUN_DIR/policy/``, ``ludic export``).
 
-A run writes ``RUN_DIR/policy/`` at the end of each phase (the warm start's, then RL's
-over it), and ``ludic export RUN_DIR [--step N] [--phase P] OUT`` writes any kept
-checkpoint. The folder is what ``AutoModelForCausalLM.from_pretrained`` and
-``ludic serve policy --model`` load: ``config.json``, ``model.safetensors`` (LoRA adapters
-merged into the base weights), ``generation_config.json``, the tokenizer and
-``ludic_checksums.json`` (for a server told to load the folder:
-``VLLMChatClient.load_weights_from_disk``).
-``RUN_DIR/model/`` stays the *initial* tiny model ludic built (unused when ``model.path``
-names a model).
+A run writes ``RUN_DIR/policy/`` at the end of each phase, and ``ludic export RUN_DIR
+[--step N] [--phase P] OUT`` writes any kept checkpoint. The folder loads with
+``AutoModelForCausalLM.from_pretrained`` and ``ludic serve policy --model``:
+``config.json``, ``model.safetensors`` (LoRA merged), ``generation_config.json``, the
+tokenizer and ``ludic_checksums.json`` (for ``VLLMChatClient.load_weights_from_disk``).
 """
 
 from __future__ import annotations

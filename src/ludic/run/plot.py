@@ -1,16 +1,10 @@
-"""The reward curve of a run, from its ``metrics.jsonl``.
+"""The reward curve of a run (``reward_curve.png``), from its ``metrics.jsonl``.
 
-Each line of ``metrics.jsonl`` is one record with a ``phase``:
-
-* ``"rl"``: one RL step; ``step``, ``reward_mean`` (sampled reward; may be missing), and
-  optionally ``entropy``, ``batch/zero_variance_group_frac`` and the cumulative bias audit
-  ``audit/<trained|dropped>_<samples|prompt_length|completion_length|reward>``
-  (:mod:`ludic.training.sample_audit`);
-* ``"eval"``: one evaluation; ``step`` (the RL step it was taken at), ``reward_mean``,
-  ``success_rate``;
-* ``"warm_start"``: one SFT step; ``step``, ``loss``.
-
-The figure is drawn with matplotlib's Agg canvas directly (no pyplot), so plotting never
+It reads the records of phase ``"rl"`` (``step``, ``reward_mean`` if any, and optionally
+``entropy``, ``batch/zero_variance_group_frac`` and the bias audit's cumulative
+``audit/<trained|dropped>_<samples|prompt_length|completion_length|reward>``), ``"eval"``
+(``step``, ``reward_mean``, ``success_rate``) and ``"warm_start"`` (``step``, ``loss``).
+The figure is drawn on matplotlib's Agg canvas directly (no pyplot), so plotting never
 changes a user's pyplot backend or open figures.
 """
 

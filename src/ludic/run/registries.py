@@ -1,14 +1,12 @@
 """What a config names: a built-in part by its name, or your own code by
 ``package.module:attr`` or ``path/to/file.py:attr`` -- one loader for every such field.
 
-Each :class:`PartKind` pairs a registry of built-in names with what a target of yours must
-be. The config schema checks a value without importing anything (:func:`check_choice`:
-a registered name, or a well-formed code reference whose relative ``.py`` path is made
-absolute); the run's preflight and builders load it (:func:`load_part`) and check the
-target, so a missing file, a missing attribute or a wrong signature stops the run before
-it starts, with the field, the file and what is wrong. Registry entries are
-``"module:attribute"`` strings resolved on use, so validating a config (and ``ludic
---help``) never imports torch. Add a name for your own part with :func:`register`.
+Each :class:`PartKind` pairs a registry of built-in names with what your target must be.
+The config schema checks a value without importing it (:func:`check_choice`); the
+preflight and builders load it (:func:`load_part`) and check the target, so a wrong file,
+attribute or signature stops the run before it starts. Registry entries are
+``"module:attribute"`` strings resolved on use, so validating a config never imports
+torch. :func:`register` adds a name for your own part.
 """
 
 from __future__ import annotations

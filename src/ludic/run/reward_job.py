@@ -1,25 +1,12 @@
 """The reward-model job: ``ludic train`` / ``ludic eval`` with ``task: reward_model``.
 
-A run builds (or loads) a sequence classifier with one label, prepares it for
+It builds (or loads) a one-label sequence classifier, prepares it for
 ``reward_model.training_mode``, trains it on preference pairs with the Bradley-Terry loss
 (:class:`~ludic.training.reward_model.trainer.PreferenceTrainer`), measures pairwise
-accuracy on held-out pairs before training, every ``eval_every`` steps and after, and
-saves the final model as a plain HF folder that a vLLM reward server loads::
-
-    RUN_DIR/
-      config.yaml                   the resolved config
-      model/                        the initial tiny reward model (when path is null)
-      preferences/train.jsonl       the pairs trained on
-      preferences/eval.jsonl        the held-out pairs
-      metrics.jsonl                 phase "reward_model": one line per step (loss,
-                                    accuracy, margin_mean, grad_norm, lr, tokens_per_s);
-                                    phase "eval": one per evaluation (loss, accuracy,
-                                    margin_mean on the held-out pairs)
-      checkpoints/reward_model/step_*/   resumable checkpoints
-      reward_model/                 the final model + tokenizer (LoRA merged)
-      summary.json
-
-Ctrl-C saves a checkpoint and re-raises; ``--resume RUN_DIR`` continues from it.
+accuracy on held-out pairs before training, every ``eval_every`` steps and after, and saves
+``RUN_DIR/reward_model/``, a plain HF folder a vLLM reward server loads (the whole run
+directory: docs/reward-models.md). Ctrl-C saves a checkpoint and re-raises; ``--resume
+RUN_DIR`` continues from it.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
-"""The ``reward_loop`` section as running parts: reward servers (DisRM, GenRM, a group
-judge) started behind one router, the reward function (rule, or a weighted rule + DisRM +
-GenRM) and its manager, or the group judge, in a :class:`~ludic.rewards.RewardLoop`; and
-the algorithm that trains on its scores.
+"""The ``reward_loop`` section as running parts (:func:`reward_loop_from_config`).
 
-Every server the run starts and the router share one API key: ``disrm.server.api_key``,
-else ``genrm.server.api_key``, else ``$LUDIC_API_KEY``, else a fresh random key. The
-reward function gets ``reward_router_address`` and ``reward_router_api_key`` (when it
-accepts them) so that a function of yours can call ``ludic.rewards.chat_complete`` on the
-same servers.
-
-Where the servers start: in the training process (``sync`` / ``async``); in pipeline mode
-once, in ``ludic train``'s launcher (:func:`reward_router`), whose actors get the router's
-address as ``reward_loop_from_config(..., router=...)`` and start nothing. Servers set to
-``sleep`` (colocate mode, CUDA) sleep once the probe has scored through them, and the loop
-wakes them for each batch (:mod:`ludic.run.reward_sleep`).
+Reward servers (DisRM, GenRM, a group judge) behind one router; the reward function (rule,
+or weighted rule + DisRM + GenRM) and its manager, or the group judge, in a
+:class:`~ludic.rewards.RewardLoop`; the algorithm that trains on its scores. Servers and
+router share one API key (``disrm.server.api_key``, else ``genrm``'s, else
+``$LUDIC_API_KEY``, else a fresh one). Servers start in the training process, or in
+pipeline mode once in ``ludic train``'s launcher (:func:`reward_router`), whose actors get
+the router's address and start none; ``sleep`` servers: :mod:`ludic.run.reward_sleep`.
 """
 
 from __future__ import annotations

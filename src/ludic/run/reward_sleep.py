@@ -1,21 +1,12 @@
-"""Reward servers that sleep between batches (``reward_loop.{disrm,genrm,group_judge}.sleep``;
-``reward_loop.mode: colocate``, CUDA).
+"""Reward servers that sleep between batches (``reward_loop.{disrm,genrm,group_judge}.sleep``).
 
-The run starts such servers with ``--enable-sleep-mode`` and, once its probe has scored
-through them, puts them to sleep. The reward loop then wakes them to score each batch and
-puts them back to sleep (:class:`~ludic.rewards.loop.ScoringServers`), so the GPU they
-share with the policy's server and the trainer holds their memory only while they score.
-
-* ``keep_weights``: ``POST /sleep?level=1`` (weights to CPU memory, KV cache dropped);
-  waking is ``POST /wake_up``.
-* ``reload_weights``: ``POST /sleep?level=2`` (both dropped); waking allocates the weights
-  (``/wake_up?tags=weights``), reads them again from the model folder
-  (``POST /load_weights_from_disk``, the server started with ``--weight-load-roots`` on
-  it) and checks the workers' report against the folder's checksums, taken once at start,
-  as a weight sync is checked; then the KV cache (``/wake_up?tags=kv_cache``).
-
-Written for CUDA (vLLM's sleep mode frees GPU memory; the CPU build has none, and the
-config refuses it off CUDA); its tests need a GPU and vLLM.
+For ``reward_loop.mode: colocate`` on CUDA (docs/reward-loop.md): such servers start with
+``--enable-sleep-mode``, sleep once the probe has scored through them, and the loop wakes
+them for each batch (:class:`~ludic.rewards.loop.ScoringServers`). ``keep_weights``:
+``POST /sleep?level=1``, woken by ``/wake_up``. ``reload_weights``: ``level=2``; waking
+allocates the weights (``/wake_up?tags=weights``), reads them from the model folder
+(``/load_weights_from_disk``, ``--weight-load-roots``), checks them against its checksums,
+then restores the KV cache (``/wake_up?tags=kv_cache``). Tests need a GPU and vLLM.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """The RL job in one process (``trainer.mode: sync`` / ``async``), or as the ranks of one
-sharded trainer (``trainer.world_size``); :mod:`ludic.jobs` picks it for a ``task: rl`` run.
+sharded trainer (``trainer.world_size``); :mod:`ludic.jobs` picks it for a policy run.
 
-A training run has two phases, each with its own Trainer and checkpoints:
-``warm_start`` (SFT on demonstrations; skipped when ``warm_start.steps == 0``) then ``rl``
-(the configured algorithm, sampling from the inference backend, which the trainer
-re-syncs every ``trainer.publish_every`` steps). ``metrics.jsonl`` gets one line per step
-of either phase and one per evaluation (greedy, before RL, every ``eval.every`` steps and
-after RL).
-
-Ctrl-C (or SIGTERM) stops at a step boundary, saves a checkpoint and re-raises
-``KeyboardInterrupt`` (:class:`~ludic.run.signals.Terminated` for SIGTERM); any other
-failure also saves one while the weights are finite. ``train_rl(config, resume=RUN_DIR)``
-continues from the newest checkpoint with the same step count, optimizer state and data
-position.
-
-Crash consistency: a step's ``metrics.jsonl`` line (and its samples and evaluation) is
-written and fsynced before that step's checkpoint, and a resume drops every record past
-the checkpoint it loads, so after a crash at any moment the file and the checkpoint agree.
+Two phases, each with its own Trainer and checkpoints: ``warm_start`` (SFT on
+demonstrations; skipped at ``warm_start.steps == 0``), then ``rl`` (the configured
+algorithm, publishing every ``trainer.publish_every`` steps), with greedy evaluations
+before RL, every ``eval.every`` steps and after. Ctrl-C or SIGTERM stops at a step boundary
+with a checkpoint; ``train_rl(config, resume=RUN_DIR)`` continues from the newest. A step's
+records are fsynced before its checkpoint and a resume drops later ones, so they agree.
 """
 
 from __future__ import annotations

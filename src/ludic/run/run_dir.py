@@ -1,19 +1,10 @@
-"""The run directory: everything a training run leaves behind.
+"""The run directory: everything a training run leaves behind (docs/cli.md, "Run directory").
 
-```
-RUN_DIR/
-  config.yaml          the resolved config (what actually ran)
-  model/               the initial model + tokenizer when the run built the tiny model
-  metrics.jsonl        one line per optimizer step (phase, step, reward_mean, loss,
-                       tokens_per_s, policy_version, ...) and one per evaluation
-  samples.jsonl        a few full rollouts every logged RL step
-  checkpoints/PHASE/step_*/   resumable checkpoints per phase (warm_start, rl)
-  reward_curve.png     written at the end
-  summary.json         final figures
-  policy/              the trained policy as a Hugging Face folder
-  wandb/, wandb_run_id   with logging.wandb: the run's one wandb run (ludic.run.run_loggers)
-  tensorboard/         with logging.tensorboard: event files of every phase
-```
+``config.yaml`` (the resolved config), ``model/`` (the initial model when the run built the
+tiny one), ``metrics.jsonl`` (a line per optimizer step and per evaluation),
+``samples.jsonl`` (a few full rollouts per logged RL step), ``checkpoints/PHASE/step_*/``,
+``reward_curve.png``, ``summary.json``, ``policy/`` (the trained policy as a Hugging Face
+folder) and, with the loggers, ``wandb/``, ``wandb_run_id`` and ``tensorboard/``.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """External loggers for a whole run: one wandb run and one TensorBoard folder span every
-phase (warm start, RL, evaluations) and a resumed run.
+phase (warm start, RL, evaluations) and a resumed run (docs/cli.md, "Loggers").
 
-They follow ``metrics.jsonl``: each record the run appends (see
-:meth:`RunDirectory.append_metrics`) is sent on with its keys under the record's phase,
-``warm_start/loss``, ``rl/batch/reward_mean``, ``eval/success_rate``, against that phase's
-own step (``warm_start/step`` ...; evaluations use the RL step they ran at).
-
-* **wandb** (``logging.wandb``): ``wandb.init(project=logging.wandb_project,
-  name=RUN_DIR's name, config=the resolved config as in config.yaml, dir=RUN_DIR)``; the
-  run id is kept in ``RUN_DIR/wandb_run_id`` so ``--resume`` continues the same wandb run.
-  ``logging.wandb_mode: offline`` writes under ``RUN_DIR/wandb`` without a network
-  (``wandb sync`` uploads it later).
-* **TensorBoard** (``logging.tensorboard``): event files in ``RUN_DIR/tensorboard``.
+They follow ``metrics.jsonl``: each record appended (:meth:`RunDirectory.append_metrics`)
+is sent on with its keys under its phase (``rl/batch/reward_mean``) against that phase's
+step. wandb (``logging.wandb``) keeps its run id in ``RUN_DIR/wandb_run_id`` so
+``--resume`` continues the same run; ``logging.wandb_mode: offline`` writes under
+``RUN_DIR/wandb``. TensorBoard (``logging.tensorboard``): ``RUN_DIR/tensorboard``.
 """
 
 from __future__ import annotations

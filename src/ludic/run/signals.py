@@ -1,20 +1,12 @@
-"""SIGTERM handled like Ctrl-C.
+"""SIGTERM handled like Ctrl-C, so ``kill PID`` leaves a run as resumable as Ctrl-C does.
 
-``kill PID`` (what a scheduler, ``timeout`` or a container stop sends) must leave a run as
-resumable as Ctrl-C does: stop at a step boundary, save a checkpoint and stop the servers
-the run started. :func:`terminate_as_interrupt` routes SIGTERM to whatever handles SIGINT
-at that moment (inside ``asyncio.run`` that cancels the main task at its next await, a
-step boundary; elsewhere Python raises ``KeyboardInterrupt`` at once), so every
-``except KeyboardInterrupt`` and context manager unwinds exactly as for Ctrl-C; it then
-re-raises the interrupt as :class:`Terminated` so the CLI can exit with 143.
-
-A job started in the background by a script (``ludic train ... &``) has SIGINT ignored, so
-``asyncio.run`` installs no handler and cancels nothing. Loops started with
-:func:`run_interruptible` are cancelled by a SIGTERM all the same, at their next await as
-asyncio does for Ctrl-C (a trainer step in progress finishes first), instead of a
-``KeyboardInterrupt`` raised wherever the main thread happens to be.
-Synchronous loops (no event loop to cancel) wrap each step in :func:`interrupts_deferred`
-so a signal lands between steps, never between an optimizer step and its bookkeeping.
+:func:`terminate_as_interrupt` routes SIGTERM to whatever handles SIGINT at that moment
+(inside ``asyncio.run``: the main task is cancelled at its next await) and re-raises the
+interrupt as :class:`Terminated`, so the CLI exits with 143. A background job (``ludic
+train ... &``) has SIGINT ignored, so ``asyncio.run`` cancels nothing: loops started with
+:func:`run_interruptible` are cancelled by SIGTERM all the same. Synchronous loops wrap each
+step in :func:`interrupts_deferred`, so a signal lands between steps, never between an
+optimizer step and its bookkeeping.
 """
 
 from __future__ import annotations

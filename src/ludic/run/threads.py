@@ -1,18 +1,11 @@
 """How many CPU threads torch's ops use in a run's process (``RunConfig.torch_threads``).
 
-A run's process does two kinds of CPU work at once: torch's ops (sampling with the
-in-process backend, the update), parallelized over an OpenMP team, and the event loop
-(envs, the agent, chat templates, tokenization, rewards, logging). Torch's default team has
-one thread per usable core; the event loop then takes a core from the team, and every
-parallel op waits at its barrier for the thread the event loop displaced. On 2 cores, a
-step of the demo's model was faster with one thread than with two (``benchmarks/vs_trl.py
-split --cores 0,1 [torch_threads=2]``; figures in ``benchmarks/README.md``). The default
-leaves the event loop a core.
-
-The update of a synchronous run is the exception: the event loop waits for it, and its ops
-(a whole batch's forward and backward) are big enough to gain from every core, which the
-sampler's are not (``RunConfig.update_threads``; ``benchmarks/vs_trl.py split
-update_threads=1``).
+Torch's OpenMP team (sampling in process, the update) shares the CPU with the event loop
+(envs, agent, chat templates, rewards, logging). A team of one thread per core loses a core
+to the event loop, and every parallel op waits at its barrier for the displaced thread, so
+the default leaves the event loop a core (figures in ``benchmarks/README.md``). A
+synchronous run's update is the exception (``RunConfig.update_threads``): the event loop
+waits for it, and its batch-sized ops gain from every core.
 """
 
 from __future__ import annotations

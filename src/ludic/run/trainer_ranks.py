@@ -1,19 +1,12 @@
 """The trainer processes of a ``trainer.world_size > 1`` run (FSDP2 over torch.distributed).
 
-``ludic train`` starts ``world_size`` processes with torchrun (:func:`torchrun_command`);
-each joins the default process group (:func:`join_trainer_group`: NCCL, one GPU per
-process, with ``model.device: cuda``; gloo on CPU). Rank 0 runs the job as a single
-process would (run directory, inference backend, rollouts, evaluation, logs), its Trainers
-built with ``ranks``. The other ranks *follow* (:func:`follow`): they load the same policy,
-build Trainers with the same configs and run the same steps, each receiving the step's
-batch from rank 0 (:mod:`ludic.training.data_parallel`), and join every collective rank 0
-makes: the optimizer steps, the publishes (the weights are gathered on rank 0), the
-checkpoints (``torch.distributed.checkpoint``) and the policy folders rank 0 writes
-(:func:`save_policy`).
-
-With several ranks a checkpoint's ``policy/`` folder (``trainer.checkpoint_policy``) is
-written by rank 0 from the full weights every rank gathers with it, as ``RUN_DIR/policy``
-after each phase (:func:`~ludic.run.export.save_policy`).
+``ludic train`` starts them with torchrun (:func:`torchrun_command`); each joins the process
+group (:func:`join_trainer_group`: NCCL, one GPU each, on ``model.device: cuda``; else
+gloo). Rank 0 runs the job as a single process would, its Trainers built with ``ranks``;
+the others :func:`follow`: the same policy, Trainers and steps, each step's batch from rank
+0 (:mod:`ludic.training.data_parallel`), joining every collective rank 0 makes (optimizer
+steps, publishes, ``torch.distributed.checkpoint`` checkpoints, and the policy folders rank
+0 writes from the gathered weights, :func:`~ludic.run.export.save_policy`).
 """
 
 from __future__ import annotations

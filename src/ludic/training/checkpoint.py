@@ -1,19 +1,12 @@
 """Checkpoints: model, optimizer, scheduler, step, RNG states and trainer extra state.
 
-Layout: ``<dir>/step_00000012/`` holding ``model.pt`` (the full ``model.state_dict()``,
-so plain and peft models alike), ``optimizer.pt``, ``scheduler.pt``, ``rng.pt`` and
-``trainer_state.json`` (``{"step": ..., "extra": {...}}``), plus whatever
-``CheckpointConfig.write_extra`` writes (``ludic train``: ``policy/``, a Hugging Face folder). A checkpoint is written to a
-temporary folder, fsynced and renamed into place, so a crash never leaves a half-written
-``step_*`` folder; only the last ``keep_last`` are kept. Non-finite or exploded weights
-are refused (:func:`ludic.training.optim.parameter_problem`).
-
-**Sharded models** (FSDP2, :mod:`ludic.training.data_parallel`): every rank calls
-``save`` / ``load``. Model and optimizer go through ``torch.distributed.checkpoint``
-into ``dcp/`` instead of ``model.pt`` / ``optimizer.pt`` (each rank writes its shards;
-rank 0 writes the rest and renames the folder into place). DCP reshards on load, so a
-checkpoint resumes at another world size, in a single process too; a ``model.pt``
-checkpoint loads into a sharded model as well.
+Layout: ``<dir>/step_00000012/`` with ``model.pt`` (the full ``state_dict``, plain or peft),
+``optimizer.pt``, ``scheduler.pt``, ``rng.pt``, ``trainer_state.json`` (``step``, ``extra``) and
+what ``CheckpointConfig.write_extra`` writes. Written to a temporary folder, fsynced and renamed
+into place (a crash never leaves half a ``step_*``); only the last ``keep_last`` are kept.
+Non-finite or exploded weights are refused. A sharded (FSDP2) model: every rank calls ``save`` /
+``load``, model and optimizer go through ``torch.distributed.checkpoint`` into ``dcp/``, which
+reshards on load (another world size, one process; a ``model.pt`` loads sharded too).
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """What every ludic trainer shares: the end of an optimizer step, the step counter,
 publishing, checkpoints with resume, and logging.
 
-:class:`TrainingCore` is composed into :class:`~ludic.training.trainer.Trainer` (policy
-RL and SFT) and :class:`~ludic.training.reward_model.trainer.PreferenceTrainer`
-(reward models). Each trainer keeps what is its own (how a batch becomes a loss); the
-core owns the rest, so a fix to the shared part lands in both::
-
-    loss.backward()                                   (the trainer's)
-    grad_norm = core.optimizer_step()                 finite check -> clip -> step -> schedule
-    core.step += 1                                    the step is the published version
-    if core.is_due(publish_every): trainer publishes  (what to publish is the trainer's)
-    core.maybe_checkpoint(extra)                      model, optimizer, schedule, RNGs
-    core.logger.log(core.step, metrics)
-
-Non-finite losses and gradients raise :class:`NonFiniteError` with the optimizer step
-skipped and gradients zeroed; the message names the trainer's config to change.
+:class:`TrainingCore` is composed into ``Trainer`` (policy RL, SFT) and ``PreferenceTrainer``
+(reward models); each trainer keeps how a batch becomes a loss and what to publish. After the
+trainer's ``loss.backward()``: ``core.optimizer_step()`` (finite check, clip, step, schedule),
+``core.step += 1`` (the step is the published version), a publish when
+``core.is_due(publish_every)``, ``core.maybe_checkpoint(extra)``, ``core.logger.log(...)``.
+A non-finite loss or gradient raises :class:`NonFiniteError` (step skipped, gradients zeroed).
 """
 
 from __future__ import annotations

@@ -1,32 +1,12 @@
 """Data-parallel training over torch.distributed ranks, the policy sharded with FSDP2.
 
-One trainer process per rank (``torchrun``, or ``ludic train`` with
-``trainer.world_size``); every rank builds the same :class:`~ludic.training.trainer.Trainer`
-with ``ranks=TrainerRanks.current()``. Rank 0 (the *main* rank) owns the batch source,
-the loggers and the publisher; each step:
-
-1. rank 0 takes the step's batch (filters, staleness and ``preprocess`` applied) and
-   broadcasts it to the other ranks in the pipeline's wire format
-   (:mod:`ludic.training.batching.wire`: JSON header + raw arrays, never pickle);
-2. the items are dealt to the ranks (:func:`split_items`: longest first, in a snake, so
-   each rank gets about the same number of tokens); each rank runs forward + backward on
-   its items only, with the normalizers (``num_sequences``, ``num_action_tokens``) of the
-   *whole* mini-batch. Every loss is a sum of per-token / per-sequence terms over those
-   global normalizers, so the ranks' losses add up to the single-process loss, and FSDP2's
-   reduce-scatter *sums* the gradients (divide factor 1, SUM reductions);
-3. FSDP2 runs a collective in every forward and backward, so every rank must run as many
-   micro-batches as the busiest one: a rank with fewer runs *padding* micro-batches (a
-   real item, its loss times 0) that add nothing to the gradient;
-4. losses, stats and token counts are summed over ranks for rank 0's log; the optimizer
-   step (clipping by the global norm: ``DTensor`` norms are global) runs on every rank.
-
-Publishing gathers the full weights on rank 0 (``DTensor.full_tensor``, a collective per
-tensor on every rank), which then publishes them as a single process would: to one
-server or to a pool of them. Checkpoints go through ``torch.distributed.checkpoint`` (see
-:mod:`ludic.training.checkpoint`), so a run resumes at another world size.
-
-The reference model (KL losses) is not sharded: each rank holds a full frozen copy and
-scores its own items.
+One trainer process per rank (``torchrun``, or ``ludic train`` with ``trainer.world_size``), each
+building the same ``Trainer`` with ``ranks=TrainerRanks.current()``. Rank 0 owns the batch
+source, loggers and publisher and broadcasts each step's batch in the wire format
+(:class:`BatchChannel`); :func:`split_items` deals the items; each rank's loss uses the whole
+mini-batch's normalizers and FSDP2 sums the gradients; a rank with fewer micro-batches runs
+padding ones (loss x 0). :func:`shard_policy` shards; rank 0 publishes :func:`gathered` weights.
+Checkpoints are :mod:`ludic.training.checkpoint`'s; a reference model is not sharded (full copies).
 """
 
 from __future__ import annotations

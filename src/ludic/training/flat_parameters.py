@@ -1,15 +1,11 @@
 """Keep a model's parameters back to back in one flat buffer per (device, dtype).
 
-Weight sync moves a chunk of many small tensors as one contiguous payload. When the
-tensors already lie back to back in memory, the broadcast sender moves them where they
-are; otherwise it first copies them into a pack buffer (``contiguous_bytes`` in
-``ludic.distributed.weight_transfer.packing``). On CPU that copy competes with the
-transfer for the same cores: for 2000 tensors of 4 to 64 KiB it is most of the gap to a
-bare broadcast (``benchmarks/README.md``). Megatron-LM and DeepSpeed keep contiguous
-parameter buffers for the same reason: one collective over one buffer.
-
-Only the storage changes: every ``Parameter`` object stays the same object with the same
-values, so optimizers built before or after see the same parameters.
+A weight sync moves tensors that lie back to back where they are; others are first copied into
+a pack buffer (``ludic.distributed.weight_transfer.packing``), which on CPU competes with the
+transfer for the same cores (``benchmarks/README.md``). Megatron-LM and DeepSpeed keep
+contiguous parameter buffers for the same reason. :func:`flatten_parameters` changes only the
+storage: every ``Parameter`` stays the same object with the same values, so optimizers built
+before or after see the same parameters. Sharded (FSDP2) parameters are refused.
 """
 
 from __future__ import annotations

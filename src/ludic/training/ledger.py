@@ -1,27 +1,12 @@
-"""The token ledger: where every generated completion token went, cumulative over a run.
+"""The token ledger: where every generated completion token went, cumulative over a run::
 
     generated = trained + dropped_stale + dropped_filter + dropped_reward + aborted + in_flight
 
-* ``generated``: completion tokens the policy sampled for training batches (by the batch
-  source, counted as each batch is made, whether or not it is ever handed out);
-* ``trained``: tokens of items the Trainer trained on (with a reward);
-* ``dropped_stale``: of items older than ``max_staleness`` allows;
-* ``dropped_filter``: of items a sample filter dropped (the source's or the Trainer's),
-  and of turns that made no item;
-* ``dropped_reward``: of items whose reward failed (the reward loop dropped their group:
-  they go through the update with weight 0);
-* ``aborted``: generated and thrown away: a completion restarted after a weight update
-  (``partial_rollouts: restart``), a batch generated ahead and discarded at the end of
-  training or lost with a crash;
-* ``in_flight``: in batches made but not yet handed to the Trainer.
-
-A batch source writes what it generated for each batch in ``batch.meta``
-(:data:`SOURCE_KEYS`: generated, and of it aborted and dropped by the source); the Trainer
-accounts for the
-rest and checks the identity after every step (:meth:`TokenLedger.check`: a
-:class:`LedgerError` naming the difference). A source that generates ahead
-(``AsyncBatchSource``) reports its totals through :class:`~ludic.training.types.
-LedgerSource`, so the check also covers what was made but not handed out.
+(each term: docs/async.md). A batch source writes what it generated for each batch in
+``batch.meta`` (:data:`SOURCE_KEYS`: generated, and of it aborted and dropped by the source);
+the Trainer accounts for the rest and checks the identity after every step
+(:meth:`TokenLedger.check`: a :class:`LedgerError` naming the difference). A source that
+generates ahead (``AsyncBatchSource``) reports its totals through ``types.LedgerSource``.
 """
 
 from __future__ import annotations

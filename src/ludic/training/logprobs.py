@@ -1,32 +1,12 @@
 """Next-token logprobs and entropy from a causal LM's hidden states, a chunk of tokens at
 a time, so the ``[tokens, vocab]`` float32 logits never exist in full.
 
-For hidden states ``h_n`` [N, H], an output head ``W`` [V, H] (+ bias ``b``) and the
-tokens ``y_n`` they predict::
-
-    z_n     = W h_n + b                         logits of token n       [V]
-    lse_n   = log sum_v exp z_nv
-    logp_n  = z_n[y_n] - lse_n                  log pi(y_n | prefix)
-    H_n     = lse_n - sum_v p_nv z_nv           entropy, p_n = exp(z_n - lse_n)
-
-:func:`chunked_token_logprobs` computes these ``chunk_tokens`` rows at a time and keeps
-only ``h``, ``lse`` and ``H`` for the backward pass, which recomputes each chunk's
-logits and forms the exact gradient::
-
-    dL/dz_n = g_n (onehot(y_n) - p_n)  -  e_n p_n (log p_n + H_n)
-    dL/dh_n = W^T dL/dz_n,   dL/dW = sum_n dL/dz_n h_n^T,   dL/db = sum_n dL/dz_n
-
-(``g_n`` = dL/dlogp_n and ``e_n`` = dL/dH_n, the upstream gradients). With a per-token
-``logit_scale`` ``s_n`` (``1 / T``: the policy at temperature ``T``) the logits are
-``z_n = s_n (W h_n + b)`` and the gradients above are multiplied by ``s_n`` before they
-reach ``h``, ``W`` and ``b``. Peak memory is a
-few ``[chunk_tokens, V]`` float32 blocks instead of several ``[N, V]`` ones (a 0.5B
-Qwen2.5 model: V = 151,936, so 8 x 2048 tokens of float32 logits take 10 GB). The cost is
-one more head matmul in the backward pass, the same trade as Liger's fused linear
-cross-entropy (which, knowing its loss, can fold the backward into the forward instead).
-
-Under ``torch.autocast`` the head matmul runs in the autocast dtype, as the model's own
-``lm_head`` would; the softmax is always in float32 (float64 for a float64 model).
+Logits ``z_n = s_n (W h_n + b)`` (``s_n``: ``logit_scale``, ``1 / T``), ``logp_n = z_n[y_n] -
+lse_n``, entropy ``H_n = lse_n - sum_v p_nv z_nv``. :func:`chunked_token_logprobs` keeps ``h``,
+``lse``, ``H``; its backward recomputes each chunk's logits for the exact ``dL/dz_n = g_n
+(onehot(y_n) - p_n) - e_n p_n (log p_n + H_n)`` (``g_n``, ``e_n``: upstream gradients of
+``logp_n``, ``H_n``), times ``s_n`` on to ``h``, ``W``, ``b``: one more head matmul, as in Liger's
+fused linear cross-entropy. Autocast: head in the autocast dtype, softmax in float32 (or float64).
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """Padding-free packing: a micro-batch's sequences laid end to end in rows.
 
-A right-padded micro-batch of ``B`` sequences runs ``B * T_max`` tokens through the model,
-however short most sequences are. Packed, the sequences are placed first-fit, longest
-first, into rows of at most ``row_len`` tokens, each sequence's ``position_ids``
-restarting at 0, and no attention mask: Hugging Face models read a restart of the
-position ids as the start of a new sequence, and attend within it only (flash-attention's
-varlen kernel on GPU, a block-diagonal causal mask with sdpa/eager on CPU). The model runs
-``R * row_len`` tokens, close to the real ``sum(lengths)``.
-
-``row_len`` defaults to the longest sequence: with a dense (sdpa/eager) mask, attention
-costs ``row_len^2`` per row, so rows longer than the longest sequence would cost more
-than padding saves. With flash-attention, which skips across sequences, one row of the
-whole budget is best (the trainer picks that, see ``Trainer``).
+Padded, ``B`` sequences run ``B * T_max`` tokens. Packed (:func:`pack_rows`), they go first-fit,
+longest first, into rows of at most ``row_len`` tokens, ``position_ids`` restarting at 0 per
+sequence, no attention mask: Hugging Face models read the restart as a new sequence (varlen
+attention per sequence, or a block-diagonal causal mask with sdpa/eager). ``row_len`` defaults
+to the longest sequence, since a dense mask costs ``row_len^2`` per row; with attention per
+sequence one row of the whole budget is best (the ``Trainer`` picks). Running the model on the
+rows is :mod:`ludic.training.token_scores`'s; per-sequence sdpa is ``varlen_attention``'s.
 """
 
 from __future__ import annotations

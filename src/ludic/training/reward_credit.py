@@ -1,24 +1,12 @@
-"""Credit from a learned reward model (docs/design.md, "Reward models"), in two parts.
+"""Credit from a learned reward model (docs/reward-models.md), in two parts.
 
-1. :class:`RewardModelScorer` is a :class:`~ludic.training.types.RolloutHook`: after a
-   batch is generated it scores every rollout (or every turn) with ONE
-   ``RewardModelClient.score_batch`` call and writes the scores into ``rollout.meta``.
-2. :class:`RewardModelCreditAssigner` is a synchronous
-   :class:`~ludic.training.types.CreditAssigner` that combines those scores with the env
-   rewards into per-turn weights.
-
-Keeping the (async, remote) scoring out of the credit assigner leaves the
-``CreditAssigner`` contract synchronous and lets one hook serve any assigner.
-
-Rollout meta written by the scorer and read by the assigner:
-
-* ``meta["rm_scores"]`` (:data:`RM_SCORES_KEY`): one entry per turn of
-  ``rollout.turns()``: the turn's reward-model score (a float) or ``None`` where the
-  turn was not scored. With ``per_turn=False`` only the last turn that has agent steps
-  (normally the last turn) is scored; with ``per_turn=True`` every turn with agent steps
-  is. Turns without agent steps (no completion to judge) are never scored.
-* ``meta["rm_model_version"]`` (:data:`RM_VERSION_KEY`): the reward model's version
-  when scoring started (``client.get_model_version()``), if the client has that method.
+:class:`RewardModelScorer`, a ``RolloutHook``, scores every rollout (or turn) of a batch in ONE
+``RewardModelClient.score_batch`` call and writes the scores into ``rollout.meta``;
+:class:`RewardModelCreditAssigner`, a synchronous ``CreditAssigner``, combines them with the env
+rewards into per-turn weights. Keeping the async, remote scoring out of the assigner keeps that
+contract synchronous and lets one hook serve any assigner. Meta: :data:`RM_SCORES_KEY` (a float
+or ``None`` per turn of ``rollout.turns()``; turns without agent steps are never scored) and
+:data:`RM_VERSION_KEY` (the reward model's version when scoring started, if the client has one).
 """
 
 from __future__ import annotations

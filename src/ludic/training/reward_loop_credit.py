@@ -1,24 +1,12 @@
-"""Credit from the reward loop (:mod:`ludic.rewards`): a rollout's score from
-``meta["reward_loop"]`` (written by the ``RewardLoop`` rollout hook), combined with its env
-return, handed to any credit assigner.
+"""Credit from the reward loop (:mod:`ludic.rewards`): a rollout's score ``s`` from
+``meta["reward_loop"]`` (the ``RewardLoop`` hook's) combined with its env return ``R_env``::
 
-For rollout i with env return R_env and reward-loop score s::
+    replace: R = s    add: R = R_env + s    weighted: R = weight * R_env + (1 - weight) * s
 
-    replace:  R = s
-    add:      R = R_env + s
-    weighted: R = weight * R_env + (1 - weight) * s
-
-The ``inner`` credit assigner (an algorithm preset's: GRPO's group-normalized return,
-REINFORCE's return-to-go, ...) then sees each rollout with return R: the difference
-R - R_env is added to the reward of its last environment step. Without ``inner``:
-``GroupNormalizedReturn(group_size, eps)`` with ``group_normalize`` (GRPO: A_i = (R_i -
-mean_g R) / (std_g R + eps)), else ``EpisodicReturn`` (every turn gets R_i).
-
-A rollout the reward loop dropped (score ``None``: its reward function failed and the
-manager has no fallback) trains on nothing: weight 0 for all its turns; with a
-group-relative ``inner`` (one with a ``group_size``) its whole group gets 0 too, since
-the group's baseline is unknown without it. Never a silent 0 reward: the group is out,
-and ``dropped_groups`` counts it.
+then handed to the ``inner`` credit assigner (a preset's) as a rollout whose last env step
+carries ``R - R_env``; without ``inner``: ``GroupNormalizedReturn`` with ``group_normalize``
+(GRPO), else ``EpisodicReturn``. A rollout the loop dropped (score ``None``) gets weight 0, as
+does its group with a group-relative ``inner`` (no baseline; ``dropped_groups``): never a silent 0.
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
 """The bias audit: are the samples a run drops unlike the ones it trains on?
 
-Dropping stale or filtered samples is not neutral: long completions take longer to
-generate, so they are the ones most likely to go stale, and a run that drops them trains
-on a population shifted toward short answers without saying so. :class:`SampleAudit`
-keeps, cumulatively over the run, the count and the mean prompt length, completion length
-and reward of the items the Trainer trained on and of those dropped (stale, by the
-sample filter, by a batch source before the Trainer saw them, or trained with weight 0
-because their reward failed), logged every step as ``audit/<trained|dropped>_<field>``, and says when
-dropped completions are on average more than :data:`LONGER_DROPS` times longer than
-trained ones (:meth:`SampleAudit.warning`; the rule, on the logged metrics, is
-:func:`longer_drops`, which the run's plot shares).
+Long completions take longer to generate, so they go stale most, and a run that drops them
+trains on a population shifted toward short answers without saying so. :class:`SampleAudit`
+keeps, over the run, the count and mean prompt length, completion length and reward of the items
+trained and dropped (stale, filtered, dropped by a source, or weight 0 after a failed reward),
+logged every step as ``audit/<trained|dropped>_<field>``, and warns (:meth:`SampleAudit.warning`)
+when dropped completions average over :data:`LONGER_DROPS` times the trained ones' length (the
+rule, on logged metrics, is :func:`longer_drops`, which the run's plot shares).
 """
 
 from __future__ import annotations

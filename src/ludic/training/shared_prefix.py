@@ -1,38 +1,12 @@
 """A training forward pass that runs a prompt shared by several rows only once.
 
-A GRPO batch holds every prompt ``group_size`` times; a plain forward pass runs each copy
-through the model. Here the rows are grouped by their prefix, the tokens before their
-first action token (the prompt, the same for every sample of a group):
-
-1. the distinct prefixes are run once, right-padded, with a KV cache;
-2. the cache is expanded to one entry per row (``index_select``, differentiable);
-3. each row's suffix (its completion, and any later turns) runs on top of its prefix's
-   cache, with position ids continuing from the prefix's length;
-4. the outputs (logits, or the decoder's hidden states) are read at the positions asked
-   for (:func:`shared_prefix_outputs`: the scored ones only) or laid back out as the plain
-   forward's ``[B, T, D]`` (:func:`shared_prefix_forward`): a row's prefix positions from
-   its prefix's outputs, the rest from its suffix's.
-
-A Llama-shaped decoder (:func:`ludic.models.lean_layers.training_problem` says which) runs
-through :class:`~ludic.models.lean_layers.LeanLayers` when hidden states are asked for: the
-prefix and suffix tokens go through the norms, projections and MLPs together, one
-``[G·P + B·S, H]`` tensor, and only the attention is run per part (the prefix causally, each
-suffix over its prefix's keys and its own); other models run their own forward twice, the
-suffix on a ``DynamicCache`` of the prefix.
-
-Rows are gathered with :class:`_Rows`, an ``index_select`` whose backward adds the
-gradient of each row into its source row after making it contiguous (torch's own backward
-of ``index_select`` adds from the strided gradient a cache concatenation hands back, about
-ten times slower on CPU).
-
-Every logit equals the plain forward's up to float rounding, and so do the gradients:
-the gradient of the shared prefix is the sum of what each row sends back through the
-cache, as it is when the prefix is run once per row. The model runs ``G·P + B·S`` tokens
-instead of ``B·(P + S)`` (G distinct prefixes of length P, B rows with suffixes of
-length S): ``B / G`` times fewer on the prompt, the usual bulk of a GRPO batch.
-
-Works with any Hugging Face causal LM that takes ``position_ids`` and a ``DynamicCache``
-(``past_key_values``), as decoder-only models do.
+Rows are grouped by prefix, the tokens before the first action token
+(:func:`plan_shared_prefixes`): the ``G`` distinct prefixes run once with a KV cache, expanded to
+one entry per row, and each row's suffix runs on it; outputs are read at the scored positions
+(:func:`shared_prefix_outputs`) or as the plain ``[B, T, D]`` (:func:`shared_prefix_forward`). A
+Llama-shaped decoder runs through ``ludic.models.lean_layers.LeanLayers``; other models run their
+own forward twice. Logits and gradients equal the plain forward's up to rounding, for ``G·P +
+B·S`` tokens instead of ``B·(P + S)``. Needs a causal LM taking ``position_ids`` and a cache.
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
-"""The training forward pass: a micro-batch in, the logprobs (and entropy) of its action
-tokens out, in the ``[B, T-1]`` layout of ``LossInputs``.
+"""The training forward pass (:func:`score_tokens`): the logprobs (and entropy) of a
+micro-batch's action tokens, ``[B, T-1]`` as in ``LossInputs``, equal in every layout and mode.
 
-Three stages:
-
-1. **Run the model** on the micro-batch laid out one of three ways (the one that runs
-   the fewest tokens): right-padded ``[B, T]``; a shared prompt run once per group
-   (:mod:`~ludic.training.shared_prefix`); or packed without padding
-   (:mod:`~ludic.training.packing`). With ``logprobs="chunked"`` (the default) only the
-   model's decoder runs, giving hidden states; with ``"full"`` the whole model runs,
-   giving logits over the vocabulary.
-2. **Gather** the outputs at the scored positions only: position ``t`` of sequence ``b``
-   where ``action_mask[b, t]`` is 1 (it predicts action token ``t + 1``). Prompt tokens
-   and padding never reach the output head.
-3. **Score**: ``chunked`` applies the output head a chunk of tokens at a time
-   (:func:`~ludic.training.logprobs.chunked_token_logprobs`), so ``[tokens, V]`` float32
-   logits never exist in full; ``full`` takes ``log_softmax`` of the gathered logits.
-   The results are scattered back to ``[B, T-1]``, 0.0 off the action mask. An item
-   sampled at temperature ``T`` (``CollatedBatch.logprob_temperature``) is scored under
-   ``softmax(logits / T)``, the policy that sampled it.
-
-Every layout and both modes give the same logprobs, entropies and gradients up to float
-rounding (tests compare them in float64).
+1. Run the model on the layout that runs the fewest tokens: right-padded, a shared prompt once
+   per group (:mod:`~ludic.training.shared_prefix`) or packed (:mod:`~ludic.training.packing`);
+   ``logprobs="chunked"`` runs the decoder (hidden states), ``"full"`` the whole model (logits).
+2. Gather the scored positions only (``action_mask``): prompt and padding never reach the head.
+3. Score (:mod:`~ludic.training.logprobs` chunk by chunk, or ``log_softmax``) under
+   ``softmax(logits / T)`` for an item sampled at ``T``; scatter back, 0.0 off the mask.
 """
 
 from __future__ import annotations

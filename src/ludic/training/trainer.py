@@ -4,10 +4,9 @@ An algorithm is ``RLAlgorithm`` = credit assigner (already applied by the batch 
 + ``loss`` (+ optional ``preprocess``). :meth:`Trainer.train_step` runs named stages in
 order: next batch -> select (``step_selection``: filter, staleness, preprocess) -> update
 (``policy_update``: mini-batches, micro-batches, loss, backward, optimizer) -> publish
-(every ``publish_every`` steps, version = step) -> account (``step_books``: token ledger,
-bias audit, metrics) -> log -> acknowledge (a Redis source's batches) -> checkpoint.
-``trainer.step`` counts trainer steps and is the policy version. :meth:`train_async` runs
-with an asynchronous source (spec 4): generation keeps going while the step trains.
+(every ``publish_every`` steps, version = ``trainer.step``) -> account (``step_books``:
+token ledger, bias audit, metrics) -> log -> acknowledge (a Redis source's) -> checkpoint.
+:meth:`train_async` keeps an asynchronous source generating while the step trains.
 """
 
 from __future__ import annotations
@@ -60,6 +59,7 @@ from ludic.training.types import (  # noqa: F401 (EmptyBatchError re-exported)
     ConcurrentBatchSource,
     DataExhausted,
     EmptyBatchError,
+    SAWBatch,
     TrainingAlgorithm,
     check_batch_source,
 )
@@ -130,7 +130,8 @@ class Trainer(HasTrainingCore):
         self.publisher = publisher if self.main else None
         self._publishes = self._agreed(publisher is not None)
         concurrent = self._agreed(isinstance(batch_source, ConcurrentBatchSource))
-        self._acknowledging = isinstance(batch_source, AcknowledgingBatchSource) and self.main
+        acknowledging = isinstance(batch_source, AcknowledgingBatchSource) and self.main
+        self._acknowledging = batch_source if acknowledging else None  # a Redis learner's
         self.books = StepBooks(batch_source, metric_reducers)
         self.selector = StepSelector(
             batch_source, algorithm, self.books, sample_filter, config.max_staleness, concurrent
@@ -233,25 +234,13 @@ class Trainer(HasTrainingCore):
         result = await self._compute(self._update, selection)
         t_publish = time.perf_counter()
         self.step += 1
-        if self._publishes and self.core.is_due(self.config.publish_every):
-            await self._compute(self.publish_policy)
-        self._announce_version()
-        timing = self.books.timing(
-            started, waited, t_publish - t_update, time.perf_counter() - t_publish,
-            selection.raw_batches,
-        )  # fmt: skip
+        await self._publish_if_due()
+        train_s, sync_s = t_publish - t_update, time.perf_counter() - t_publish
+        timing = self.books.timing(started, waited, train_s, sync_s, selection.raw_batches)
         metrics = self._account(selection, result, timing)
-        with timed("logging"):
-            self.logger.log(self.step, metrics)
-        self.books.warn_once(self.step)
-        if self._acknowledging:  # a Redis learner's acks
-            for raw in selection.raw_batches:
-                self.batch_source.mark_trained(raw)  # type: ignore[attr-defined]
-        # After the log: a checkpoint never gets ahead of its step's metrics line.
-        with timed("checkpoint"):
-            checkpointed = self.core.maybe_checkpoint(self._checkpoint_extra) is not None
-        if checkpointed:
-            self._checkpointed()
+        self._log(metrics)
+        self._acknowledge(selection.raw_batches)
+        self._checkpoint_if_due()  # after the log: never ahead of its step's metrics line
         return metrics
 
     async def _next_batch(self) -> Selection:
@@ -292,6 +281,13 @@ class Trainer(HasTrainingCore):
         finally:
             torch.set_num_threads(before)
 
+    async def _publish_if_due(self) -> None:
+        """Publish the weights every ``publish_every`` steps, then tell an asynchronous
+        source the version the inference side now serves."""
+        if self._publishes and self.core.is_due(self.config.publish_every):
+            await self._compute(self.publish_policy)
+        self._announce_version()
+
     def _account(
         self, selection: Selection, result: StepResult, timing: dict[str, float]
     ) -> dict[str, float]:
@@ -299,6 +295,23 @@ class Trainer(HasTrainingCore):
         ledger), and its metrics."""
         self.books.trained(selection.batch.items, self.step, close_ledger=self.main)
         return self.books.metrics(self.step, selection.batch, result, selection.metrics, timing)
+
+    def _log(self, metrics: dict[str, float]) -> None:
+        with timed("logging"):
+            self.logger.log(self.step, metrics)
+        self.books.warn_once(self.step)
+
+    def _acknowledge(self, raw_batches: Sequence[SAWBatch]) -> None:
+        """Tell an acknowledging (Redis) source that its batches are trained."""
+        if self._acknowledging is not None:
+            for raw in raw_batches:
+                self._acknowledging.mark_trained(raw)
+
+    def _checkpoint_if_due(self) -> None:
+        with timed("checkpoint"):
+            checkpointed = self.core.maybe_checkpoint(self._checkpoint_extra) is not None
+        if checkpointed:
+            self._checkpointed()
 
     # ---------------------------------------------------------------- the loop
     async def train(self, num_steps: int) -> list[dict[str, float]]:
@@ -384,8 +397,8 @@ class Trainer(HasTrainingCore):
 
     def _checkpointed(self) -> None:
         """A checkpoint of this step is on disk: tell an acknowledging source."""
-        if self._acknowledging:
-            self.batch_source.on_checkpoint(self.step)  # type: ignore[attr-defined]
+        if self._acknowledging is not None:
+            self._acknowledging.on_checkpoint(self.step)
 
     def _checkpoint_extra(self) -> dict[str, Any]:
         return {

@@ -1,21 +1,12 @@
-"""Attention over packed sequences without a mask: each sequence of a packed row attends
-within itself through its own causal ``scaled_dot_product_attention`` call.
+"""Attention over packed sequences without a mask: one causal sdpa call per sequence of a row.
 
-A packed row run with plain sdpa needs a block-diagonal causal mask over the whole row:
-``L^2`` scores per head however short its sequences, and a masked sdpa misses the fast
-causal kernels. Flash-attention's varlen kernel (GPU) solves this with the sequences'
-boundaries (``cu_seq_lens``); this module does the same for sdpa, on any device, by
-registering the attention implementation :data:`VARLEN_SDPA` with Hugging Face
-transformers:
-
-* given ``cu_seq_lens_q`` (the packed forward passes it, as for flash-attention), it runs
-  one causal sdpa call per sequence: ``sum L_i^2`` scores, no mask;
-* otherwise (a padded or cached forward) it is exactly transformers' sdpa, with the same
-  masks (the mask function registered alongside is sdpa's).
-
-So a model switched to it (:func:`use_varlen_sdpa`) computes what it computed before, in
-every forward. The trainer switches a policy whose implementation is ``sdpa`` when
-packing is on.
+A packed row under plain sdpa needs a block-diagonal causal mask: ``L^2`` scores per head, and
+no fast causal kernel. As flash-attention's varlen kernel does on GPU, but for sdpa on any
+device, this registers the transformers attention implementation :data:`VARLEN_SDPA`: given
+``cu_seq_lens_q`` (the packed forward passes it) it runs one causal sdpa call per sequence
+(``sum L_i^2`` scores); otherwise it is exactly transformers' sdpa, masks included. So a model
+switched to it (:func:`use_varlen_sdpa`) computes what it computed before, in every forward;
+the trainer switches a policy whose implementation is ``sdpa`` when packing is on.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Moving trainer weights into inference workers: extract -> announce -> move -> load.
 
-See ``base.py`` for the contracts and ``broadcast.py`` for the safety protocol. Typical
-trainer side::
-
-    strategy = create_strategy("broadcast", backend="gloo")
-    info = strategy.create_sync_info(master_addr=..., master_port=..., world_size=1 + workers)
-    sender = strategy.create_sender(info)          # after the workers were told to join
-    publisher = BroadcastPolicyPublisher(sender, control, ModelWeightExtractor(dtype=...))
-
-and in each inference worker::
-
-    receiver = strategy.create_receiver(sync_info_from_dict(info_json), rank=rank)
-    loader = VLLMWeightLoader(self.model_runner)
-    loader.load(receiver.receive(receiver.parse_request(request_json)))
+Contracts in ``base.py``, the broadcast safety protocol in ``broadcast.py``, strategies in
+``strategy.py``. The trainer makes ``create_strategy("broadcast", backend="gloo")``, its
+``create_sync_info(master_addr=, master_port=, world_size=1 + workers)`` and, once the workers
+were told to join, ``create_sender(info)`` for a ``BroadcastPolicyPublisher``; each worker makes
+``create_receiver(sync_info_from_dict(info_json), rank=rank)`` and loads what
+``receiver.receive(receiver.parse_request(request_json))`` returns (``VLLMWeightLoader``).
+Publishers live in ``ludic.distributed``; the servers' side in ``ludic.inference.vllm``.
 """
 
 from __future__ import annotations

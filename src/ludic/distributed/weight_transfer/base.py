@@ -1,17 +1,11 @@
-"""The weight-transfer layer's data and contracts (docs/design.md, "Weight transfer"; in ludic's terms: no Ray; the
-control plane is HTTP to the inference server, the data plane a process group or CUDA
-IPC).
+"""The weight-transfer layer's data and contracts (docs/design.md, "Weight transfer").
 
-Flow of one sync::
-
-    WeightExtractor.extract(model)          -> WeightChunk*         (trainer)
-    WeightTransferSender.send(chunks, ctl)  -> per chunk: announce a WeightUpdateRequest
-                                               over the control plane, then move the bytes
-    WeightTransferReceiver.receive(request) -> {name: tensor}       (inference worker)
-    WeightLoader.load(named_tensors)                               (inference worker)
-
-Every request travels as JSON (``to_dict`` / ``request_from_dict``); nothing received
-over a network is ever unpickled.
+No Ray: the control plane is HTTP to the inference server, the data plane a process group or
+CUDA IPC. One sync: ``WeightExtractor.extract(model)`` -> ``WeightChunk`` s (trainer);
+``WeightTransferSender.send(chunks, control)`` announces each chunk's ``WeightUpdateRequest``
+over the control plane, then moves its bytes; ``WeightTransferReceiver.receive(request)`` ->
+``{name: tensor}``, then ``WeightLoader.load`` (inference worker). Requests travel as JSON
+(``to_dict`` / ``request_from_dict``); nothing received over a network is ever unpickled.
 """
 
 from __future__ import annotations

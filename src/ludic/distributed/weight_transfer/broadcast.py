@@ -1,36 +1,12 @@
 """Weight transfer by broadcast over a process group (gloo on CPU, NCCL on GPU).
 
-Per chunk, the trainer (rank 0) and every inference worker (ranks 1..) run::
-
-    trainer                                   every worker
-    -------                                   ------------
-    check the request against the chunk
-    control.announce(request)  ------------>  receive(request) starts (in the background)
-    broadcast header  ---------------------->  compare header with the announced request
-    all_reduce(max) status  <--------------->  all_reduce(max) status (1 = "does not match")
-    status != 0: raise, nothing moves          status != 0: raise, nothing moves
-    broadcast payload  --------------------->  unpack into the announced dtypes/shapes
-
-The header (built in ``packing.py``) describes what the trainer is actually sending. Because
-every rank learns the verdict from the same ``all_reduce`` and skips
-the payload together, a mismatch leaves the group in step: both sides raise
-:class:`WeightTransferError`, the server keeps its current weights and the next update
-over the same group works. A peer that dies or stops answering makes the pending
-collective raise within the group timeout; the group is then unusable and must be rebuilt.
-
-The payload's byte layout (packed pieces or one broadcast per tensor, receive buffers and
-their reuse) lives in ``packing.py``. A chunk is announced in full the first time its
-layout crosses the group and by the layout's id afterwards (``layout.py``); the header is
-the same either way, so an id a worker does not know, or one naming another layout, fails
-the same vote.
-
-``send`` pipelines chunks: chunk ``k+1`` is extracted, checked, announced and packed (into
-the second of two pack buffers) while chunk ``k``'s payload is still moving; within a chunk,
-packing overlaps the handshake, and packed pieces start moving once every worker agreed. A
-piece whose tensors already lie back to back in one storage (parameters kept flat by
-``ludic.training.flat_parameters``) is not copied: it moves from where it is.
-
-Nothing here unpickles anything: requests are JSON and the payload is raw bytes.
+Per chunk the trainer (rank 0) checks the request against the chunk and announces it, then
+broadcasts a header of what it actually sends (``packing.py``); every worker compares it with
+the announced request and all ranks vote (``all_reduce(max)``). A mismatch raises
+:class:`WeightTransferError` on every rank before the payload moves, so the group stays usable;
+a dead peer raises within the group timeout, and the group must be rebuilt. ``send`` prepares
+chunk ``k+1`` while chunk ``k``'s payload moves. Byte layout: ``packing.py``; layouts sent by
+id: ``layout.py``. Nothing is unpickled: requests are JSON, payloads raw bytes.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
-"""Weight transfer by CUDA IPC: trainer and inference worker share a GPU (colocated), and
-the worker reads the trainer's tensors in place instead of receiving a copy.
+"""Weight transfer by CUDA IPC: trainer and inference worker share a GPU (colocated), and the
+worker reads the trainer's tensors in place instead of receiving a copy.
 
-The sender turns each tensor (or, packed, one flat uint8 bucket per chunk) into a CUDA IPC
-handle with ``torch.multiprocessing.reductions.reduce_tensor`` and writes the rebuild
-arguments as a JSON-safe dict (bytes as base64, dtype and classes by name); the worker
-rebuilds the tensor with ``rebuild_cuda_tensor``. Nothing is pickled: the storage and
-tensor classes are looked up by name in a fixed table.
-
-Handles are keyed by the *physical* GPU index (``CUDA_VISIBLE_DEVICES`` resolved), so a
-worker that sees the GPU under another index still finds its handle; it rebuilds on its
-current CUDA device. The sender waits until each chunk is applied
-(``control.wait_until_applied``) before it drops the chunk, which bounds the extra GPU
-memory to one chunk. One trainer process shares the GPU it runs on; sharding the handles
-of several trainer ranks over several GPUs is not implemented.
+Each tensor (or, packed, one flat uint8 bucket per chunk) becomes a CUDA IPC handle
+(``reduce_tensor``) sent as a JSON-safe dict and rebuilt with ``rebuild_cuda_tensor``; nothing
+is pickled (classes are looked up by name in a fixed table). Handles name the *physical* GPU
+(``CUDA_VISIBLE_DEVICES`` resolved). The sender keeps a chunk until it is applied
+(``control.wait_until_applied``): one chunk of extra GPU memory. One trainer process only:
+sharding the handles of several trainer ranks over several GPUs is not implemented.
 """
 
 from __future__ import annotations

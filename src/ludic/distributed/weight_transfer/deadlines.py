@@ -1,14 +1,11 @@
 """Deadlines of a weight sync's stages, derived from the bytes each one moves, and the
 progress a failed sync reports.
 
-A stage that moves ``n`` bytes (a broadcast, the load of what a sync sent) gets
-``base_s + n / FLOOR_BYTES_PER_S``: the fixed allowance of the control plane's round trips
-(the client's ``timeout_s``) plus the time the bytes take at the slowest rate ludic
-accepts before it calls the stage stalled. The floor is far below what any link or loader
-here does (a vLLM CPU worker reloads a Qwen2.5-0.5B-shaped model, 2.4 GB, in about 10 s on
-one core: ~240 MB/s; ``benchmarks/sync_verify.py``), so a slow but working stage is never
-cut short, and a stalled one is named within minutes even for a large model, never left
-to hang.
+A stage that moves ``n`` bytes gets ``base_s + n / FLOOR_BYTES_PER_S``: the control plane's
+round trips (the client's ``timeout_s``) plus the bytes' time at the slowest rate ludic
+accepts. The floor is far below what any link or loader here does (a vLLM CPU worker reloads
+2.4 GB in about 10 s; ``benchmarks/sync_verify.py``), so a slow but working stage is never cut
+short, and a stalled one is named within minutes, never left to hang.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
-"""From a training model to :class:`WeightChunk` s ready to move.
+"""From a training model to :class:`WeightChunk` s ready to move: :class:`ModelWeightExtractor`.
 
-:class:`ModelWeightExtractor` handles the three model kinds a ludic trainer holds:
-
-* a plain ``nn.Module``: its ``state_dict()``;
-* a peft LoRA model: merged out of place by :func:`ludic.distributed.weights.policy_state_dict`
-  (base model names, ``W + delta``, LoRA tensors left out);
-* an FSDP2 model (parameters are ``DTensor`` s): each shard set is gathered with
-  ``DTensor.full_tensor()`` as its chunk is built. ``full_tensor`` is a collective over the
-  trainer's own group, so every training rank must drive the same extraction; ranks that do
-  not send call :func:`gather_full_tensors` instead (``Rank0OnlyPublisher`` does).
-
-Names are kept exactly as ``state_dict`` gives them. Tied weights therefore appear under
-every alias (e.g. ``model.embed_tokens.weight`` *and* ``lm_head.weight``): vLLM's loaders
-expect ``lm_head.weight`` whenever the checkpoint has it and skip it themselves when the
-model ties it, so dropping aliases here would be wrong for untied inference models.
+A plain ``nn.Module`` gives its ``state_dict()``; a peft LoRA model is merged out of place
+(``ludic.distributed.weights.policy_state_dict``: base names, LoRA tensors left out); an FSDP2
+model's shards are gathered chunk by chunk with ``DTensor.full_tensor()``, a collective over
+the trainer's group, so ranks that do not send call :func:`gather_full_tensors` in step.
+Names stay exactly as ``state_dict`` gives them: tied weights appear under every alias
+(``lm_head.weight`` too), since vLLM's loaders skip it themselves where the model ties it and
+need it where it does not.
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
-"""Stateless process groups: the trainer and the inference workers meet without a global
-``torch.distributed.init_process_group``.
+"""Stateless process groups: trainer and inference workers meet without ``init_process_group``.
 
-The trainer is rank 0 and hosts the rendezvous store (a ``TCPStore`` server) at
-``master_addr:master_port``, listening on that address only (a ``TCPStore`` left to bind
-by itself listens on every interface, whatever ``master_addr`` says); inference workers are ranks ``1..world_size-1``. The group is
-built from its parts (``TCPStore`` -> ``PrefixStore`` -> ``ProcessGroupGloo`` /
-``ProcessGroupNCCL``) and is *not* registered with ``torch.distributed``, so it can sit
-next to a trainer's own FSDP/DDP group (or vLLM's groups inside a worker) without touching
-them. Use it through its own methods (``pg.broadcast(t, root).wait()``), never through
-``torch.distributed.broadcast(..., group=pg)``; :func:`broadcast` and
-:func:`all_reduce_max` below do that.
-
-Joining blocks until every rank has joined (gloo connects a full mesh), bounded by
-``timeout_s``: the trainer must trigger the workers' join (e.g. an HTTP call made from a
-background thread) before or while it calls :func:`init_process_group` itself. The same
-timeout bounds every later operation, so a sync whose peer died or stopped answering
-raises instead of hanging.
-
-The store keys live under the prefix ``tcp://{master_addr}:{master_port}``, the same one
-``vllm.distributed.utils.stateless_init_torch_distributed_process_group`` uses, so either
-side may be built with that function instead.
+The trainer is rank 0 and hosts the ``TCPStore`` at ``master_addr:master_port`` (bound to that
+address only); workers are ranks ``1..world_size-1``. The group (gloo or NCCL over a
+``PrefixStore``) is not registered with ``torch.distributed``, so it sits beside FSDP's or
+vLLM's groups: use :func:`broadcast` / :func:`all_reduce_max`, never ``torch.distributed``'s
+functions with ``group=pg``. Joining blocks until every rank joined (the trainer triggers the
+workers' join first or meanwhile); ``timeout_s`` bounds it and every later operation. The store
+keys are vLLM's ``stateless_init_torch_distributed_process_group``'s: either side may use it.
 """
 
 from __future__ import annotations

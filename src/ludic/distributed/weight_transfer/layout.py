@@ -1,22 +1,12 @@
 """A broadcast chunk's layout, derived once from its names, dtypes and shapes, and the
 caches that let a layout travel by reference after its first sync.
 
-Training changes a model's values, not its layout: every sync of an unchanged model
-announces the same chunks. Describing a chunk of thousands of tensors (JSON on the wire,
-parsing, sizes, offsets and the header hash on both sides) costs several microseconds of
-Python per tensor, on every sync. So the first time the trainer sends a chunk over a
-group it announces the chunk in full together with the layout's id (a hash of its names,
-dtypes and shapes); every worker remembers the layout under that id once the handshake
-agreed. Later syncs announce only the id (a *layout reference*) and both sides reuse what
-they derived.
-
-Safety is unchanged: the header the trainer broadcasts still carries the hash of what it
-actually sends, and a worker compares it with the layout the id names. A reference to a
-layout a worker does not know (a rebuilt worker, a tampering control plane) is rejected in
-the handshake like any other mismatch: nothing moves, nothing is loaded.
-
-Both caches live as long as the sender and receivers, that is as long as their process
-group: a rebuilt group starts with empty caches on every side.
+Describing a chunk of thousands of tensors costs microseconds of Python per tensor on both
+sides, and training changes values, not layouts. So a chunk is announced in full with its
+layout id (a hash of names, dtypes and shapes) the first time it crosses a group, and by id
+alone afterwards. The broadcast header still carries the hash of what is sent, so an unknown
+or wrong id fails the handshake like any mismatch. The caches live as long as the sender,
+receivers and their group: a rebuilt group starts empty.
 """
 
 from __future__ import annotations

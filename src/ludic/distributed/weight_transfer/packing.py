@@ -1,23 +1,12 @@
-"""Byte layout of broadcast weight payloads: piece cuts, packing tensors into flat uint8
-buffers and unpacking them, receive buffers, and the header both sides compare.
+"""Byte layout of broadcast weight payloads: piece cuts, packing and unpacking, receive buffers,
+and the header both sides compare (int64s: tensor count, bytes, flags, version, a layout hash).
 
-The header is a few int64s describing what the trainer is actually sending (tensor count,
-total bytes, packed flag, version, last flag and a 63-bit hash of the JSON of names, dtypes
-and shapes); see ``broadcast.py`` for how it is compared.
-
-Payload:
-
-* ``packed=True`` (chunks of several small tensors): the tensors' bytes concatenated in
-  order into one flat uint8 buffer, moved in pieces of about ``PIECE_BYTES`` cut at tensor
-  boundaries, so the worker unpacks each piece while the next one moves.
-* ``packed=False`` (one tensor, or large ones): one broadcast per tensor, straight from
-  the trainer's tensor (no copy); in a receive buffer each starts at a multiple of
-  ``ALIGN_BYTES``.
-
-Workers receive into a flat buffer and return views into it (a copy only for a tensor whose
-offset in a packed buffer is misaligned for its dtype). Receive buffers are reused once
-nothing views them any more: load (copy) the tensors and drop them, and the next chunk
-lands in the same memory without new page faults.
+``packed=True`` (chunks of small tensors): the bytes concatenated into one flat uint8 buffer,
+moved in pieces of about ``PIECE_BYTES`` cut at tensor boundaries, each unpacked while the next
+moves. ``packed=False``: one broadcast per tensor, straight from the trainer's tensor, each at
+a multiple of ``ALIGN_BYTES`` in the receive buffer. Workers return views into the buffer (a
+copy only where misaligned for the dtype); a buffer is reused once nothing views it, so load
+(copy) the tensors and drop them. How the header is compared: ``broadcast.py``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Transfer strategies: which sender, receiver and sync info go together.
 
-* ``broadcast``: bytes move over a process group of the trainer and every inference
-  worker; ``backend="gloo"`` for CPU tensors, ``"nccl"`` for GPU. Works across hosts.
-* ``cuda_ipc``: the trainer and the server share a GPU; one CUDA IPC handle per tensor.
-* ``packed_cuda_ipc``: same, with one handle per chunk (the chunk copied into one bucket).
-
-The trainer calls ``create_sync_info`` and ``create_sender``; the sync info travels to the
-inference workers as JSON (``sync_info.to_dict()`` -> :func:`sync_info_from_dict`), and each
-worker calls ``create_receiver(sync_info, rank=...)``. For ``broadcast`` the sender and all
-receivers block in their ``create_*`` call until every rank has joined (bounded by
-``timeout_s``), so the trainer must start the workers' join before or while it creates
-its sender.
+``broadcast``: a process group of the trainer and every worker (``gloo`` for CPU tensors,
+``nccl`` for GPU; across hosts). ``cuda_ipc``: trainer and server share a GPU, one handle per
+tensor; ``packed_cuda_ipc``: one per chunk. The trainer calls ``create_sync_info`` and
+``create_sender``; the sync info reaches workers as JSON (:func:`sync_info_from_dict`) and each
+calls ``create_receiver(sync_info, rank=...)``. For ``broadcast`` every ``create_*`` blocks
+until all ranks joined (``timeout_s``): start the workers' join before creating the sender.
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
 """Verifying a weight sync: every server holds, as loaded, what the trainer sent.
 
-The checksum of a tensor is the sum of its elements read as signed integers of the
-element's own width (a float32 as an int32, a bfloat16 as an int16), added with wrap-around
-in that width; for 1- and 2-byte dtypes also the sum of their squares, so that a checksum
-always holds at least 32 bits. It is exact (no tolerance: any changed bit shows, but for
-changes that cancel) and it does not depend on where an element sits, so it survives the
-loader's own transforms: vLLM fuses ``q_proj``/``k_proj``/``v_proj`` into one
-``qkv_proj`` (the fused checksum is the parts' added), pads the vocabulary with zero rows
-(zeros add nothing) and, with tensor parallelism, splits a tensor over workers (the
-shards' checksums add up to the tensor's). What it cannot see, a permutation inside a
-tensor, is what the canary (a fixed prompt's logprobs, ``ludic.inference.vllm.canary``) is
-for. Each sum reads the tensor once where it lives, at memory speed (about 30 GB/s on
-this machine's CPU for float32; ``benchmarks/sync_verify.py``).
-
-A sync is checked at two points:
-
-* **received**: each worker's checksum of every tensor it received (in the wire dtype)
-  against the trainer's of what it sent. A tensor sent and not received, or received
-  different, fails here.
-* **loaded**: each worker's checksum of each served parameter the sync wrote, read back
-  after the load (on a CPU worker: just before vLLM pre-packs it), against the checksums of
-  the received parts cast to the parameter's dtype. A loader that changes a value or skips
-  a tensor fails here.
-
-Worker reports are JSON (see :func:`make_report`); :func:`check_reports` raises
-:class:`SyncVerificationError` naming the server, the worker, the tensor and the version.
+A tensor's checksum sums its elements read as signed integers of their own width, wrapping in
+that width (plus their squares for 1- and 2-byte dtypes): exact, and blind to an element's
+place, so it survives vLLM's fused ``qkv_proj``, padded vocabularies and tensor-parallel
+shards; permutations are the canary's (``ludic.inference.vllm.canary``). Checked **received**
+(each worker's sums of what arrived against the trainer's of what it sent) and **loaded** (each
+parameter the sync wrote, read back, against the received parts cast to its dtype). Reports
+are JSON (:func:`make_report`); :func:`check_reports` raises :class:`SyncVerificationError`.
 """
 
 from __future__ import annotations

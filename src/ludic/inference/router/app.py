@@ -1,31 +1,12 @@
 """The router's HTTP side: one address over N servers (an ASGI app, served by uvicorn).
 
-Routes:
-
-* ``GET /health`` (open): ``{"status": "ok", "type": "router", "healthy": n, "backends":
-  N}``; 503 while no backend is healthy.
-* ``GET /router/backends``: each backend's URL, health, in-flight and served counts,
-  models and last error.
-* ``GET /v1/models``: the union of the backends' models.
-* the data routes (:data:`DATA_ROUTES`: completions, chat completions, ``/score``,
-  ``/classify``, ``/pooling``, ``/tokenize``, ...): forwarded as they are to the least
-  busy healthy backend that serves the path (and the body's ``model``, when it names one).
-  The answer (status, body, ``x-ludic-*`` headers) comes back unchanged, plus
-  ``x-ludic-backend`` naming the backend that gave it.
-
-A request that fails on a backend before an answer (the connection is refused or breaks,
-the backend times out, or answers 502/503/504) is sent to another backend that has not
-had it yet; the failed one takes no new requests until its next health check passes.
-A success (2xx) whose body is not a JSON object (every data route answers one) is no
-answer either: it goes to another backend too, and is never passed on as a 200.
-When every candidate failed, the router answers 502 naming them. Other statuses (a 400
-for a bad body, a 401) are the backend's answer and pass through: sending them elsewhere
-would get the same.
-
-Control routes (weight sync, pause, ...) are not forwarded (404): they belong to one
-server each, and a trainer calls them on every server itself. Streaming responses
-(``"stream": true``) are refused with 400: each answer is read whole before it is passed
-on, which is what makes a retry on another backend safe.
+The data routes (:data:`DATA_ROUTES`: completions, chat completions, ``/score``, ...) go as they
+are to the least busy healthy backend serving the path (and the body's ``model``); its answer
+comes back unchanged, plus ``x-ludic-backend``. A request that got no answer (connection error,
+timeout, 502/503/504, a 2xx body that is not a JSON object) is retried on another backend;
+other statuses pass through. Also ``/health``, ``/router/backends`` and ``/v1/models``. Not
+forwarded: control routes (404: weight sync and pause are per server) and streaming (400).
+The routes and retry rules for users: docs/reward-loop.md, "The router".
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """The router's backends: which may take a request, least-in-flight choice, leases that
-cannot leak, and health checks (pure asyncio + httpx, no web framework).
+cannot leak, and health checks (pure asyncio + httpx; the HTTP side is ``app``'s).
 
-A :class:`Backend` is one server (a base URL and its API key) with its live state:
-``in_flight`` requests, ``healthy``, and what it serves, learned from the server itself
-(``paths`` from ``GET /openapi.json``, ``models`` from ``GET /v1/models``; ``None`` when
-it does not say: then it is assumed to serve everything).
-
-:class:`BackendPool` picks, among the healthy backends that serve a request's path (and
-model, when the request names one), the one with the fewest requests in flight; ties
-rotate, so an idle pool spreads requests round-robin. :meth:`BackendPool.lease` counts a
-request in flight for exactly as long as its ``with`` block runs, whatever ends it (an
-answer, an error, a cancellation). :meth:`BackendPool.check` asks ``GET /health``: a
-backend that fails it, or whose connection breaks under a request, takes no new requests
-until a later check answers 200.
+A :class:`Backend` is one server (base URL, API key) with its live state: requests in flight,
+health, and the paths and models it serves (from its ``/openapi.json`` and ``/v1/models``;
+unknown: everything). :class:`BackendPool` picks the healthy backend serving the path (and
+model) with the fewest in flight, ties rotating; :meth:`BackendPool.lease` counts a request for
+exactly its ``with`` block; :meth:`BackendPool.check` (``GET /health``) takes a failing backend
+out until a later check answers 200.
 """
 
 from __future__ import annotations

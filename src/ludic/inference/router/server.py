@@ -1,14 +1,12 @@
 """``ludic serve router``: the router as a process, and :func:`start_router` to run one
 as a subprocess (as ``ludic train`` does for its reward servers).
 
-    ludic serve router --backend http://127.0.0.1:8001 --backend http://127.0.0.1:8002 \\
-        [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--health-interval-s 2]
+    ludic serve router --backend URL [--backend URL ...] [--host 127.0.0.1] [--port 8000] \\
+        [--api-key KEY] [--health-interval-s 2]
 
-The router's own API key (``--api-key`` or ``LUDIC_API_KEY``) guards every route but
-``/health``, as on ludic's servers; a non-loopback ``--host`` without one is refused
-unless ``--allow-insecure``. The key it sends to the backends is
-``LUDIC_BACKEND_API_KEY``, else its own (``ludic train`` gives a run's servers and router
-one key). Keys are read from the environment so they stay off the command line.
+The router's key (``--api-key`` or ``LUDIC_API_KEY``) guards every route but ``/health``; a
+non-loopback ``--host`` without one is refused unless ``--allow-insecure``. The backends get
+``LUDIC_BACKEND_API_KEY``, else the router's key (keys stay off the command line).
 """
 
 from __future__ import annotations

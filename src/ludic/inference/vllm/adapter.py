@@ -1,29 +1,12 @@
-"""Adapter-only LoRA syncs: a policy trained with LoRA publishes its adapter, not its
-merged weights, and vLLM serves it through its own LoRA support. This module holds the
-protocol's names and checks (no vLLM import: the trainer side uses it); the worker's side
-is ``ludic.inference.vllm.adapter_loader``.
+"""Adapter-only LoRA syncs: a policy trained with LoRA publishes its adapter, not its merged
+weights, and vLLM serves it through its own LoRA support.
 
-The protocol, one sync at a time:
-
-1. The trainer announces the sync: ``POST /lora_adapter`` with the adapter's peft config
-   (``r``, ``lora_alpha``, ``target_modules``). The announcement holds for the next sync
-   only (a sync without one is a full-weight sync).
-2. The adapter's tensors travel like any other sync's (broadcast or CUDA IPC chunks), under
-   peft's names (``base_model.model.<module>.lora_A.weight``).
-3. Each worker keeps the chunks; with the last one it writes them as a peft adapter
-   folder (``adapter_model.safetensors`` + ``adapter_config.json``, one folder per worker,
-   replaced by each sync) and loads it with ``model_runner.add_lora(LoRARequest(...,
-   load_inplace=True))``: vLLM's own loader parses, packs (``q_proj`` into ``qkv_proj``)
-   and scales it, replacing the adapter of the previous sync under the same id.
-4. The server then routes every request that names no adapter to it (the admission gate
-   adds the ``LoRARequest``, read with the version), so clients keep asking for the base
-   model and get the current policy.
-
-**Verification** (``ludic.distributed.weight_transfer.verify``): a worker reports the
-checksum of each tensor as received, and, as loaded, the checksum of the tensor vLLM's
-adapter cache holds for it (``lora_a`` as sent, ``lora_b`` times ``alpha / r``, both in the
-LoRA dtype) against the one computed from the received tensor. The stacked buffers the
-adapter is copied into when it serves are not read back: the canary covers them.
+This module holds the protocol's names and checks (no vLLM import: the trainer uses it); the
+worker's side is ``ludic.inference.vllm.adapter_loader``. One sync: ``POST /lora_adapter``
+announces the peft config (for the next sync only); the tensors travel like any sync's, under
+peft's names; each worker writes a peft folder and loads it in place (vLLM's ``add_lora``);
+requests naming no adapter are then served with it. Verification and refusals:
+docs/design.md, "Adapter-only LoRA syncs".
 """
 
 from __future__ import annotations

@@ -1,34 +1,12 @@
 """Exact policy versions per request: the admission gate and the version headers.
 
-A completion is labelled with the runtime version at which the engine *admitted* it, not
-the one at which the HTTP request arrived. Both servers (policy and reward) wrap the one
-engine instance they build (``AsyncLLM``; not the class, and not globally):
-
-* :meth:`AdmissionGate.install` replaces ``engine.add_request`` with a wrapper (an
-  instance attribute, which ``AsyncLLM.generate`` / ``encode`` call as ``self.add_request``).
-  The wrapper waits while the gate is closed, reads the runtime version (and, after an
-  adapter-only sync, gives the request the policy's LoRA adapter), counts itself as
-  an add in progress until vLLM's own ``add_request`` has handed the request to the engine
-  core, and records the version in the HTTP request's :class:`Admission`.
-* ``POST /pause`` closes the gate, waits (bounded) until no add is in progress and only
-  then pauses the engine: every admitted request is in the engine when the pause (in
-  ``abort`` mode) aborts it, and nothing is admitted until ``POST /resume`` reopens the
-  gate. A request that arrives meanwhile waits at the gate and is admitted after the weight
-  update with the new version. (vLLM alone would hold such a request in its scheduler and
-  run it with the new weights, while its version was read before the pause.)
-* :class:`VersionHeaderMiddleware` puts the admission version in
-  ``x-ludic-policy-version`` and the version at response time in
-  ``x-ludic-policy-version-end``. Under the pause protocol every token of a completion
-  comes from the weights of its start version (any update aborts what is in flight
-  first). If a sync landed *without* a pause, end > start: the tokens may straddle the two
-  versions, and clients label them conservatively with the start (older) version.
-
-The :class:`Admission` of an HTTP request travels in a context variable set by the
-middleware: vLLM runs a request's ``add_request`` in the task that serves the request (or
-in tasks it creates, which copy the context), so no request id has to be rewritten or
-looked up. Requests whose engine add happens after the response has started (streamed
-responses) fall back to the version at response start; ludic's clients do not stream.
-Later chunks of vLLM's streaming-input requests are added without passing the gate.
+A completion is labelled with the runtime version at which the engine *admitted* it, not the
+one at which its HTTP request arrived. :meth:`AdmissionGate.install` wraps one engine instance's
+``add_request``: it waits while the gate is closed (``/pause`` to ``/resume``), reads the version
+(and an adapter-only sync's adapter) and records it in the request's :class:`Admission` (a
+context variable). :class:`VersionHeaderMiddleware` sends it as ``x-ludic-policy-version``, the
+version at response time as ``x-ludic-policy-version-end``. Not here: the routes (``control``).
+Rules for users: docs/design.md, "Policy versions from a vLLM server".
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """The canary of a weight sync: a fixed token sequence scored by the server and by the
 trainer after the sync; their logprobs (a reward model: its score) must agree.
 
-The checksums (``ludic.distributed.weight_transfer.verify``) prove every value arrived and
-was loaded; they cannot see where a value went (a transposed or permuted tensor, a fused
-layer assembled in the wrong order, requests served by another adapter). The canary sees
-the model the server actually runs: ``POST /v1/completions`` with the canary's token ids as
-the prompt and ``prompt_logprobs``, against the trainer's own forward pass of the same ids
-(:class:`ModelCanary`); a reward server's ``POST /score`` of the ids, raw, against the
-trainer's reward model (:class:`RewardCanary`). Both are a :class:`Canary`.
-
-Tolerance, by the lower of the two precisions (:data:`TOLERANCE`): the largest difference
-of one token's logprob. float32 servers on CPU match transformers to ~1e-5; bfloat16
-kernels differ from the trainer's by a few hundredths. A sync that failed outright moves
-logprobs by far more; one optimizer step of a small learning rate may move them by less,
-which is what the checksums are for.
+Checksums (``ludic.distributed.weight_transfer.verify``) prove every value arrived and was
+loaded, not where it went (a transposed tensor, a fused layer in the wrong order, another
+adapter); the canary sees the model the server runs. :class:`ModelCanary`: ``prompt_logprobs``
+of ``POST /v1/completions`` against the trainer's forward; :class:`RewardCanary`: a reward
+server's raw ``POST /score`` against the trainer's model. Tolerance by the lower precision
+(:data:`TOLERANCE`); a change smaller than that (one small step) is left to the checksums.
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """A ``ChatClient`` for ludic's vLLM server (``ludic.inference.vllm.server``).
 
-* Generation: token-in ``POST /v1/completions`` (``prompt`` = the rendered token ids) with
-  ``return_token_ids`` and ``logprobs=0``; the reply becomes a ``ChatResponse`` whose
-  ``TokenTrace`` holds the exact completion ids, the chosen tokens' logprobs, the finish
-  reason and the policy version that served the request.
-* Weight sync: :meth:`VLLMChatClient.init_weight_sync` joins the server's workers in a
-  process group as rank 0; :meth:`VLLMChatClient.sync_weights` then pushes a state dict
-  chunk by chunk (HTTP announces each chunk, the group moves the bytes) and waits until
-  every worker has loaded it.
-* The publish cycle (``sync_weights(..., pause=True)``, the default with partial
-  rollouts on): pause the server (abort what is in flight; new requests wait), push the
-  weights (the server resets its prefix cache once they are loaded), resume, the resume
-  guaranteed even when the push fails. Aborted completions are continued or restarted
-  (``partial_rollouts``, see ``ludic.inference.vllm.partial``).
-
-    client = VLLMChatClient("http://127.0.0.1:8000", partial_rollouts="continue")
-    client.init_weight_sync()                      # gloo on CPU, nccl on GPU
-    response = await client.complete(CompletionRequest(prompt_token_ids=ids))
-    client.sync_weights(model.state_dict(), version=1)   # pause, push, resume
-
-Every HTTP call is bounded by ``timeout_s``; connection failures are retried
-``max_retries`` times (httpx transport retries, exponential backoff), nothing else
-is retried. A dead server raises ``ConnectionError`` / ``TimeoutError``, never hangs.
+Generation: token-in ``POST /v1/completions`` (``return_token_ids``, ``logprobs=0``); the reply
+is a ``ChatResponse`` whose ``TokenTrace`` holds the exact ids, logprobs, finish reason and
+policy version. Weight sync: :meth:`VLLMChatClient.init_weight_sync` joins the server's
+workers as rank 0; :meth:`VLLMChatClient.sync_weights` pushes a state dict (with ``pause``:
+pause, push, resume even when the push fails). Not here: aborted completions (``partial``),
+timeouts and retries (``http``), several servers (``pool``).
 """
 
 from __future__ import annotations

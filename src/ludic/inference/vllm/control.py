@@ -1,23 +1,12 @@
-"""ludic's control plane on a vLLM server (policy and reward): health, runtime version,
-weight sync (``/init_communicator``, ``/update_param_batch``, ``/close_communicator``,
-``/weight_report`` for the trainer's verification, ``/lora_adapter`` before an adapter-only
-sync), a load of a policy folder from this machine's disk (``/load_weights_from_disk``),
-prefix cache, pause/resume and, for a trainer sharing the GPU, sleep/wake-up. The route table is in ``ludic.inference.vllm.server``.
+"""ludic's control plane on a vLLM server (policy and reward): health, runtime version, weight
+sync and its report, adapter announcements, loads from disk, prefix cache, pause/resume and
+sleep/wake-up. Route table: docs/real-model.md; the API key is ``security``'s.
 
-``/pause`` closes the admission gate (``ludic.inference.vllm.admission``) before it pauses
-the engine and ``/resume`` reopens it after resuming, so a request's version label is the
-version of the weights that generate it.
-
-No control operation can hold the plane forever:
-
-* ``/init_communicator`` names a loopback ``master_addr`` (or one of ``--weight-sync-hosts``)
-  and its ``timeout_s`` is capped (``--weight-sync-timeout-cap``). The workers join in a
-  thread of their own, so generation goes on while they wait for the trainer.
-* Every background operation (and every engine call it makes) is bounded by the cap; one
-  that runs past it is reported by ``GET /health`` as 503 ``{"status":
-  "control_plane_stuck", "operation": ..., "busy_for_s": ...}``.
-* ``/close_communicator`` abandons a pending join and waits at most
-  :data:`LOCK_TIMEOUT_S` for the running operation; then it answers 503 naming it.
+``/pause`` closes the admission gate (``admission``) before pausing the engine, ``/resume``
+reopens it after. No operation holds the plane forever: workers join a group in a thread of
+their own, every background operation is bounded by ``--weight-sync-timeout-cap`` (past it,
+``/health`` is 503 ``control_plane_stuck``), and ``/close_communicator`` abandons a pending
+join and waits at most :data:`LOCK_TIMEOUT_S` for the running operation (then 503).
 """
 
 from __future__ import annotations

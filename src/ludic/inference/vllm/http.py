@@ -2,14 +2,11 @@
 policy, the synchronous control plane (weight-sync routes), and a per-event-loop async
 client for the data routes.
 
-Every call is bounded by ``timeout_s``; connection failures (the request never reached
-the server) are retried ``max_retries`` times by httpx's own transport retries (exponential
-backoff: 0, 0.5, 1, 2 ... s). The control plane's reads (its ``GET`` routes and the status
-poll, which change nothing on the server) are also sent again, ``max_retries`` times, when
-the server dropped the connection before answering (a keep-alive connection it closed as
-the request went out); nothing else is retried, since a request that reached the server
-may have had an effect. A dead server raises ``ConnectionError`` / ``TimeoutError``, never
-hangs.
+Every call is bounded by ``timeout_s``. A connection failure is retried ``max_retries`` times
+(httpx transport retries, exponential backoff), and so is a control-plane read (``GET`` routes,
+the status poll) whose connection the server dropped unanswered; nothing else is, since a
+request that reached the server may have had an effect. A dead server raises
+``ConnectionError`` / ``TimeoutError``, never hangs.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """Policy servers that join a running run: ``ludic serve policy --join RUN_DIR``.
 
-A joining server starts on the run's model with the run's server settings (its config:
-``model.path`` or the run's tiny model, LoRA rank, ``extra_args``) and, once it answers
-``/health``, writes ``RUN_DIR/servers/<host>-<port>.json`` (``{"url": ...}``; removed when
-it exits). The run's ``VLLMClientPool`` reads the folder before every publish
-(:meth:`~ludic.inference.vllm.pool.VLLMClientPool.accept_joins`): a server new to it is
-added as *stale* (no request), gets the publish (its group formed, the full update sent,
-verified like every sync) and serves from then on. A server that fails verification, or
-dies and comes back, is taken out and re-admitted by a later publish the same way.
-
-The API key: a joining server takes ``$LUDIC_API_KEY`` (or ``--api-key``) like any
-``ludic serve``; it must be the run's (a run's key is never written to its directory). A
-join file whose server refuses the run's key is reported once and left out.
+A joining server starts on the run's model and server settings and, once it answers
+``/health``, writes ``RUN_DIR/servers/<host>-<port>.json`` (``{"url": ...}``, removed when it
+exits). The run's pool reads the folder before each publish
+(:meth:`~ludic.inference.vllm.pool.VLLMClientPool.accept_joins`) and adds a new server as
+stale: it serves once a publish has synced and verified it. The API key is the run's
+(``$LUDIC_API_KEY`` or ``--api-key``; never written to the run directory); a join file whose
+server refuses it is reported once and left out.
 """
 
 from __future__ import annotations

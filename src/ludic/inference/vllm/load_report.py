@@ -1,16 +1,11 @@
-"""A vLLM worker's side of sync verification: the checksums of what it received and of
-what it loaded (see ``ludic.distributed.weight_transfer.verify`` for the checksum and the
-check).
+"""A vLLM worker's side of sync verification: the checksums of what it received and of what
+it loaded (``ludic.distributed.weight_transfer.verify`` has the checksum and the check).
 
-One :class:`LoadRecorder` lives for one sync. ``receive`` records each chunk's tensors as
-they arrive; on a CPU worker the load runs inside ``capturing()``, which reads each layer's
-parameters after vLLM's weight loaders wrote them and just before vLLM pre-packs them for
-its CPU kernels (a pre-packed weight cannot be read back); ``report`` reads the other
-parameters the sync wrote (all of them on CUDA, where nothing is pre-packed) and builds
-the report.
-
-Served parameter names come from the HF names through the model's own
-``hf_to_vllm_mapper`` (if any) and ``packed_modules_mapping`` (``q_proj`` -> ``qkv_proj``).
+One :class:`LoadRecorder` per sync: ``receive`` records each chunk's tensors; on a CPU worker
+the load runs inside ``capturing()``, which reads each layer's parameters after vLLM's loaders
+wrote them and before vLLM pre-packs them (a pre-packed weight cannot be read back); ``report``
+reads the rest and builds the report. Served names come from the HF ones through the model's
+``hf_to_vllm_mapper`` and ``packed_modules_mapping`` (``q_proj`` -> ``qkv_proj``).
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """vLLM logits processors for ludic's server (vLLM >= 0.11 V1 logits-processor API).
 
-``MaxThinkLogitsProcessor`` caps the thinking segment per request: a request that sets
-``vllm_xargs={"max_think": N}`` (``InferenceSpec.max_think``; see
-``ludic.inference.sampling.to_openai_params``) is forced to emit ``</think>`` once it has
-produced ``N`` thinking tokens. Thinking is open when the prompt's last ``<think>`` is not
-closed, or from the first ``<think>`` the model emits. Requests without ``max_think`` and
-completions that close ``</think>`` themselves are untouched.
-
-The ``</think>`` / ``<think>`` ids come from the served tokenizer; both must be single
-tokens. ``ludic.inference.vllm.server`` resolves them at start-up and passes them to the
-worker processes in :data:`THINK_TOKENS_ENV`; elsewhere (plain ``vllm serve
---logits-processors ludic.inference.vllm.logits_processors:MaxThinkLogitsProcessor``) each
-worker loads the tokenizer itself.
+``MaxThinkLogitsProcessor``: a request with ``vllm_xargs={"max_think": N}``
+(``InferenceSpec.max_think``) is forced to emit ``</think>`` after ``N`` thinking tokens.
+Thinking is open when the prompt's last ``<think>`` is not closed, or from the first
+``<think>`` the model emits; other requests are untouched. Both tags must be single tokens:
+the server resolves them at start-up (:data:`THINK_TOKENS_ENV`); a plain ``vllm serve
+--logits-processors ...:MaxThinkLogitsProcessor`` worker loads the tokenizer itself.
 """
 
 from __future__ import annotations

@@ -1,38 +1,12 @@
 """Partial rollouts: what a vLLM client does with a completion aborted by a weight update.
 
-A publish with a pause (``VLLMChatClient.sync_weights(..., pause=True)``) aborts every
-request in flight (vLLM's finish reason ``"abort"``); the tokens generated so far come
-back with it. ``partial_rollouts`` says what happens next:
-
-* ``"off"``: the aborted response is returned as it is (finish reason ``"abort"``).
-* ``"continue"``: a new request goes out with prompt = original prompt ids + the tokens
-  generated so far, the same sampling parameters and ``max_tokens`` (and ``min_tokens``,
-  if set through ``InferenceSpec.extra``) reduced by what was generated; repeated until a
-  real finish. The pieces are stitched: token ids and logprobs end to end, and one policy
-  version per token in ``TokenTrace.completion_versions``, e.g. ``(3, 3, 3, 4, 4)`` for a
-  completion aborted after three tokens by the update to version 4. The tokens before the
-  abort are kept exactly as generated.
-* ``"restart"``: the aborted tokens are discarded and the original request is sent again;
-  every token of the result comes from the version that served the last attempt.
-
-What a continuation cannot reproduce exactly (an uninterrupted request on the new weights
-would not be the same sample anyway, but these differ from "the same request, continued"):
-
-* a stop string that starts before the abort and ends after it is not recognised (vLLM
-  matches stop strings in the text of one request);
-* a per-request ``seed`` starts a fresh random stream: the continuation is sampled with a
-  seed derived from (seed, tokens generated so far), so it neither replays the start of
-  the original stream nor an uninterrupted one;
-* ``max_think`` counts the thinking tokens of each continuation from zero;
-* the text is the concatenation of the pieces' texts (a character whose bytes straddle
-  the abort may decode differently than in one piece; the token ids are exact).
-
-Versions: each piece's tokens are labelled with the piece's admission version
-(``x-ludic-policy-version``). A piece whose ``x-ludic-policy-version-end`` is greater was
-served while a sync landed without a pause (``partial_rollouts="off"``): its tokens may
-straddle the two versions, which tokens is unknown. They keep the admission version (the
-oldest, what staleness is judged by) and the trace's ``version_end`` says how new they may
-be, so a span check sees the straddle (``TokenTrace.version_end``, ``SAWItem.version_end``).
+A publish with a pause aborts every request in flight (finish reason ``"abort"``, the tokens
+so far returned). ``partial_rollouts``: ``"off"`` returns it as it is; ``"continue"`` sends
+prompt + tokens so far with the same sampling and the budget reduced, until a real finish, and
+stitches the pieces (ids and logprobs end to end, one version per token in
+``TokenTrace.completion_versions``, a seed derived from the seed and the tokens so far);
+``"restart"`` discards them and sends the request again. What a continuation cannot
+reproduce, and straddled versions: docs/real-model.md, "Policy versions and partial rollouts".
 """
 
 from __future__ import annotations

@@ -1,52 +1,12 @@
 """Data-parallel inference: one ``ChatClient`` over several ludic vLLM policy servers.
 
-    pool = VLLMClientPool.connect([url_a, url_b], api_key=key, partial_rollouts="continue")
-    pool.init_weight_sync()                    # a group per server (default) or one for all
-    response = await pool.complete(request)    # least in flight; a session stays on its server
-    pool.sync_weights(state_dict, version=3)   # every live server, then every one serves 3
-
-**Generation.** A request goes to the live server with the fewest of this pool's requests
-in flight (ties rotate, so an idle pool spreads round-robin). A request carrying a
-``session_id`` (an agent sends one per episode) goes to the server that served its session
-before, whose prefix cache holds the earlier turns, as long as that server is live. A
-server that fails a request with ``ConnectionError`` / ``TimeoutError`` (dead, or silent
-for ``timeout_s``) is taken out and the request is sent to another one (each server is
-tried once per request). ``ChatResponse.meta["server"]`` names the server that answered;
-``TokenTrace.policy_version`` the version it served.
-
-**Taken out, and back.** A server taken out is asked ``GET /health`` every
-``probe_interval_s``. Once it answers it comes back at once if no weights were published
-through the pool; otherwise it may hold old weights (a restarted server holds the
-initial ones), so it stays out until the next :meth:`VLLMClientPool.sync_weights`, which
-forms its weight-sync group again and sends it the full update. A server never serves a
-version older than the pool's.
-
-**Joining.** :meth:`VLLMClientPool.add_server` adds a server during the run, as stale:
-the next publish forms its group, sends it the update and verifies it, and only then does
-it take requests. With :meth:`VLLMClientPool.accept_joins`, the servers started with
-``ludic serve policy --join RUN_DIR`` (``ludic.inference.vllm.joins``) are added so before
-each publish.
-
-**Weight sync.** ``publish`` chooses how one update reaches every server:
-
-* ``"per_server"`` (default): a group per server, pushed concurrently (a thread each). A
-  server that dies during the push fails only its own: it is taken out, the others are
-  updated.
-* ``"one_group"``: one group spanning every server's workers (``WeightSyncSession`` over
-  several control planes); each chunk is announced to every server and broadcast once. A
-  server that dies breaks the collective for all: the pool takes out the servers that no
-  longer answer ``/health``, forms the group again over the others and pushes once more.
-  Every server's report is checked; those that fail verification are taken out, the
-  others hold the update.
-
-In both modes a server whose sync fails verification is taken out (it still answers, but
-holds weights other than the trainer's) until a later publish syncs and verifies it.
-
-A failure on a server that still answers ``/health`` (a rejected update, a name the model
-does not have) fails the publish with that server's error. A publish that reaches no
-server raises. With ``pause`` (the default when the clients' ``partial_rollouts`` is on)
-each server is paused before its push and resumed after it, whatever happened.
-``benchmarks/data_parallel.py`` measures both modes against one server.
+:class:`VLLMClientPool` sends a request to the live server with the fewest of its requests in
+flight (ties rotate), one with a ``session_id`` to its session's server; a server that fails
+with ``ConnectionError`` / ``TimeoutError`` is taken out (probed every ``probe_interval_s``) and
+the request retried on another. Once weights were published, a server comes back (or joins:
+``add_server``, ``accept_joins``) only through a publish that syncs and verifies it, so none
+serves a version older than the pool's. ``publish``: ``"per_server"`` or ``"one_group"``.
+The rules for users: docs/real-model.md, "Several servers".
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
-"""Start, health-check and stop a ludic vLLM server as a subprocess: the policy server
-(``ludic.inference.vllm.server``) or the reward server
-(``ludic.inference.vllm.reward_server``).
-
-The server runs in its own session (process group), so :meth:`VLLMServerProcess.stop`
-ends it together with every process vLLM spawned (engine core, CPU workers): no orphans.
-It also ends itself when the starting process dies, even by ``kill -9``: the kernel sends
-it SIGTERM (``PR_SET_PDEATHSIG``, Linux, when started from the main thread) and its
-watchdog (``LUDIC_PARENT_PID``) ends its whole process group. The API key travels in the
-environment (``LUDIC_API_KEY``), never on the command line or in the log.
+"""Start, health-check and stop a ludic vLLM server (policy, or ``kind="reward"``) as a
+subprocess.
 
     with start_vllm_server("path/to/model") as server:   # waits until /health is 200
         client = VLLMChatClient(server.url)
-        ...
-    with start_vllm_server("path/to/reward_model", kind="reward") as server:
-        ...                                               # POST {server.url}/score
+
+The server runs in its own process group, so :meth:`VLLMServerProcess.stop` ends it with all
+vLLM spawned; it ends itself when the starting process dies, even by ``kill -9``
+(``PR_SET_PDEATHSIG``, a ``LUDIC_PARENT_PID`` watchdog). The key travels in ``LUDIC_API_KEY``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """A ``RewardModelClient`` for ludic's vLLM reward server (``ludic serve reward``).
 
-* Scoring: ``POST /score`` with every input of a request in one call (texts or token
-  ids); the server submits them to the engine together. ``normalize=True`` returns the
-  head's activation (a sigmoid for one label), ``False`` the raw logit.
-* Weight sync: the same group, transfer layer and control plane as the policy client
-  (:class:`~ludic.inference.vllm.weight_sync.WeightSyncSession`). ``sync_weights`` first
-  normalizes and checks the tensors against the training mode
-  (:func:`~ludic.distributed.reward_publisher.reward_sync_params`): a sync that does not
-  fit its mode is refused before anything is announced.
-
-    rm = VLLMRewardClient("http://127.0.0.1:8001")
-    scores = await rm.score_batch(["2+2=\\n4", "2+2=\\n5"], normalize=False)
-    rm.init_weight_sync()
-    rm.sync_weights(reward_model_state_dict(model, "head_only"), version=1,
-                    training_mode="head_only")
-
-A policy server and a reward server run side by side: each has its own HTTP port and
-each client forms its own group (rendezvous on a free port by default).
+Scoring: ``POST /score`` with every input of a request in one call (texts or token ids);
+``normalize=True`` returns the sigmoid, ``False`` the raw logit. Weight sync: the policy
+client's group, transfer layer and control plane (``WeightSyncSession``); ``sync_weights``
+first checks the tensors against the training mode (``reward_sync_params``), so a sync that
+does not fit is refused before anything is announced. Policy and reward servers run side by
+side, each client with its own group. Usage: docs/reward-models.md.
 """
 
 from __future__ import annotations

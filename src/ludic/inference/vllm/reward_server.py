@@ -1,41 +1,12 @@
-"""ludic's reward server: vLLM's OpenAI-compatible app for a sequence-classification
-reward model (``--runner pooling``), ludic's ``/score`` and the policy server's control
+"""ludic's reward server: vLLM's OpenAI-compatible app for a one-label sequence-classification
+reward model (``--runner pooling``), ludic's ``POST /score`` and the policy server's control
 plane (weight sync, runtime version, API key).
 
-    python -m ludic.inference.vllm.reward_server --model DIR [--host 127.0.0.1] \\
-        [--port 8000] [--api-key KEY] [any vLLM engine argument]
-    ludic serve reward --model DIR ...                      # the same
+    ludic serve reward --model DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [vLLM args]
 
-The model must be a sequence classifier with one label (e.g. a
-``Qwen2ForSequenceClassification`` with ``num_labels=1``): the server refuses others at
-start-up. ``--runner pooling`` is implied; ``--runner generate`` is refused.
-
-``POST /score`` (replaces vLLM's cross-encoder ``/score``; needs the API key when the
-server has one)::
-
-    {"input": ["text", [1, 2, 3], ...],     # required: texts and/or token-id lists
-     "model": "NAME",                       # optional: must be a served model name
-     "normalize": true,                     # optional: true -> sigmoid(logit), false -> logit
-     "pooling_type": "last",                # optional: must equal the server's pooling
-     "return_hidden_states": false}         # optional: true is refused
-    ->
-    {"model": "NAME",
-     "data": [{"index": 0, "score": 0.73}, ...],   # input order
-     "usage": {"prompt_tokens": 42}}
-
-``input`` must be a list: one bare string is refused (wrap it in a list), as
-``ScoringRequest`` refuses it client-side. Any other mistake (a missing or empty
-``input``, a wrong type, an unknown field, an unknown token id) is a 400 whose message
-names the field, e.g. ``input[2]``. Scores come from vLLM's classify pooling task, the
-same computation as vLLM's ``/classify`` (``probs[0]``; ``normalize=false`` is its
-``use_activation=false``): every input is one engine request, all submitted at once.
-
-The response header ``x-ludic-policy-version`` is the reward model's runtime version when
-the request arrived; ``GET /health`` answers ``{"status": "ok", "type": "reward_model",
-"version": N}``. Every other control route is the policy server's (see
-``ludic.inference.vllm.server``), including weight sync through
-``ludic.inference.vllm.worker.WeightSyncWorkerExtension``. With an API key, every route
-but ``/health`` needs it, vLLM's own ``/classify`` and ``/pooling`` included.
+Other models, and ``--runner generate``, are refused at start-up. ``/score`` replaces vLLM's
+cross-encoder route: vLLM's classify pooling task (as ``/classify``), all inputs submitted at
+once. Its schema and errors: docs/reward-models.md; the control routes are ``control``'s.
 """
 
 from __future__ import annotations

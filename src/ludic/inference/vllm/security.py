@@ -1,20 +1,12 @@
-"""What keeps a ludic vLLM server (policy or reward) safe to run: one API-key check for
-every route, a refusal to listen beyond loopback without a key, the weight-sync address
-and timeout rules, and a watchdog that ends the server when the process that started it
-dies.
+"""What keeps a ludic vLLM server (policy or reward) safe to run.
 
-* :class:`ApiKeyMiddleware`: with a key set, every HTTP/websocket route except ``/health``
-  needs ``Authorization: Bearer KEY`` (or ``x-api-key: KEY``); compared in constant time.
-  It is the only key check (vLLM's own covers ``/v1`` prefixes only, so the servers do
-  not hand the key to vLLM).
-* :func:`check_bind`: a non-loopback ``--host`` without a key is refused unless
-  ``--allow-insecure`` is given (then a loud warning).
-* :func:`check_sync_address` / :func:`capped_timeout`: ``/init_communicator`` may name a
-  loopback ``master_addr`` only (or one in ``--weight-sync-hosts``), and its ``timeout_s``
-  is capped at ``--weight-sync-timeout-cap``.
-* :func:`start_parent_watchdog`: with ``LUDIC_PARENT_PID`` set (``start_vllm_server`` sets
-  it), a thread polls the parent; once it is gone, the server's process group (engine
-  core, workers) is terminated, then killed, server included.
+* :class:`ApiKeyMiddleware`: the only key check; with a key, every HTTP/websocket route but
+  ``/health`` needs ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (constant-time).
+* :func:`check_bind`: a non-loopback ``--host`` without a key needs ``--allow-insecure``.
+* :func:`check_sync_address` / :func:`capped_timeout`: ``/init_communicator``'s ``master_addr``
+  is loopback or in ``--weight-sync-hosts``; its timeout capped (``--weight-sync-timeout-cap``).
+* :func:`start_parent_watchdog`: with ``LUDIC_PARENT_PID`` set, ends the server's process
+  group (engine core, workers) once the parent is gone.
 """
 
 from __future__ import annotations

@@ -1,85 +1,12 @@
 """ludic's policy server: vLLM's OpenAI-compatible server plus a weight-sync control plane.
 
     python -m ludic.inference.vllm.server --model DIR [--host 127.0.0.1] [--port 8000] \\
-        [--api-key KEY] [any vLLM engine argument]
+        [--api-key KEY] [any vLLM engine argument]        # or: ludic serve policy
 
-Generation is vLLM's own ``/v1/completions`` (token-in: ``prompt`` as token ids), its
-logprobs those of the distribution each token was drawn from (:data:`SAMPLED_LOGPROBS_MODE`,
-after temperature, top-k and top-p). Every
-response carries the headers ``x-ludic-policy-version`` (the runtime version at which the
-engine admitted the request) and ``x-ludic-policy-version-end`` (the version when the
-response started; see ``ludic.inference.vllm.admission``). ludic adds the control plane
-below, which this module also provides to
-the reward server (``ludic.inference.vllm.reward_server``: ``make_control_router``,
-``install_routes``, ``prepare_args``, ``parse_args``, ``serve``):
-
-==============================  ==========================================================
-``GET  /health``                200 ``{"status": "ok", "type": "policy", "version": N}``
-                                (``"reward_model"`` on the reward server); 503
-                                ``control_plane_stuck`` when an operation runs past its cap
-``GET  /runtime_version``       ``{"version": N}``
-``GET  /get_world_size``        ``{"world_size": W}``: inference workers (the trainer adds 1)
-``POST /init_communicator``     ``TorchDistributedWeightSyncInfo`` JSON; the workers join the
-                                group as ranks 1..W in the background (the trainer joins as
-                                rank 0 after the reply); loopback ``master_addr`` only,
-                                ``timeout_s`` capped (the reply holds the one used).
-                                ``{"strategy": "cuda_ipc" | "packed_cuda_ipc"}``: a trainer
-                                on this server's GPU; no group, each worker builds the IPC
-                                receiver (400 on a server not on CUDA)
-``POST /update_param_batch``    a ``WeightUpdateRequest`` JSON (``to_dict``); every worker
-                                receives and loads the chunk in the background
-                                (``?first=true`` marks a sync's first chunk). The version
-                                becomes ``request.version`` (or +1) once a ``last`` chunk is
-                                loaded and no chunk of that sync failed
-``POST /close_communicator``    leave the group (abandons a join still waiting)
-``POST /get_num_background_tasks``  ``{"num_background_tasks", "error_count", "last_error",
-                                "version"}``: poll until 0, then compare ``error_count``
-                                (``?report=true``: with the weight report once 0)
-``GET /weight_report``          each worker's checksums of the last sync, as received and
-                                as loaded, with the version, dtype and boot id
-``POST /lora_adapter``          the next sync carries a LoRA adapter (``{"name", "config"}``,
-                                peft's ``r``, ``lora_alpha``, ``target_modules``); once it is
-                                loaded, requests naming no adapter are served with it (409
-                                unless started with ``--lora-rank``)
-``POST /load_weights_from_disk``  load a policy folder of this machine (``{"path",
-                                "version"}``) in the background, reported and versioned
-                                like a sync; 403 unless the folder is under
-                                ``--weight-load-roots DIR[,DIR...]``
-``POST /reset_prefix_cache``    drop cached KV blocks
-``POST /pause``                 close the admission gate, wait (at most the cap) until every
-                                admitted request is in the engine, then pause it: abort
-                                in-flight requests (``?mode=abort``, default), let them
-                                finish (``wait``) or freeze them (``keep``). New requests
-                                wait at the gate until ``/resume``; 503 if adds stay stuck
-``POST /resume``                resume the engine and reopen the gate (idempotent)
-``GET  /is_paused``             ``{"is_paused": bool}``: the gate is closed or the engine paused
-``GET  /admission``             ``{"open", "held", "adding", "admitted"}``: the admission gate
-                                (requests waiting at it, being added, added since start)
-``POST /sleep``                 ``?level=1`` (weights to CPU memory, KV cache dropped) or
-                                ``2`` (both dropped): the GPU freed for a colocated trainer;
-                                new requests wait. 409 without ``--enable-sleep-mode``
-``POST /wake_up``               ``?tags=weights`` / ``?tags=kv_cache`` / both (default);
-                                serving resumes once all is awake
-``GET  /is_sleeping``           ``{"is_sleeping": bool}``
-==============================  ==========================================================
-
-Background tasks run one at a time, in arrival order; a failure is logged and recorded (the
-trainer sees it in ``/get_num_background_tasks``) and the server keeps serving. Requests are
-JSON only; nothing received is unpickled.
-
-Security (``ludic.inference.vllm.security``): binds 127.0.0.1 unless ``--host`` says
-otherwise, and refuses a non-loopback host without a key unless ``--allow-insecure``.
-``--api-key`` (or ``LUDIC_API_KEY``, which keeps the key off the command line) guards
-every route but ``/health``: ludic's, vLLM's (``/v1/*``, ``/invocations``, ``/tokenize``,
-``/metrics``, ``/docs``, ...) and the dev routes alike (``Authorization: Bearer KEY`` or
-``x-api-key: KEY``). ``/init_communicator`` accepts a loopback ``master_addr`` only, or one
-listed in ``--weight-sync-hosts HOST[,HOST...]``, and caps ``timeout_s`` at
-``--weight-sync-timeout-cap`` seconds (default 60); see ``ludic.inference.vllm.control``
-for the bounds on the control plane and ``/health``'s ``control_plane_stuck``.
-
-Started by ``start_vllm_server``, the server ends itself (engine and workers included)
-when the process that started it dies (``LUDIC_PARENT_PID``). On a machine without CUDA,
-the CPU defaults of ``ludic.inference.vllm.process`` apply unless given explicitly.
+Generation is vLLM's token-in ``/v1/completions``, its logprobs those of the distribution each
+token was drawn from (:data:`SAMPLED_LOGPROBS_MODE`), with ludic's version headers
+(``admission``). The control routes (``control``; table in docs/real-model.md) and security
+(``security``) are shared with ``reward_server`` (``make_control_router``, ``serve``, ...).
 """
 
 from __future__ import annotations

@@ -1,31 +1,12 @@
-"""vLLM worker extension: the inference side of ludic's weight sync.
+"""vLLM worker extension: the inference side of ludic's weight sync
+(``--worker-extension-cls ludic.inference.vllm.worker.WeightSyncWorkerExtension``, the server's
+default; called through ``engine.collective_rpc`` with JSON-shaped arguments, never pickles).
 
-Pass ``--worker-extension-cls ludic.inference.vllm.worker.WeightSyncWorkerExtension``
-(``ludic.inference.vllm.server`` does by default). vLLM mixes these methods into every
-worker; the server calls them with ``engine.collective_rpc(method, args=...)``. Arguments
-are JSON-shaped dicts (never pickled objects from the network).
-
-The data plane is the weight-transfer layer's: a ``BroadcastTransferStrategy`` receiver
-moves each announced chunk (or, for a trainer on the same GPU, a ``cuda_ipc`` /
-``packed_cuda_ipc`` receiver opens the chunk's IPC handles) and ``VLLMWeightLoader`` loads
-it into ``self.model_runner``.
-This module adds what a live server needs around the loader:
-
-* **Check before touching the model.** Every name must be in the served checkpoint (a
-  tied ``lm_head.weight`` alias is accepted and skipped by vLLM) with the checkpoint's
-  shape. A failed vLLM load leaves the model half-rebuilt and kills the engine, so a bad
-  update must be refused before loading.
-* **One load per sync on CPU.** CPU workers reload through vLLM's layerwise reload, which
-  rebuilds a fused layer (``qkv_proj``, ``gate_up_proj``) from the tensors of ONE load
-  call; the parts not in that call would be left uninitialised. So a CPU worker keeps the
-  chunks of a sync and loads them together with the ``last`` one, and refuses an update
-  holding only part of a fused layer (e.g. ``q_proj`` without ``k_proj``/``v_proj``).
-  CUDA workers load each chunk as it arrives.
-* If a load still fails, the layers are put back to their previous weights (best effort)
-  so the server keeps serving.
-* **A report of every sync** (``weight_report``, served at ``GET /weight_report``): the
-  sums of each tensor as received and of each served parameter as loaded
-  (``ludic.inference.vllm.load_report``), which the trainer checks against what it sent.
+The transfer layer's receiver moves each chunk and ``VLLMWeightLoader`` loads it. Added here:
+every name and shape is checked against the served checkpoint before the model is touched (a
+failed vLLM load kills the engine); a CPU worker loads a sync's chunks together with the ``last``
+one (vLLM's layerwise reload rebuilds a fused layer from one call) and refuses part of a fused
+layer; a failed load restores the previous weights (best effort); the ``weight_report``.
 """
 
 from __future__ import annotations

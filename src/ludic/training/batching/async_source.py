@@ -1,30 +1,12 @@
-"""Asynchronous batches: generation runs ahead of training, at most ``max_staleness``
-policy versions ahead (spec 4, asynchronous RL).
+"""Asynchronous batches: generation runs ahead of training by at most ``max_staleness`` versions.
 
-:class:`AsyncBatchSource` wraps any ``BatchSource`` (typically a ``RolloutBatchSource``)
-and keeps generating batches in background tasks while the trainer trains::
-
-    source  = AsyncBatchSource(RolloutBatchSource(engine, requests_fn, credit), max_staleness=2)
-    trainer = Trainer(model, algorithm, source, config, publisher=publisher)
-    await trainer.train_async(num_steps)        # or trainer.train_async_sync(num_steps)
-
-**Admission control** (as in AReaL, arXiv:2505.24298, sec. 5): batches are numbered in
-the order their generation starts, counted from the trainer's version ``v0`` when the
-source starts. Batch ``k`` (0-based) may start only once the newest *published* policy
-version ``v`` satisfies ``k <= v - v0 + max_staleness``, and batches are handed to the
-trainer in that same order. Batch ``k`` is trained at step ``v0 + k`` at the earliest and
-its first token is sampled with a version ``>= v``, so no token is ever more than
-``max_staleness`` versions older than the weights it is trained into, and little work is
-generated only to be dropped. ``max_staleness = 0`` is synchronous on-policy training.
-
-At most ``max_concurrent`` batches are generated at once (default ``max_staleness + 1``,
-the most admission allows); concurrent batches share the inference backend, which batches
-their requests together.
-
-The trainer calls :meth:`on_policy_version` after each publish (that is what admits new
-batches) and :meth:`aclose` at the end of training (``Trainer.train_async`` does both).
-A failure in generation is raised from the next :meth:`next_batch`, never swallowed;
-``DataExhausted`` from the wrapped source ends training after the batches already made.
+:class:`AsyncBatchSource` wraps any ``BatchSource`` and generates batches in background tasks
+while the trainer trains. Admission as in AReaL (arXiv:2505.24298), the rule being
+:func:`ludic.training.staleness.may_start`: batch ``k``, numbered by start from the trainer's
+version ``v0``, starts once the newest published version ``v`` has ``k <= v - v0 +
+max_staleness``; batches reach the trainer in start order. The trainer calls
+:meth:`on_policy_version` after each publish and :meth:`aclose` at the end. A generation failure
+is raised from the next :meth:`next_batch`. Dropping stale items is the Trainer's, not this one's.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """A trainer and a vLLM server on one GPU: the server sleeps while the trainer trains.
 
-Each batch: wake the server if a step left it asleep (one that published nothing), generate,
-then put the server to sleep (vLLM sleep mode: level 1 moves the weights to CPU memory and
-frees the KV cache, level 2 frees both), so the trainer's forward and backward have the GPU.
-The publish after the step wakes it again (``VLLMChatClient.sync_weights``: the weights
-first, written through CUDA IPC, then the KV cache).
+:class:`SleepingBatchSource` wakes the server if a step left it asleep (one that published
+nothing), generates, then puts it to sleep (vLLM sleep mode: level 1 moves the weights to CPU
+memory, level 2 frees them; the KV cache is freed either way), so the trainer has the GPU. The
+publish after the step wakes it (``VLLMChatClient.sync_weights``: weights by CUDA IPC, then KV)::
 
     source = SleepingBatchSource(RolloutBatchSource(...), client, level=1)
     trainer = Trainer(policy, algorithm, source, config, publisher=ClientPolicyPublisher(client))

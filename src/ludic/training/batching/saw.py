@@ -1,32 +1,12 @@
 """Rollouts -> ``SAWItem``s: one training sequence per turn that has agent steps.
 
 Token mode (the default) is drift-free: it concatenates the exact token ids the inference
-backend saw and produced. All agent steps of a turn become one sequence::
-
-    input_ids   = p1 + c1 + ext2 + c2 + ext3 + c3 ...
-    action_mask =  0    1     0     1     0     1     (per token)
-
-where ``p1`` is the first call's prompt, ``c_k`` the k-th completion and ``ext_k`` the
-tokens that the k-th prompt adds after ``p1 + c1 + ... + c_{k-1}`` (tool outputs and
-template tokens). This needs every in-turn prompt to extend the earlier tokens, which is
-what ``ChatTemplate.extend`` guarantees.
-
-Retokenize mode (``retokenize=True``) rebuilds the tokens from the recorded messages with a
-``ChatTemplate`` (for offline data without traces, or for a different tokenizer). Each
-call's action tokens are ``render(prompt + [assistant completion], add_generation_prompt=
-False)`` minus ``render(prompt)``, so they include the template's end-of-turn tokens. The
-assistant message is rendered as the agent recorded it in its history (the raw completion
-text, tool-call markup included), and the tool schemas the agent rendered with
-(``AgentStep.info["tools"]``) are passed to the template again. It cannot reproduce a
-completion cut off by ``max_tokens``; such items keep ``finish_reason="length"`` in their
-meta (read from the trace, else from ``AgentStep.info["finish_reason"]``) so a sample
-filter can drop them. Retokenized items carry no ``old_logprobs``.
-
-``SAWItem.meta`` keys: ``rollout_id``, ``turn_index``, ``turn_id``, ``group_id``,
-``reward`` (the turn's reward), ``total_reward`` (the rollout's), ``terminated``,
-``truncated`` (the rollout's), ``finish_reason`` (last agent step of the turn),
-``parse_error`` (any agent step of the turn), ``num_agent_steps``, ``prompt_length``,
-``completion_length``, plus the rollout meta keys in :data:`ROLLOUT_META_KEYS`.
+backend saw and produced, ``input_ids = p1 + c1 + ext2 + c2 + ...`` with ``action_mask`` 1 on
+the completions ``c_k`` only (``ext_k``: what the k-th prompt adds, as ``ChatTemplate.extend``
+guarantees). ``retokenize=True`` rebuilds the tokens from the recorded messages with a
+``ChatTemplate`` (offline data, another tokenizer): no ``old_logprobs``, and a completion cut by
+``max_tokens`` is not reproduced (its meta keeps ``finish_reason="length"`` for a filter).
+Entry points: :func:`rollouts_to_saw_items`, :func:`build_saw_batch`. Meta keys: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,54 +1,12 @@
 """Wire format of one ``SAWBatch`` between pipeline processes (actor -> Redis -> learner).
 
-No pickle, no ``eval``: a payload is a fixed prefix, a JSON header and raw little-endian
-arrays, so a learner can check every byte it receives before building a single item.
-
-Layout (all integers little-endian)::
-
-    offset  size  content
-    0       8     magic b"LUDICSAW"
-    8       4     uint32: format version (FORMAT_VERSION = 3)
-    12      4     uint32: header length H in bytes
-    16      H     UTF-8 JSON object, the header
-    16 + H  ...   the arrays listed in header["arrays"], back to back, in that order;
-                  their sizes add up to exactly the rest of the payload
-
-Header::
-
-    {"format": "ludic.saw_batch", "version": 3, "num_items": n,
-     "producer": {"batch_id": str, "actor_id": str, "batch_index": int,
-                  "policy_version": int | null},
-     "meta": {...},                 # SAWBatch.meta (a JSON object)
-     "item_meta": [{...}, ...],     # SAWItem.meta, one JSON object per item
-     "arrays": [{"name": str, "dtype": str, "count": int}, ...]}
-
-Arrays, in this order (n items; T tokens in all; L tokens of the items that carry
-``old_logprobs``; A action tokens of the items that carry ``action_versions``)::
-
-    num_tokens          <u4        [n]  tokens per item (splits the token arrays)
-    input_ids           <i4 | <i8  [T]  token ids (int32 when every id fits)
-    action_mask         |u1        [T]  0/1
-    weight              <f8        [n]  finite
-    has_old_logprobs    |u1        [n]  0/1
-    old_logprobs        <f4        [L]  finite; float32 (what the loss computes in)
-    has_policy_version  |u1        [n]  0/1
-    policy_version      <i8        [n]  read where has_policy_version == 1
-    has_action_versions |u1        [n]  0/1
-    action_versions     <i8        [A]
-    has_version_end     |u1        [n]  0/1
-    version_end         <i8        [n]  read where has_version_end == 1
-    logprob_temperature <f8        [n]  finite, > 0
-
-Version 2 added ``has_version_end`` and ``version_end`` (``SAWItem.version_end``), version 3
-``logprob_temperature``; a payload of another version is refused.
-
-:func:`decode_batch` checks the magic, the version, that the header is a JSON object with
-exactly these fields, every dtype and count (against the bytes actually received, before
-any array is read, so a lying length cannot make it allocate), 0/1 flags and masks,
-non-negative token ids, finite floats, and then builds each ``SAWItem`` through its own
-checks. Anything wrong raises :class:`WireFormatError` naming the field (and the item).
-Round trip: exact except ``old_logprobs`` (float32) and meta (JSON: tuples come back as
-lists).
+No pickle, no ``eval``: ``b"LUDICSAW"``, a uint32 format version (:data:`FORMAT_VERSION`; any
+other is refused), a uint32 header length, a JSON header (producer, batch and item meta, the
+array table) and raw little-endian arrays; the byte layout is in docs/design.md ("Wire format").
+:func:`encode_batch` writes it. :func:`decode_batch` checks every field, dtype and count against
+the bytes received before reading an array (a lying length cannot make it allocate), then builds
+each ``SAWItem`` through its own checks; anything wrong is a :class:`WireFormatError` naming the
+field. Round trip: exact but for ``old_logprobs`` (float32) and meta (JSON: tuples -> lists).
 """
 
 from __future__ import annotations
@@ -147,7 +105,7 @@ class WireBatch:
 
 # ---------------------------------------------------------------------------------- encode
 def encode_batch(batch: SAWBatch, producer: Producer) -> bytes:
-    """``batch`` + ``producer`` -> payload bytes (layout in the module docstring)."""
+    """``batch`` + ``producer`` -> payload bytes (layout: docs/design.md, "Wire format")."""
     items = batch.items
     if not items:
         raise WireFormatError("cannot encode an empty SAWBatch (no items)")

@@ -1,15 +1,12 @@
-"""Losses: ``Loss(inputs: LossInputs) -> LossOutput``, one module per family.
+"""Losses: ``Loss(inputs: LossInputs) -> LossOutput``, one module per family; every ratio is
+``clamped_exp(log_ratio, log_ratio_clamp)``, default ``LOG_RATIO_CLAMP`` (``base``).
 
 * ``policy_gradient``: ``ReinforceLoss``, ``CISPOLoss``
 * ``clipped``: ``TokenClippedSurrogateLoss`` (PPO/GRPO), ``ClippedSurrogateLoss`` (GSPO),
   ``GMPOLoss``
 * ``decoupled``: ``DecoupledClippedSurrogateLoss`` (decoupled PPO; truncated IS)
-* ``sft``: ``MaskedCausalLMCrossEntropyLoss``
-* ``regularizers``: ``KLPenalty``, ``EntropyBonus``
-* ``composite``: ``CompositeLoss``
-* ``bradley_terry``: ``BradleyTerryLoss`` (reward models, on preference pairs)
-
-Every ratio is ``clamped_exp(log_ratio, log_ratio_clamp)``, default ``LOG_RATIO_CLAMP``.
+* ``sft``: ``MaskedCausalLMCrossEntropyLoss``; ``regularizers``: ``KLPenalty``, ``EntropyBonus``
+* ``composite``: ``CompositeLoss``; ``bradley_terry``: ``BradleyTerryLoss`` (reward models)
 """
 
 from ludic.training.losses.base import (

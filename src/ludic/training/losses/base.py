@@ -1,17 +1,12 @@
-"""The loss contract and token aggregation.
+"""The loss contract (``Loss``, ``LossInputs``, ``LossOutput``) and token aggregation.
 
-Shapes: ``B`` sequences of ``T`` tokens; losses work on the ``T-1`` next-token positions:
-position ``t`` scores ``input_ids[:, t+1]`` given ``input_ids[:, :t+1]``.
-
-Normalizers are *global to the optimizer step*: ``num_sequences`` and
-``num_action_tokens`` count every micro-batch of the step, so summing micro-batch losses
-(gradient accumulation) gives exactly the full-batch loss and gradient.
-
-Every loss that exponentiates a log-ratio goes through ``clamped_exp``: the log-ratio is
-clamped to +-``log_ratio_clamp`` (default ``LOG_RATIO_CLAMP`` = 20, as verl) first, so one
-token whose log-ratio exceeds ~88 cannot overflow float32 into an infinite loss or NaN
-gradients (stale data makes such tokens common). Inside the clamp nothing changes; a token
-beyond it gets the clamp's ratio (e^20 or e^-20) and no gradient through the ratio.
+Shapes: ``B`` sequences of ``T`` tokens; losses work on the ``T-1`` next-token positions
+(position ``t`` scores ``input_ids[:, t+1]``). Normalizers (``num_sequences``,
+``num_action_tokens``) count every micro-batch of the optimizer step, so summed micro-batch
+losses give exactly the full-batch loss and gradient. Every exponentiated log-ratio goes through
+:func:`clamped_exp`, clamped to +-``log_ratio_clamp`` (default :data:`LOG_RATIO_CLAMP` = 20, as
+verl), so a token past ~88 (common on stale data) cannot overflow float32; a token beyond the
+clamp gets e^+-20 and no gradient through the ratio.
 """
 
 from __future__ import annotations

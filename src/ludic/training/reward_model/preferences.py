@@ -1,12 +1,10 @@
 """Preference data for reward-model training: pairs, wrong-answer pairs from QA data,
 JSONL files and a held-out evaluation split.
 
-A :class:`PreferencePair` says that ``chosen`` is a better response to ``prompt`` than
-``rejected``; a reward model is trained to score ``format_reward_input(prompt, chosen)``
-above ``format_reward_input(prompt, rejected)`` (Bradley-Terry, see
-``ludic.training.losses.bradley_terry``).
-
-JSONL layout, one pair per line (``margin`` and ``meta`` optional)::
+A :class:`PreferencePair` says ``chosen`` is a better response to ``prompt`` than ``rejected``;
+a reward model learns to score ``format_reward_input(prompt, chosen)`` above the same for
+``rejected`` (Bradley-Terry, ``ludic.training.losses.bradley_terry``). JSONL, one pair per
+line (``margin`` and ``meta`` optional)::
 
     {"prompt": "3+4=", "chosen": "7", "rejected": "9", "margin": 0.0, "meta": {}}
 """

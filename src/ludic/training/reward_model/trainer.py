@@ -1,17 +1,11 @@
-"""Reward-model training on preference pairs (docs/design.md, "Reward models").
+"""Reward-model training on preference pairs (docs/reward-models.md).
 
-A reward model is a sequence classifier with one label (an LLM backbone plus a linear
-``score`` head read at the last non-pad token). Three training modes
-(:class:`~ludic.inference.reward_client.RewardModelTrainingMode`):
-
-* ``HEAD_ONLY``: only the head trains (features already linearly separable);
-* ``LORA``: peft LoRA adapters on the attention projections plus the head;
-* ``FULL``: every weight.
-
-:func:`prepare_reward_model` sets a model up for a mode, :class:`PreferenceTrainer`
-optimises the Bradley-Terry loss and publishes ``reward_model_state_dict(model, mode)``,
-and :func:`save_reward_model` writes a plain HF folder (LoRA merged) that a vLLM reward
-server loads.
+A reward model is a sequence classifier with one label (an LLM backbone plus a linear ``score``
+head read at the last non-pad token), trained in a ``RewardModelTrainingMode``: ``HEAD_ONLY``,
+``LORA`` (peft adapters on the attention projections plus the head) or ``FULL``.
+:func:`prepare_reward_model` sets a model up for a mode, :class:`PreferenceTrainer` optimises the
+Bradley-Terry loss and publishes ``reward_model_state_dict(model, mode)``, and
+:func:`save_reward_model` writes a plain HF folder (LoRA merged) that a vLLM reward server loads.
 """
 
 from __future__ import annotations
