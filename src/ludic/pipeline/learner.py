@@ -35,14 +35,13 @@ from ludic.pipeline.run_info import (
     require_reward_router,
     write_pipeline_info,
 )
-from ludic.run.builders import make_algorithm, make_engine, rl_sample_filter, rl_trainer_config
+from ludic.run.builders import make_algorithm, make_engine
 from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
 from ludic.run.export import POLICY_DIR
 from ludic.run.models import load_policy
 from ludic.run.phases import (
-    pad_id,
-    phase_checkpoint_config,
+    make_trainer,
     phase_loggers,
     run_rl,
     run_summary,
@@ -51,15 +50,13 @@ from ludic.run.phases import (
 from ludic.run.plot import plot_reward_curve
 from ludic.run.preflight import check_config, check_local_servers
 from ludic.run.progress import print_summary
-from ludic.run.reference import reference_policy
 from ludic.run.run_dir import RunDirectory
 from ludic.run.run_loggers import run_loggers
-from ludic.run.servers import inference_backend, published_weights
+from ludic.run.servers import inference_backend
 from ludic.run.signals import terminate_as_interrupt
 from ludic.run.steps import checkpoint_on_failure
 from ludic.run.threads import use_torch_threads
 from ludic.run.trainer_ranks import run_as_ranks, save_policy, share_run_dir
-from ludic.training import Trainer
 from ludic.training.data_parallel import TrainerRanks
 
 __all__ = ["run_learner"]
@@ -146,9 +143,8 @@ def _reinforce_from_queue(
 ) -> None:
     from ludic.pipeline.batch_source import PipelineBatchSource
 
-    # reward_rl scores completions in a rollout hook, on the actors; the learner only needs
-    # the loss, so it gets no reward model.
-    algorithm = make_algorithm(config, reward_client=_NoRewardModel())
+    # reward_rl scores completions in a rollout hook, on the actors: no reward model here
+    algorithm = make_algorithm(config)
     source = PipelineBatchSource(
         queue,
         max_staleness=config.trainer.staleness,
@@ -156,19 +152,10 @@ def _reinforce_from_queue(
     )
     title = f"RL ({algorithm.name}, pipeline)"
     loggers = phase_loggers(config, run, "rl", title, config.trainer.steps, console)
-    trainer = Trainer(
-        policy,
-        algorithm,
-        source,
-        rl_trainer_config(config, pad_id(tokenizer)),
-        reference_model=reference_policy(config, run, policy, tokenizer),
-        publisher=_publisher(config, client, queue),
-        published_weights=published_weights(config),
-        checkpoint=phase_checkpoint_config(config, run, "rl", tokenizer, ranks),
-        loggers=loggers,
-        sample_filter=rl_sample_filter(config),
-        ranks=ranks,
-    )
+    trainer = make_trainer(
+        config, run, "rl", policy, tokenizer, source, algorithm,
+        publisher=_publisher(config, client, queue), loggers=loggers, ranks=ranks,
+    )  # fmt: skip
     eval_engine = make_engine(
         config, client, HFChatTemplate(tokenizer), env_overrides=config.env.eval_kwargs
     )
@@ -241,13 +228,6 @@ class _FanOutPublisher:
     def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         for publisher in self.publishers:
             publisher.publish(state_dict, version)
-
-
-class _NoRewardModel:
-    """Stands in for the reward client on the learner, which never scores."""
-
-    async def score_batch(self, inputs: Any, *, normalize: bool = True) -> list[float]:
-        raise RuntimeError("the pipeline learner scores nothing; actors run the reward model")
 
 
 def _wait_for_actors_to_leave(queue: Any, timeout_s: float) -> None:

@@ -216,7 +216,8 @@ def batch_requests(config: RunConfig, index: int) -> list[RolloutRequest]:
 def make_algorithm(config: RunConfig, *, reward_client: Any = None) -> RLAlgorithm:
     """The configured ``make_*`` preset. ``group_size`` goes to presets that take it,
     Dr. GRPO's constant normalizer defaults to ``sampling.max_tokens``, and ``reward_rl``
-    gets ``reward_client`` and the ``reward`` section's mode, weight and normalize. The
+    gets ``reward_client`` (``None``: no scoring hook, for a trainer whose rollouts are
+    scored elsewhere) and the ``reward`` section's mode, weight and normalize. The
     clip and off-policy fields of ``algorithm`` (``PRESET_FIELDS``) written in the config
     are passed by name; one the preset does not take is an error naming the field."""
     name = config.algorithm.name
@@ -237,8 +238,8 @@ def make_algorithm(config: RunConfig, *, reward_client: Any = None) -> RLAlgorit
         kwargs.setdefault("group_size", config.algorithm.group_size)
     if "max_tokens" in params:
         kwargs.setdefault("max_tokens", config.sampling.max_tokens)
-    if "reward_client" in params:
-        if reward_client is None or config.reward is None:
+    if "reward_client" in params:  # None: scored elsewhere (a pipeline learner; preflight)
+        if config.reward is None:
             raise RunError(
                 f"algorithm.name={config.algorithm.name!r} needs a reward model: set reward.path"
             )

@@ -9,16 +9,19 @@ run summary.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from ludic.distributed.interfaces import PolicyPublisher
 from ludic.eval import default_reducers, run_eval
 from ludic.run.builders import (
     RunError,
     make_requests,
+    rl_sample_filter,
+    rl_trainer_config,
     sampling_spec,
     warm_start_trainer_config,
 )
@@ -26,22 +29,27 @@ from ludic.run.config import RunConfig
 from ludic.run.demos import demonstrations_path
 from ludic.run.export import POLICY_DIR, save_policy
 from ludic.run.progress import ProgressLogger
+from ludic.run.reference import reference_policy
 from ludic.run.run_dir import PhaseMetricsWriter, RunDirectory
+from ludic.run.servers import published_weights
 from ludic.run.signals import run_interruptible
 from ludic.run.steps import checkpoint_on_failure, run_steps
 from ludic.training import (
     CheckpointConfig,
     OfflineBatchSource,
     RichConsoleLogger,
+    RLAlgorithm,
     RolloutEngine,
     Trainer,
     make_sft,
 )
 from ludic.training.data_parallel import TrainerRanks
+from ludic.training.types import BatchSource
 
 __all__ = [
     "CONSOLE_KEYS",
     "evaluate_policy",
+    "make_trainer",
     "pad_id",
     "phase_checkpoint_config",
     "phase_loggers",
@@ -76,12 +84,14 @@ def warm_start(
         seed=config.seed,
     )
     loggers = phase_loggers(config, run, "warm_start", "warm start (SFT)", steps, console)
-    trainer = Trainer(
+    trainer = make_trainer(
+        config,
+        run,
+        "warm_start",
         policy,
-        algorithm,
+        tokenizer,
         source,
-        warm_start_trainer_config(config, pad_id(tokenizer)),
-        checkpoint=phase_checkpoint_config(config, run, "warm_start", tokenizer, ranks),
+        algorithm,
         loggers=loggers,
         ranks=ranks,
     )
@@ -93,6 +103,44 @@ def warm_start(
             source.skip(trainer.step)
             loggers[0].last_step = trainer.step
         run_steps(trainer, steps - trainer.step, every=config.trainer.checkpoint_every)
+
+
+def make_trainer(
+    config: RunConfig,
+    run: RunDirectory,
+    phase: str,
+    policy: Any,
+    tokenizer: Any,
+    source: BatchSource | None,
+    algorithm: RLAlgorithm,
+    *,
+    publisher: PolicyPublisher | None = None,
+    loggers: Sequence[Any] = (),
+    ranks: TrainerRanks | None = None,
+) -> Trainer:
+    """The one place a run's Trainer is wired, for every mode and rank: the phase's
+    settings and checkpoints; for ``rl`` also the reference model, what is published and
+    the sample filter. ``source`` is ``None`` on a following rank (rank 0's batches)."""
+    pad = pad_id(tokenizer)
+    checkpoint = phase_checkpoint_config(config, run, phase, tokenizer, ranks)
+    if phase == "warm_start":
+        settings = warm_start_trainer_config(config, pad)
+        return Trainer(
+            policy, algorithm, source, settings, checkpoint=checkpoint, loggers=loggers, ranks=ranks
+        )
+    return Trainer(
+        policy,
+        algorithm,
+        source,
+        rl_trainer_config(config, pad),
+        reference_model=reference_policy(config, run, policy, tokenizer),
+        publisher=publisher,
+        published_weights=published_weights(config),
+        checkpoint=checkpoint,
+        loggers=loggers,
+        sample_filter=rl_sample_filter(config),
+        ranks=ranks,
+    )
 
 
 def run_rl(

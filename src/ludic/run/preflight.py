@@ -174,9 +174,8 @@ def _check_holdout(config: RunConfig) -> None:
 
 
 def _check_algorithm(config: RunConfig) -> None:
-    # reward_rl needs a reward client; the real one starts with the run, so a stand-in
-    # object checks the preset's other arguments now.
-    make_algorithm(config, reward_client=_RewardClientStandIn())
+    # reward_rl's reward client starts with the run: the preset's other arguments now
+    make_algorithm(config)
 
 
 def _check_trainer_configs(config: RunConfig) -> None:
@@ -201,13 +200,6 @@ def _trainer_config(section: str, build: Callable[[], Any]) -> None:
         raise RunError(text if text.startswith(section) else f"{section}: {text}") from None
 
 
-class _RewardClientStandIn:
-    """Takes the place of the reward client while the preset's arguments are checked."""
-
-    async def score_batch(self, inputs: Any, *, normalize: bool = True) -> list[float]:
-        raise RuntimeError("the preflight stand-in reward client scores nothing")
-
-
 def check_reward_loop(config: RunConfig) -> None:
     """Preflight: the function loads, the manager is registered and takes its arguments.
     (Where a pipeline's reward servers run is the pipeline's check:
@@ -216,7 +208,7 @@ def check_reward_loop(config: RunConfig) -> None:
     if section is None:
         return
     if section.group_judge is not None:  # the judge answers once its server is up
-        if make_algorithm(config, reward_client=_RewardClientStandIn()).request_strategy is None:
+        if make_algorithm(config).request_strategy is None:
             raise RunError(
                 f"reward_loop.group_judge judges each prompt's group of completions; "
                 f"algorithm.name={config.algorithm.name!r} samples no groups: use a group "

@@ -23,20 +23,14 @@ from rich.console import Console
 from ludic.distributed import ClientPolicyPublisher, policy_state_dict
 from ludic.inference import HFChatTemplate
 from ludic.rewards import RewardLoop
-from ludic.run.builders import (
-    batch_requests,
-    make_algorithm,
-    make_engine,
-    rl_sample_filter,
-    rl_trainer_config,
-)
+from ludic.run.builders import batch_requests, make_algorithm, make_engine
 from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
 from ludic.run.export import POLICY_DIR
 from ludic.run.models import load_policy
 from ludic.run.phases import (
     evaluate_policy,
-    pad_id,
+    make_trainer,
     phase_checkpoint_config,
     phase_loggers,
     run_rl,
@@ -45,11 +39,10 @@ from ludic.run.phases import (
 )
 from ludic.run.plot import plot_reward_curve
 from ludic.run.progress import print_summary
-from ludic.run.reference import reference_policy
 from ludic.run.reward_loop import reward_loop_from_config, with_reward_loop
 from ludic.run.run_dir import RunDirectory, open_run, removed_if_start_fails
 from ludic.run.run_loggers import run_loggers
-from ludic.run.servers import inference_backend, published_weights, reward_backend
+from ludic.run.servers import inference_backend, reward_backend
 from ludic.run.steps import checkpoint_on_failure
 from ludic.run.threads import use_torch_threads
 from ludic.run.trainer_ranks import run_as_ranks, save_policy, share_run_dir
@@ -226,19 +219,11 @@ def _reinforce_with(
     loggers = phase_loggers(
         config, run, "rl", f"RL ({algorithm.name})", config.trainer.steps, console
     )
-    trainer = Trainer(
-        policy,
-        algorithm,
-        source,
-        rl_trainer_config(config, pad_id(tokenizer)),
-        reference_model=reference_policy(config, run, policy, tokenizer),
-        publisher=ClientPolicyPublisher(client),
-        published_weights=published_weights(config),
-        checkpoint=phase_checkpoint_config(config, run, "rl", tokenizer, ranks),
-        loggers=loggers,
-        sample_filter=rl_sample_filter(config),
-        ranks=ranks,
-    )
+    publisher = ClientPolicyPublisher(client)
+    trainer = make_trainer(
+        config, run, "rl", policy, tokenizer, source, algorithm,
+        publisher=publisher, loggers=loggers, ranks=ranks,
+    )  # fmt: skip
     with checkpoint_on_failure(trainer, loggers[0], console):
         run_rl(
             config,

@@ -19,22 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from ludic.inference.vllm.process import die_with_parent_preexec
-from ludic.run.builders import (
-    RunError,
-    make_algorithm,
-    rl_trainer_config,
-    warm_start_trainer_config,
-)
+from ludic.run.builders import RunError, make_algorithm
 from ludic.run.config import RunConfig
 from ludic.run.export import POLICY_DIR, save_policy
 from ludic.run.models import load_policy
-from ludic.run.phases import pad_id, phase_checkpoint_config
+from ludic.run.phases import make_trainer
 from ludic.run.run_dir import RunDirectory
 from ludic.run.steps import run_steps
-from ludic.training import Trainer
 from ludic.training.algorithm import make_sft
 from ludic.training.data_parallel import TrainerRanks, broadcast_text
-from ludic.training.types import SAWBatch
 
 __all__ = [
     "follow",
@@ -193,13 +186,6 @@ def share_run_dir(path: Path | None, ranks: TrainerRanks) -> Path:
     return Path(broadcast_text(str(path) if path is not None else None, ranks))
 
 
-class _FromRankZero:
-    """The batch source of a following rank: its batches come from rank 0."""
-
-    async def next_batch(self) -> SAWBatch:
-        raise RuntimeError("a following rank's Trainer receives its batches from rank 0")
-
-
 def follow(config: RunConfig, ranks: TrainerRanks, *, resume: bool) -> Path:
     """A following rank's run: rank 0's steps and collectives, in rank 0's order (see the
     module docstring). Returns the run directory."""
@@ -208,40 +194,18 @@ def follow(config: RunConfig, ranks: TrainerRanks, *, resume: bool) -> Path:
     policy, tokenizer = load_policy(config, run.model_dir)
     every = config.trainer.checkpoint_every
     if config.warm_start.steps > 0 and not run.has_checkpoint("rl"):
-        trainer = _trainer(config, run, "warm_start", policy, tokenizer, make_sft(), ranks)
+        trainer = make_trainer(
+            config, run, "warm_start", policy, tokenizer, None, make_sft(), ranks=ranks
+        )
         if resume and run.has_checkpoint("warm_start"):
             trainer.resume()
         run_steps(trainer, config.warm_start.steps - trainer.step, every=every)
         save_policy(policy, tokenizer, run.path / POLICY_DIR, ranks)
-    trainer = _trainer(config, run, "rl", policy, tokenizer, make_algorithm(config), ranks)
+    algorithm = make_algorithm(config)
+    trainer = make_trainer(config, run, "rl", policy, tokenizer, None, algorithm, ranks=ranks)
     if resume and run.has_checkpoint("rl"):
         trainer.resume()
     trainer.publish_policy()  # with rank 0's first publish
     run_steps(trainer, config.trainer.steps - trainer.step, every=every)
     save_policy(policy, tokenizer, run.path / POLICY_DIR, ranks)
     return run.path
-
-
-def _trainer(
-    config: RunConfig,
-    run: RunDirectory,
-    phase: str,
-    policy: Any,
-    tokenizer: Any,
-    algorithm: Any,
-    ranks: TrainerRanks,
-) -> Trainer:
-    pad = pad_id(tokenizer)
-    trainer_config = (
-        warm_start_trainer_config(config, pad)
-        if phase == "warm_start"
-        else rl_trainer_config(config, pad)
-    )
-    return Trainer(
-        policy,
-        algorithm,
-        _FromRankZero(),
-        trainer_config,
-        checkpoint=phase_checkpoint_config(config, run, phase, tokenizer, ranks),
-        ranks=ranks,
-    )

@@ -386,7 +386,7 @@ def _token_mean_decoupled_loss(
 
 
 def make_reward_rl(
-    reward_client: RewardModelClient,
+    reward_client: RewardModelClient | None,
     *,
     mode: CombineMode = "replace",
     weight: float = 0.5,
@@ -413,8 +413,9 @@ def make_reward_rl(
       SEQ_MEAN_TOKEN_MEAN, as ``make_grpo``), which needs behaviour logprobs.
 
     ``loss`` replaces the default loss. The batch source must run the hooks:
-    ``RolloutBatchSource(engine, requests_fn, algo.credit_assigner,
-    rollout_hooks=algo.rollout_hooks)``.
+    ``RolloutBatchSource.from_algorithm(engine, requests_fn, algo)``. ``reward_client=None``
+    leaves the hook out, for a trainer whose rollouts are scored elsewhere (a pipeline's
+    actors); its credit assigner refuses rollouts without scores.
     """
     group_normalize = group_size is not None
     if group_normalize:
@@ -422,8 +423,14 @@ def make_reward_rl(
     credit = RewardModelCreditAssigner(
         mode=mode, weight=weight, group_normalize=group_normalize, group_size=group_size
     )
-    scorer = RewardModelScorer(
-        reward_client, normalize=normalize, format_fn=format_fn, per_turn=per_turn
+    hooks = (
+        ()
+        if reward_client is None
+        else (
+            RewardModelScorer(
+                reward_client, normalize=normalize, format_fn=format_fn, per_turn=per_turn
+            ),
+        )
     )
     if loss is None:
         loss = (
@@ -435,7 +442,7 @@ def make_reward_rl(
         "reward_rl",
         credit,
         loss,
-        rollout_hooks=(scorer,),
+        rollout_hooks=hooks,
         request_strategy=None if group_size is None else _grouped(group_size),
     )
 

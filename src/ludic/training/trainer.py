@@ -83,7 +83,8 @@ class Trainer(HasTrainingCore):
     * ``ranks``: data-parallel training over torch.distributed ranks, the policy sharded
       with FSDP2 (:mod:`ludic.training.data_parallel`): every rank builds the same
       Trainer with ``ranks=TrainerRanks.current()``; rank 0's batch source, publisher and
-      loggers are the ones used (the other ranks' are ignored).
+      loggers are the ones used (another rank's are ignored: its ``batch_source`` may be
+      ``None``, its batches come from rank 0).
 
     The optimizer, schedule, step counter, checkpoints and loggers live in a
     :class:`~ludic.training.core.TrainingCore` (``trainer.core``) shared with the
@@ -94,7 +95,7 @@ class Trainer(HasTrainingCore):
         self,
         model: torch.nn.Module,
         algorithm: TrainingAlgorithm,
-        batch_source: BatchSource,
+        batch_source: BatchSource | None,
         config: TrainerConfig,
         *,
         publisher: PolicyPublisher | None = None,
@@ -109,7 +110,8 @@ class Trainer(HasTrainingCore):
         ),
     ) -> None:
         _check_algorithm(algorithm)
-        check_batch_source(batch_source)
+        if batch_source is not None or ranks is None or ranks.is_main:
+            check_batch_source(batch_source)
         self.config = config
         self.device = torch.device(config.device)
         _seed_everything(config.seed)
