@@ -18,6 +18,9 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+import httpx
+from pydantic import ValidationError
+
 from ludic._imports import absolute_spec, load_object
 from ludic.envs.single_agent_env import DEFAULT_AGENT_ID, SingleAgentEnv
 from ludic.envs.templates import fill_template
@@ -168,8 +171,6 @@ class OpenEnvEnv(SingleAgentEnv):
         says why it is none. The server's own refusal fails the episode (it cannot be told
         apart from an environment whose code raised a validation error)."""
         if self.action_class is not None:
-            from pydantic import ValidationError
-
             try:
                 return self.action_class.model_validate({self.action_field: text})
             except ValidationError as e:
@@ -240,8 +241,6 @@ def _action_type(client_class: type) -> Any:
 @functools.lru_cache(maxsize=32)
 def _action_schema(base_url: str) -> dict[str, Any]:
     """The action's JSON schema, from the server's ``/schema``."""
-    import httpx
-
     try:
         schema = httpx.get(f"{base_url}/schema", timeout=30.0).raise_for_status().json()
     except httpx.HTTPError as e:

@@ -18,6 +18,8 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
+
 from ludic.envs.env import LudicEnv
 from ludic.types import AgentId, Info, Observation, StepOutcome
 
@@ -114,8 +116,6 @@ class TextArenaEnv(LudicEnv):
     def _own_random(self) -> Iterator[None]:
         """This env's random states (Python's and numpy's global ones) in place of the
         process's, for one call into the game."""
-        import numpy as np
-
         with _RANDOM:
             outside = random.getstate(), np.random.get_state()
             random.setstate(self._state[0])
@@ -130,8 +130,6 @@ class TextArenaEnv(LudicEnv):
 
 def _seeded(seed: int) -> tuple[Any, Any]:
     """Python's and numpy's global random states, seeded with ``seed``."""
-    import numpy as np
-
     return random.Random(seed).getstate(), np.random.RandomState(seed % 2**32).get_state()
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ludic.envs.dataset_qa_env import gsm8k_match, numeric_match
+from ludic.envs.math_verifier import math_match
 from ludic.parsers import last_boxed_content
 
 GSM8K_SOURCES = frozenset({"gsm8k", "openai/gsm8k"})
@@ -47,8 +48,6 @@ def math_score(
 ) -> float:
     """1.0 when the last ``\\boxed{}`` of the response equals the ground truth under
     ``math-verify``; 0.0 without a box."""
-    from ludic.envs.math_verifier import math_match
-
     answer = last_boxed_content(solution_str) if "\\boxed" in solution_str else None
     if not answer:
         return 0.0

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ludic.distributed.weight_transfer.extractor import is_dtensor
 from ludic.jsonl import fsync_dir, fsync_tree
 from ludic.training.optim import parameter_problem
 
@@ -235,8 +236,6 @@ def _load(path: Path) -> Any:
 # ---------------------------------------------------------------------- sharded models
 def is_sharded(model: torch.nn.Module) -> bool:
     """Whether ``model``'s parameters are ``DTensor`` shards (FSDP2 / tensor parallel)."""
-    from ludic.distributed.weight_transfer.extractor import is_dtensor
-
     return any(is_dtensor(p) for p in model.parameters())
 
 

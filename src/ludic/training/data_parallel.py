@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from ludic.distributed.weight_transfer.extractor import is_dtensor
+from ludic.training.batching.wire import Producer, decode_batch, encode_batch
 from ludic.training.collate import CollatedBatch
 from ludic.training.token_scores import ScoringOptions, score_tokens, split_causal_lm
 from ludic.training.types import DataExhausted, SAWBatch, SAWItem
@@ -180,8 +182,6 @@ class BatchChannel:
     @staticmethod
     def encode(batch: SAWBatch) -> bytes:
         """``batch`` in the wire format (raises ``WireFormatError`` on what it refuses)."""
-        from ludic.training.batching.wire import Producer, encode_batch
-
         return encode_batch(batch, Producer(batch_id="step", actor_id="rank0", batch_index=0))
 
     def send_payload(self, payload: bytes) -> None:
@@ -198,8 +198,6 @@ class BatchChannel:
     def receive(self) -> SAWBatch:
         """The batch rank 0 sent; raises ``DataExhausted`` or :class:`RemoteStepError`
         when it sent an end instead."""
-        from ludic.training.batching.wire import decode_batch
-
         kind, payload = self._broadcast(None, b"")
         if kind == _BATCH:
             return decode_batch(payload).batch
@@ -240,8 +238,6 @@ def gathered(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``state`` with every ``DTensor`` gathered into a full tensor (a collective per
     tensor, in ``state``'s order: the other ranks call
     :func:`~ludic.distributed.weight_transfer.extractor.gather_full_tensors` on theirs)."""
-    from ludic.distributed.weight_transfer.extractor import is_dtensor
-
     return {
         name: tensor.detach().full_tensor() if is_dtensor(tensor) else tensor  # type: ignore[attr-defined]
         for name, tensor in state.items()
