@@ -16,12 +16,8 @@ from typing import Any
 
 from ludic.agents.base_agent import Agent
 from ludic.agents.tools import Tool, as_tool, call_tool
-from ludic.context.base import ContextStrategy
-from ludic.inference.chat_template import ChatTemplate
-from ludic.inference.client import ChatClient
 from ludic.inference.request import InferenceSpec
 from ludic.inference.tool_parser import ToolCallParser, XMLJsonToolCallParser
-from ludic.parsers import Parser
 from ludic.types import AgentAct, AgentStep, ToolCall
 
 ToolSpec = Tool | Callable[..., Any] | Mapping[str, Any] | str
@@ -32,8 +28,6 @@ class ToolAgent(Agent):
     """An agent with internal and external tools (see the module docstring).
 
     Args:
-        client, context, parser, chat_template, incomplete_completion_penalty: as
-            ``Agent``.
         tools: internal tools (functions, or ``Tool`` with ``fn``); schemas come from
             ``tool_schema``.
         external_tools: tools the protocol handles (names, schemas, ``Tool`` or functions
@@ -43,29 +37,21 @@ class ToolAgent(Agent):
         max_tool_calls: most internal tool calls one ``act`` may run; a completion that
             would exceed it ends the act as a parse failure.
         tool_error_penalty: reward of that failure, and of a malformed tool call.
+        **agent_kwargs: every ``Agent`` argument (``client``, ``context``, ``parser``,
+            ``chat_template``, ``incomplete_completion_penalty``).
     """
 
     def __init__(
         self,
         *,
-        client: ChatClient,
-        context: ContextStrategy,
-        parser: Parser,
-        chat_template: ChatTemplate,
         tools: Sequence[ToolSpec] = (),
         external_tools: Sequence[ToolSpec] = (),
         tool_call_parser: ToolCallParser | None = None,
         max_tool_calls: int = 8,
         tool_error_penalty: float = 0.0,
-        incomplete_completion_penalty: float | None = None,
+        **agent_kwargs: Any,
     ) -> None:
-        super().__init__(
-            client=client,
-            context=context,
-            parser=parser,
-            chat_template=chat_template,
-            incomplete_completion_penalty=incomplete_completion_penalty,
-        )
+        super().__init__(**agent_kwargs)
         if max_tool_calls < 0:
             raise ValueError(f"ToolAgent: max_tool_calls must be >= 0, got {max_tool_calls}")
         self.tools = _by_name([as_tool(t, internal=True) for t in tools], "tools")

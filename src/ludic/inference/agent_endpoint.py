@@ -346,23 +346,7 @@ class AgentEndpoint:
         prompt_ids: list[int],
     ) -> dict[str, Any]:
         """Sample in the episode's loop, record, and build the OpenAI response."""
-        sampling = episode.inference.sampling
-        asked = request.get("max_completion_tokens") or request.get("max_tokens")
-        max_tokens = sampling.max_tokens if asked is None else min(int(asked), sampling.max_tokens)
-        stop = request.get("stop")
-        stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
-        extra = dict(episode.inference.extra)
-        if "structured_outputs" in request:  # vLLM's own field (extra_body in the SDK)
-            extra["structured_outputs"] = request["structured_outputs"]
-        index = len(episode.calls) + episode.in_flight
-        seed = None if sampling.seed is None else call_seed(sampling.seed, index)
-        spec = replace(
-            episode.inference,
-            sampling=replace(
-                sampling, max_tokens=max(max_tokens, 1), stop=sampling.stop + stop, seed=seed
-            ),
-            extra=extra,
-        )
+        spec = _call_inference(episode, request)
         episode.in_flight += 1
         try:
             response = await self.client.complete(
@@ -384,60 +368,29 @@ class AgentEndpoint:
             )
             for c in calls:
                 episode.raw[c.id] = text
-        requested = {
-            k: request[k]
-            for k in (
-                "temperature",
-                "top_p",
-                "seed",
-                "max_tokens",
-                "max_completion_tokens",
-                "stop",
-                "structured_outputs",
-            )
-            if k in request
-        }
+        requested = {k: request[k] for k in REQUESTED_FIELDS if k in request}
         episode.calls.append(
             RecordedCall(index, route, messages, tools, text, response.trace, calls, requested)
         )
-        usage = {
-            "prompt_tokens": len(prompt_ids),
-            "completion_tokens": len(response.trace.completion_token_ids),
-            "total_tokens": len(prompt_ids) + len(response.trace.completion_token_ids),
-        }
-        finish = response.finish_reason or "stop"
-        created = int(time.time())
         if route == "completions":
-            return {
-                "id": f"cmpl-{episode.id}-{index}",
-                "object": "text_completion",
-                "created": created,
-                "model": MODEL_NAME,
-                "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
-                "usage": usage,
-            }
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        if calls:
-            assert parsed is not None
-            message["content"] = parsed.content or None
-            message["tool_calls"] = [
-                {
-                    "id": c.id,
-                    "type": "function",
-                    "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
-                }
-                for c in calls
-            ]
-            finish = "tool_calls"
+            choice: dict[str, Any] = {"text": text}
+            kind, prefix = "text_completion", "cmpl"
+        else:
+            content = parsed.content if parsed is not None and calls else text
+            choice = {"message": _chat_message(content, calls)}
+            kind, prefix = "chat.completion", "chatcmpl"
+        finish = "tool_calls" if calls else response.finish_reason or "stop"
         return {
-            "id": f"chatcmpl-{episode.id}-{index}",
-            "object": "chat.completion",
-            "created": created,
+            "id": f"{prefix}-{episode.id}-{index}",
+            "object": kind,
+            "created": int(time.time()),
             "model": MODEL_NAME,
-            "choices": [
-                {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
-            ],
-            "usage": usage,
+            "choices": [{"index": 0, **choice, "finish_reason": finish, "logprobs": None}],
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": len(response.trace.completion_token_ids),
+                "total_tokens": len(prompt_ids) + len(response.trace.completion_token_ids),
+            },
         }
 
 
@@ -468,6 +421,53 @@ def _check_request(request: Any, *, structured_outputs: bool) -> None:
         raise ValueError(
             "structured_outputs needs a backend that constrains sampling (inference.backend: vllm)"
         )
+
+
+REQUESTED_FIELDS = (
+    "temperature",
+    "top_p",
+    "seed",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "structured_outputs",
+)
+"""The sampling fields of a request that its ``RecordedCall.requested`` keeps."""
+
+
+def _call_inference(episode: _Episode, request: Mapping[str, Any]) -> InferenceSpec:
+    """The episode's inference for one call: ``max_tokens`` capped by the request's, its
+    ``stop`` added, vLLM's ``structured_outputs`` passed on, the seed the call's own."""
+    sampling = episode.inference.sampling
+    asked = request.get("max_completion_tokens") or request.get("max_tokens")
+    max_tokens = sampling.max_tokens if asked is None else min(int(asked), sampling.max_tokens)
+    stop = request.get("stop")
+    stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    extra = dict(episode.inference.extra)
+    if "structured_outputs" in request:  # vLLM's own field (extra_body in the SDK)
+        extra["structured_outputs"] = request["structured_outputs"]
+    index = len(episode.calls) + episode.in_flight
+    seed = None if sampling.seed is None else call_seed(sampling.seed, index)
+    sampling = replace(
+        sampling, max_tokens=max(max_tokens, 1), stop=sampling.stop + stop, seed=seed
+    )
+    return replace(episode.inference, sampling=sampling, extra=extra)
+
+
+def _chat_message(content: str, calls: Sequence[ToolCall]) -> dict[str, Any]:
+    """The OpenAI assistant message of a chat completion: its text, or with tool calls the
+    text outside them (``content``) and the calls."""
+    if not calls:
+        return {"role": "assistant", "content": content}
+    tool_calls = [
+        {
+            "id": c.id,
+            "type": "function",
+            "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+        }
+        for c in calls
+    ]
+    return {"role": "assistant", "content": content or None, "tool_calls": tool_calls}
 
 
 def call_seed(seed: int, index: int) -> int:

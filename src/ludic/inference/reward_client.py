@@ -98,8 +98,10 @@ class RewardModelClient(Protocol):
     async def score_batch(
         self, inputs: Sequence[str | Sequence[int]], *, normalize: bool = True
     ) -> list[float]:
-        """Scores of ``inputs``, in order."""
-        ...
+        """Scores of ``inputs``, in order (one :meth:`score` request; inherited by a client
+        that subclasses this protocol)."""
+        response, _ = await self.score(ScoringRequest(inputs=list(inputs), normalize=normalize))
+        return response.scores
 
     def sync_weights(
         self,

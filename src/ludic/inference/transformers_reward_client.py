@@ -19,6 +19,7 @@ import torch
 from ludic._async import on_compute_thread
 from ludic.distributed.reward_weights import reward_sync_params
 from ludic.inference.reward_client import (
+    RewardModelClient,
     RewardModelTrainingMode,
     ScoringRequest,
     ScoringResponse,
@@ -26,7 +27,7 @@ from ludic.inference.reward_client import (
 from ludic.inference.transformers_client import _eval_mode
 
 
-class TransformersRewardClient:
+class TransformersRewardClient(RewardModelClient):
     """Scores texts (or token ids) with a local HF sequence-classification reward model.
 
     Args:
@@ -98,13 +99,6 @@ class TransformersRewardClient:
             self._score_rows, rows, request.normalize
         )
         return ScoringResponse(scores=scores, model_version=version), {"num_batches": num_batches}
-
-    async def score_batch(
-        self, inputs: Sequence[str | Sequence[int]], *, normalize: bool = True
-    ) -> list[float]:
-        """Scores of ``inputs``, in order (one :meth:`score` request)."""
-        response, _ = await self.score(ScoringRequest(inputs=list(inputs), normalize=normalize))
-        return response.scores
 
     def sync_weights(
         self,

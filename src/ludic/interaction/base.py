@@ -65,3 +65,36 @@ class InteractionProtocol(Protocol):
         """Run one episode. Returns every rollout it produced (one per agent, plus any
         delegated sub-agent rollouts). ``meta`` is copied into each rollout's ``meta``."""
         ...
+
+
+@dataclass(frozen=True)
+class Episode:
+    """The arguments of one ``run`` call, checked (``inference`` defaulted)."""
+
+    env: LudicEnv
+    max_steps: int
+    env_seed: int | None
+    inference: InferenceSpec
+    meta: dict[str, Any] | None
+
+
+class EpisodeProtocol:
+    """Base of the built-in protocols: ``run`` checks its arguments and calls ``_play``."""
+
+    async def run(
+        self,
+        *,
+        env: LudicEnv,
+        max_steps: int,
+        env_seed: int | None = None,
+        inference: InferenceSpec | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> list[Rollout]:
+        """Run one episode (see ``InteractionProtocol.run``)."""
+        if max_steps < 1:
+            raise ValueError(f"{type(self).__name__}.run: max_steps={max_steps}; expected >= 1")
+        inference = inference or InferenceSpec()
+        return await self._play(Episode(env, max_steps, env_seed, inference, meta))
+
+    async def _play(self, episode: Episode) -> list[Rollout]:
+        raise NotImplementedError

@@ -62,20 +62,7 @@ def make_delegation_handler(
     to_content = result_fn or final_answer
 
     async def handle(call: ToolCall) -> ExternalToolResult:
-        if call.name != tool_name:
-            raise ValueError(
-                f"delegation handler for tool {tool_name!r} got a call to {call.name!r} "
-                f"(id {call.id!r}); route {call.name!r} to its own handler, e.g. with a "
-                "dispatch on ToolCall.name"
-            )
-        try:
-            env = env_factory(dict(call.arguments))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(
-                f"delegation tool {tool_name!r}: env_factory failed for call {call.id!r} "
-                f"with arguments {call.arguments!r}: {e!r}; check the tool's argument schema "
-                "matches what env_factory reads"
-            ) from e
+        env = _sub_env(tool_name, env_factory, call)
         protocol = SingleAgentProtocol(
             sub_agent_factory(), external_tool_handler=external_tool_handler
         )
@@ -93,6 +80,26 @@ def make_delegation_handler(
         return ExternalToolResult(content=to_content(rollouts[0]), rollouts=rollouts)
 
     return handle
+
+
+def _sub_env(
+    tool_name: str, env_factory: Callable[[dict[str, Any]], LudicEnv], call: ToolCall
+) -> LudicEnv:
+    """The sub-episode's env, built from a ``tool_name`` call's arguments."""
+    if call.name != tool_name:
+        raise ValueError(
+            f"delegation handler for tool {tool_name!r} got a call to {call.name!r} "
+            f"(id {call.id!r}); route {call.name!r} to its own handler, e.g. with a "
+            "dispatch on ToolCall.name"
+        )
+    try:
+        return env_factory(dict(call.arguments))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(
+            f"delegation tool {tool_name!r}: env_factory failed for call {call.id!r} "
+            f"with arguments {call.arguments!r}: {e!r}; check the tool's argument schema "
+            "matches what env_factory reads"
+        ) from e
 
 
 class TaskEnv(LudicEnv):

@@ -3,25 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from ludic._async import gather_or_cancel
 from ludic.envs.env import LudicEnv
-from ludic.inference.request import InferenceSpec
-from ludic.interaction.base import ActingAgent, ExternalToolHandler
+from ludic.interaction.base import ActingAgent, Episode, ExternalToolHandler
 from ludic.interaction.env_calls import reset_env, step_env
 from ludic.interaction.info import PROTOCOL_META_KEYS, merge_step_info
 from ludic.interaction.step_collector import (
     DEFAULT_MAX_TOOL_ROUNDS,
+    AgentLoopProtocol,
     TraceCollector,
-    check_run_args,
     exclusive_agents,
-    run_agent_turn,
 )
-from ludic.types import AgentId, Rollout, StepOutcome, new_id
+from ludic.types import AgentId, Observation, Rollout, StepOutcome
 
 
-class MultiAgentProtocol:
+class MultiAgentProtocol(AgentLoopProtocol):
     """Run one episode of a multi-agent ``LudicEnv``, one ``ActingAgent`` per env agent id.
 
     Each protocol step:
@@ -72,14 +69,8 @@ class MultiAgentProtocol:
                     "agent object; agents hold per-episode state, so build one per id"
                 )
             seen[id(agent)] = aid
-        if max_tool_rounds < 0:
-            raise ValueError(
-                f"MultiAgentProtocol: max_tool_rounds={max_tool_rounds}; expected >= 0"
-            )
+        super().__init__(external_tool_handler, max_tool_rounds, system_prompt)
         self.agents = dict(agents)
-        self.external_tool_handler = external_tool_handler
-        self.max_tool_rounds = max_tool_rounds
-        self.system_prompt = system_prompt
 
     def _check_ids(self, env: LudicEnv) -> list[AgentId]:
         env_ids = list(env.agent_ids)
@@ -93,38 +84,73 @@ class MultiAgentProtocol:
             )
         return env_ids
 
-    async def run(
-        self,
-        *,
-        env: LudicEnv,
-        max_steps: int,
-        env_seed: int | None = None,
-        inference: InferenceSpec | None = None,
-        meta: dict[str, Any] | None = None,
-    ) -> list[Rollout]:
+    async def _play(self, episode: Episode) -> list[Rollout]:
         """Run one episode; returns ``[*per_agent_rollouts, *delegated_rollouts]``."""
-        inference = check_run_args(type(self).__name__, max_steps, inference)
+        env = episode.env
         env_ids = self._check_ids(env)
         with exclusive_agents(type(self).__name__, self.agents):
-            return await self._play(env, env_ids, max_steps, env_seed, inference, meta)
+            collector, obs = await self._reset(episode, env_ids)
+            done: set[AgentId] = set()
+            for _ in range(episode.max_steps):
+                active = self._active(env, done)
+                turns = await gather_or_cancel(
+                    *(self._turn(self.agents[a], a, collector, episode.inference) for a in active)
+                )
+                actions: dict[AgentId, str] = {}
+                turn_of = dict(zip(active, turns))
+                for aid, turn in turn_of.items():
+                    if collector.collect_turn(aid, turn):
+                        done.add(aid)
+                    elif turn.act.parse_error:
+                        step = collector.record_parse_failure(aid, turn, prev_obs=obs[aid])
+                        obs[aid] = step.next_obs or ""
+                        self.agents[aid].on_after_step(obs[aid], step.info)
+                    else:
+                        assert turn.act.action is not None  # checked by run_agent_turn
+                        actions[aid] = turn.act.action
+                if actions:
+                    outcomes = await step_env(env, actions)
+                    self._check_outcomes(type(env).__name__, env_ids, actions, outcomes, done)
+                    for aid in [a for a in env_ids if a in outcomes]:
+                        outcome = outcomes[aid]
+                        info = outcome.info
+                        if aid in actions:
+                            info = collector.record_outcome(
+                                aid,
+                                turn_of[aid],
+                                prev_obs=obs[aid],
+                                action=actions[aid],
+                                outcome=outcome,
+                            ).info
+                        else:
+                            _apply_passive_outcome(collector, aid, outcome)
+                        obs[aid] = outcome.obs
+                        self.agents[aid].on_after_step(outcome.obs, info)
+                        if outcome.terminated or outcome.truncated:
+                            done.add(aid)
+                if len(done) == len(env_ids):
+                    break
+            else:
+                for aid in env_ids:
+                    if aid not in done:
+                        collector.truncate_at_max_steps(aid)
+            return collector.all_rollouts()
 
-    async def _play(
-        self,
-        env: LudicEnv,
-        env_ids: list[AgentId],
-        max_steps: int,
-        env_seed: int | None,
-        inference: InferenceSpec,
-        meta: dict[str, Any] | None,
-    ) -> list[Rollout]:
-        env_name = type(env).__name__
-        resets = await reset_env(env, env_seed)
+    async def _reset(
+        self, episode: Episode, env_ids: list[AgentId]
+    ) -> tuple[TraceCollector, dict[AgentId, Observation]]:
+        """Reset the env, then every agent; each rollout records its ``initial_obs``."""
+        env = episode.env
+        resets = await reset_env(env, episode.env_seed)
         if missing := [a for a in env_ids if a not in resets]:
-            raise ValueError(f"{env_name}.reset() returned no observation for agents {missing}")
-        collector = TraceCollector(
-            env_ids, meta=merge_step_info(meta, {"env_seed": env_seed}, reserved=PROTOCOL_META_KEYS)
+            raise ValueError(
+                f"{type(env).__name__}.reset() returned no observation for agents {missing}"
+            )
+        meta = merge_step_info(
+            episode.meta, {"env_seed": episode.env_seed}, reserved=PROTOCOL_META_KEYS
         )
-        obs: dict[AgentId, str] = {}
+        collector = TraceCollector(env_ids, meta=meta)
+        obs: dict[AgentId, Observation] = {}
         system_prompt = self.system_prompt or env.system_prompt
         for aid in env_ids:
             obs[aid], info = resets[aid]
@@ -134,74 +160,7 @@ class MultiAgentProtocol:
             )
             rollout.meta["truncation_reason"] = None
             self.agents[aid].on_env_reset(obs[aid], info, system_prompt=system_prompt)
-
-        done: set[AgentId] = set()
-        for _ in range(max_steps):
-            active = self._active(env, done)
-            turns = await gather_or_cancel(
-                *(
-                    run_agent_turn(
-                        self.agents[aid],
-                        agent_id=aid,
-                        collector=collector,
-                        turn_id=new_id(),
-                        inference=inference,
-                        external_tool_handler=self.external_tool_handler,
-                        max_tool_rounds=self.max_tool_rounds,
-                    )
-                    for aid in active
-                )
-            )
-            actions: dict[AgentId, str] = {}
-            turn_of = dict(zip(active, turns))
-            for aid, turn in turn_of.items():
-                if collector.collect_turn(aid, turn):
-                    done.add(aid)
-                elif turn.act.parse_error:
-                    step = collector.record_parse_failure(
-                        aid,
-                        turn_id=turn.turn_id,
-                        prev_obs=obs[aid],
-                        act=turn.act,
-                        agent_step_indices=turn.agent_step_indices,
-                    )
-                    obs[aid] = step.next_obs or ""
-                    self.agents[aid].on_after_step(obs[aid], step.info)
-                else:
-                    assert turn.act.action is not None  # checked by run_agent_turn
-                    actions[aid] = turn.act.action
-
-            if actions:
-                outcomes = await step_env(env, actions)
-                self._check_outcomes(env_name, env_ids, actions, outcomes, done)
-                for aid in env_ids:
-                    if aid not in outcomes:
-                        continue
-                    outcome = outcomes[aid]
-                    info = outcome.info
-                    if aid in actions:
-                        turn = turn_of[aid]
-                        info = collector.record_outcome(
-                            aid,
-                            turn_id=turn.turn_id,
-                            prev_obs=obs[aid],
-                            action=actions[aid],
-                            outcome=outcome,
-                            agent_step_indices=turn.agent_step_indices,
-                        ).info
-                    else:
-                        _apply_passive_outcome(collector, aid, outcome)
-                    obs[aid] = outcome.obs
-                    self.agents[aid].on_after_step(outcome.obs, info)
-                    if outcome.terminated or outcome.truncated:
-                        done.add(aid)
-            if len(done) == len(env_ids):
-                break
-        else:
-            for aid in env_ids:
-                if aid not in done:
-                    collector.truncate_at_max_steps(aid)
-        return collector.all_rollouts()
+        return collector, obs
 
     def _active(self, env: LudicEnv, done: set[AgentId]) -> list[AgentId]:
         active = list(env.active_agents)

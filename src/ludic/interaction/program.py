@@ -18,10 +18,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from ludic.inference.agent_endpoint import AgentEndpoint, RecordedCall
-from ludic.inference.request import InferenceSpec
+from ludic.interaction.base import Episode, EpisodeProtocol
 from ludic.interaction.env_calls import reset_env, step_env
 from ludic.interaction.info import PROTOCOL_META_KEYS, merge_step_info
-from ludic.interaction.step_collector import check_run_args
 from ludic.types import AgentStep, EnvironmentStep, Rollout, new_id
 
 Program = Callable[[Any, dict[str, Any]], Awaitable[Any]]
@@ -39,7 +38,7 @@ def check_program(program: Any) -> str | None:
     return None
 
 
-class ProgramProtocol:
+class ProgramProtocol(EpisodeProtocol):
     """Runs ``program`` for one episode of a single-agent env (see the module docstring).
 
     Args:
@@ -65,21 +64,13 @@ class ProgramProtocol:
         self.agent_id = agent_id
         self.timeout_s = timeout_s
 
-    async def run(
-        self,
-        *,
-        env: Any,
-        max_steps: int,
-        env_seed: int | None = None,
-        inference: InferenceSpec | None = None,
-        meta: dict[str, Any] | None = None,
-    ) -> list[Rollout]:
-        inference = check_run_args(type(self).__name__, max_steps, inference)
+    async def _play(self, episode: Episode) -> list[Rollout]:
+        env, env_seed = episode.env, episode.env_seed
         agent_id = self.agent_id or _only_agent(env)
         obs, info = (await reset_env(env, env_seed))[agent_id]
         task = {"prompt": obs, "seed": env_seed, **_json_values(info)}
         task.pop("target", None)  # the env keeps the answer: the program returns one
-        base_url = self.endpoint.open_episode(inference, max_calls=max_steps)
+        base_url = self.endpoint.open_episode(episode.inference, max_calls=episode.max_steps)
         client: Any = None
         error: BaseException | None = None
         try:
@@ -99,7 +90,7 @@ class ProgramProtocol:
             ) from error
         rollout = Rollout(
             meta=merge_step_info(
-                meta,
+                episode.meta,
                 {
                     "agent_id": agent_id,
                     "env_seed": env_seed,

@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ludic.envs.env import LudicEnv
-from ludic.inference.request import InferenceSpec
-from ludic.interaction.base import ActingAgent, ExternalToolHandler
+from ludic.interaction.base import ActingAgent, Episode, ExternalToolHandler
 from ludic.interaction.env_calls import reset_env, step_env
 from ludic.interaction.info import PROTOCOL_META_KEYS, merge_step_info
 from ludic.interaction.step_collector import (
     DEFAULT_MAX_TOOL_ROUNDS,
+    AgentLoopProtocol,
     TraceCollector,
-    check_run_args,
     exclusive_agents,
-    run_agent_turn,
 )
-from ludic.types import AgentId, Rollout, new_id
+from ludic.types import AgentId, Observation, Rollout
 
 
-class SingleAgentProtocol:
+class SingleAgentProtocol(AgentLoopProtocol):
     """Run one episode of ``agent`` on a (single-agent) ``LudicEnv``.
 
     Per turn (fresh ``turn_id``):
@@ -65,15 +61,9 @@ class SingleAgentProtocol:
         max_tool_rounds: int = DEFAULT_MAX_TOOL_ROUNDS,
         system_prompt: str | None = None,
     ) -> None:
-        if max_tool_rounds < 0:
-            raise ValueError(
-                f"SingleAgentProtocol: max_tool_rounds={max_tool_rounds}; expected >= 0"
-            )
+        super().__init__(external_tool_handler, max_tool_rounds, system_prompt)
         self.agent = agent
-        self.external_tool_handler = external_tool_handler
         self.agent_id = agent_id
-        self.max_tool_rounds = max_tool_rounds
-        self.system_prompt = system_prompt
 
     def _resolve_agent_id(self, env: LudicEnv) -> AgentId:
         ids = list(env.agent_ids)
@@ -91,30 +81,52 @@ class SingleAgentProtocol:
             )
         return ids[0]
 
-    async def run(
-        self,
-        *,
-        env: LudicEnv,
-        max_steps: int,
-        env_seed: int | None = None,
-        inference: InferenceSpec | None = None,
-        meta: dict[str, Any] | None = None,
-    ) -> list[Rollout]:
+    async def _play(self, episode: Episode) -> list[Rollout]:
         """Run one episode; returns ``[rollout, *delegated_rollouts]``."""
-        inference = check_run_args(type(self).__name__, max_steps, inference)
+        env = episode.env
         agent_id = self._resolve_agent_id(env)
         with exclusive_agents(type(self).__name__, {agent_id: self.agent}):
-            return await self._play(env, agent_id, max_steps, env_seed, inference, meta)
+            collector, obs = await self._reset(episode, agent_id)
+            rollout = collector.rollout(agent_id)
+            ended = False
+            while rollout.length < episode.max_steps and not ended:
+                active = env.active_agents
+                if agent_id not in active:
+                    raise RuntimeError(
+                        f"{type(env).__name__}.active_agents={active} does not include "
+                        f"{agent_id!r} although the episode has not ended; SingleAgentProtocol "
+                        "needs its agent to act every step (use MultiAgentProtocol)"
+                    )
+                turn = await self._turn(self.agent, agent_id, collector, episode.inference)
+                if collector.collect_turn(agent_id, turn):
+                    break
+                act = turn.act
+                if act.parse_error:
+                    step = collector.record_parse_failure(agent_id, turn, prev_obs=obs)
+                else:
+                    assert act.action is not None  # checked by run_agent_turn
+                    outcomes = await step_env(env, {agent_id: act.action})
+                    if agent_id not in outcomes:
+                        raise ValueError(
+                            f"{type(env).__name__}.step() returned outcomes for {sorted(outcomes)} "
+                            f"but not for the acting agent {agent_id!r}"
+                        )
+                    step = collector.record_outcome(
+                        agent_id, turn, prev_obs=obs, action=act.action, outcome=outcomes[agent_id]
+                    )
+                    ended = step.terminated or step.truncated
+                assert step.next_obs is not None
+                obs = step.next_obs
+                self.agent.on_after_step(obs, step.info)
+            if not ended and rollout.meta["truncation_reason"] is None:
+                collector.truncate_at_max_steps(agent_id)
+            return collector.all_rollouts()
 
-    async def _play(
-        self,
-        env: LudicEnv,
-        agent_id: AgentId,
-        max_steps: int,
-        env_seed: int | None,
-        inference: InferenceSpec,
-        meta: dict[str, Any] | None,
-    ) -> list[Rollout]:
+    async def _reset(
+        self, episode: Episode, agent_id: AgentId
+    ) -> tuple[TraceCollector, Observation]:
+        """Reset the env and the agent; the collector's rollout records the reset."""
+        env, env_seed = episode.env, episode.env_seed
         resets = await reset_env(env, env_seed)
         if agent_id not in resets:
             raise ValueError(
@@ -122,68 +134,13 @@ class SingleAgentProtocol:
                 f"but not for agent {agent_id!r}; reset must return every agent id"
             )
         obs, info = resets[agent_id]
-        collector = TraceCollector(
-            [agent_id],
-            meta=merge_step_info(
-                meta, {"env_seed": env_seed, "initial_obs": obs}, reserved=PROTOCOL_META_KEYS
-            ),
+        meta = merge_step_info(
+            episode.meta, {"env_seed": env_seed, "initial_obs": obs}, reserved=PROTOCOL_META_KEYS
         )
+        collector = TraceCollector([agent_id], meta=meta)
         rollout = collector.rollout(agent_id)
         rollout.meta["truncation_reason"] = None
         if info:  # e.g. a QA env's target: what a reward function may need after a parse failure
             rollout.meta["reset_info"] = dict(info)
         self.agent.on_env_reset(obs, info, system_prompt=self.system_prompt or env.system_prompt)
-
-        ended = False
-        while rollout.length < max_steps and not ended:
-            active = env.active_agents
-            if agent_id not in active:
-                raise RuntimeError(
-                    f"{type(env).__name__}.active_agents={active} does not include "
-                    f"{agent_id!r} although the episode has not ended; SingleAgentProtocol "
-                    "needs its agent to act every step (use MultiAgentProtocol)"
-                )
-            turn = await run_agent_turn(
-                self.agent,
-                agent_id=agent_id,
-                collector=collector,
-                turn_id=new_id(),
-                inference=inference,
-                external_tool_handler=self.external_tool_handler,
-                max_tool_rounds=self.max_tool_rounds,
-            )
-            if collector.collect_turn(agent_id, turn):
-                break
-            act = turn.act
-            if act.parse_error:
-                step = collector.record_parse_failure(
-                    agent_id,
-                    turn_id=turn.turn_id,
-                    prev_obs=obs,
-                    act=act,
-                    agent_step_indices=turn.agent_step_indices,
-                )
-            else:
-                assert act.action is not None  # checked by run_agent_turn
-                outcomes = await step_env(env, {agent_id: act.action})
-                if agent_id not in outcomes:
-                    raise ValueError(
-                        f"{type(env).__name__}.step() returned outcomes for {sorted(outcomes)} "
-                        f"but not for the acting agent {agent_id!r}"
-                    )
-                step = collector.record_outcome(
-                    agent_id,
-                    turn_id=turn.turn_id,
-                    prev_obs=obs,
-                    action=act.action,
-                    outcome=outcomes[agent_id],
-                    agent_step_indices=turn.agent_step_indices,
-                )
-                ended = step.terminated or step.truncated
-            assert step.next_obs is not None
-            obs = step.next_obs
-            self.agent.on_after_step(obs, step.info)
-
-        if not ended and rollout.meta["truncation_reason"] is None:
-            collector.truncate_at_max_steps(agent_id)
-        return collector.all_rollouts()
+        return collector, obs

@@ -4,7 +4,7 @@
 step indices, so ``step.index == position in rollout.steps`` always holds.
 ``run_agent_turn`` runs one agent's turn: ``act`` -> (external tools -> ``act``)* until
 the agent produces an env action or a parse failure. ``exclusive_agents`` keeps one agent
-from playing two episodes at once. Both protocols use them.
+from playing two episodes at once. ``AgentLoopProtocol``: what both agent protocols share.
 """
 
 from __future__ import annotations
@@ -16,7 +16,12 @@ from typing import Any
 
 from ludic._async import gather_or_cancel
 from ludic.inference.request import InferenceSpec
-from ludic.interaction.base import ActingAgent, ExternalToolHandler, ExternalToolResult
+from ludic.interaction.base import (
+    ActingAgent,
+    EpisodeProtocol,
+    ExternalToolHandler,
+    ExternalToolResult,
+)
 from ludic.interaction.info import PROTOCOL_META_KEYS, merge_step_info
 from ludic.types import (
     AgentAct,
@@ -29,6 +34,7 @@ from ludic.types import (
     Rollout,
     StepOutcome,
     ToolCall,
+    new_id,
 )
 
 DEFAULT_PARSE_FEEDBACK = "Your last reply could not be parsed into an action. Try again."
@@ -36,13 +42,6 @@ DEFAULT_PARSE_FEEDBACK = "Your last reply could not be parsed into an action. Tr
 
 DEFAULT_MAX_TOOL_ROUNDS = 8
 """Default cap on external-tool rounds (handler calls) within one turn."""
-
-
-def check_run_args(owner: str, max_steps: int, inference: InferenceSpec | None) -> InferenceSpec:
-    """Validate a protocol ``run``'s ``max_steps``; return ``inference`` or the default."""
-    if max_steps < 1:
-        raise ValueError(f"{owner}.run: max_steps={max_steps}; expected >= 1")
-    return inference or InferenceSpec()
 
 
 _IN_USE: dict[int, str] = {}
@@ -188,24 +187,23 @@ class TraceCollector:
     def record_outcome(
         self,
         agent_id: AgentId,
+        turn: TurnResult,
         *,
-        turn_id: str,
         prev_obs: Observation,
         action: str,
         outcome: StepOutcome,
-        agent_step_indices: tuple[int, ...],
     ) -> EnvironmentStep:
-        """Record a real ``env.step`` outcome; an env truncation gets
+        """Record a real ``env.step`` outcome of ``turn``; an env truncation gets
         ``info["truncation_reason"] = "env"`` and ends the rollout."""
         protocol_info = {"truncation_reason": "env"} if outcome.truncated else {}
         step = self.add_env_step(
             agent_id,
-            turn_id=turn_id,
+            turn_id=turn.turn_id,
             prev_obs=prev_obs,
             action=action,
             next_obs=outcome.obs,
             reward=outcome.reward,
-            agent_step_indices=agent_step_indices,
+            agent_step_indices=turn.agent_step_indices,
             terminated=outcome.terminated,
             truncated=outcome.truncated,
             info=merge_step_info(protocol_info, outcome.info),
@@ -214,25 +212,20 @@ class TraceCollector:
         return step
 
     def record_parse_failure(
-        self,
-        agent_id: AgentId,
-        *,
-        turn_id: str,
-        prev_obs: Observation,
-        act: AgentAct,
-        agent_step_indices: tuple[int, ...],
+        self, agent_id: AgentId, turn: TurnResult, *, prev_obs: Observation
     ) -> EnvironmentStep:
-        """Record the synthetic step of a parse failure: no ``env.step``, reward 0.0 (the
-        penalty is on the AgentStep), ``next_obs`` = the parser's feedback, ``action`` = the
-        raw completion."""
+        """Record the synthetic step of ``turn``'s parse failure: no ``env.step``, reward 0.0
+        (the penalty is on the AgentStep), ``next_obs`` = the parser's feedback, ``action`` =
+        the raw completion."""
+        act = turn.act
         return self.add_env_step(
             agent_id,
-            turn_id=turn_id,
+            turn_id=turn.turn_id,
             prev_obs=prev_obs,
             action=act.steps[-1].completion if act.steps else "",
             next_obs=act.feedback_obs if act.feedback_obs is not None else DEFAULT_PARSE_FEEDBACK,
             reward=0.0,
-            agent_step_indices=agent_step_indices,
+            agent_step_indices=turn.agent_step_indices,
             synthetic=True,
             info={"parse_error": True},
         )
@@ -381,3 +374,40 @@ def link_to_parent(rollouts: Sequence[Rollout], parent: Rollout, turn_id: str) -
     for r in rollouts:
         r.meta.setdefault("parent_rollout_id", parent.id)
         r.meta.setdefault("parent_turn_id", turn_id)
+
+
+class AgentLoopProtocol(EpisodeProtocol):
+    """What ``SingleAgentProtocol`` and ``MultiAgentProtocol`` share: the external tool
+    handler, the cap on its rounds per turn, the system prompt, and :meth:`_turn`."""
+
+    def __init__(
+        self,
+        external_tool_handler: ExternalToolHandler | None,
+        max_tool_rounds: int,
+        system_prompt: str | None,
+    ) -> None:
+        if max_tool_rounds < 0:
+            raise ValueError(
+                f"{type(self).__name__}: max_tool_rounds={max_tool_rounds}; expected >= 0"
+            )
+        self.external_tool_handler = external_tool_handler
+        self.max_tool_rounds = max_tool_rounds
+        self.system_prompt = system_prompt
+
+    async def _turn(
+        self,
+        agent: ActingAgent,
+        agent_id: AgentId,
+        collector: TraceCollector,
+        inference: InferenceSpec,
+    ) -> TurnResult:
+        """One turn of ``agent`` under a fresh ``turn_id`` (:func:`run_agent_turn`)."""
+        return await run_agent_turn(
+            agent,
+            agent_id=agent_id,
+            collector=collector,
+            turn_id=new_id(),
+            inference=inference,
+            external_tool_handler=self.external_tool_handler,
+            max_tool_rounds=self.max_tool_rounds,
+        )

@@ -182,12 +182,20 @@ def make_reinforce_baseline(
     """REINFORCE with a batch-mean baseline: credit ``MonteCarloReturn(gamma)``; preprocess
     ``BatchMeanBaseline(normalize_std)``; loss ``ReinforceLoss``; aggregation TOKEN_MEAN.
     Each problem is sampled ``group_size`` times (the baseline is over the whole batch)."""
+    return _batch_baselined("reinforce_baseline", ReinforceLoss(), gamma, normalize_std, group_size)
+
+
+def _batch_baselined(
+    name: str, loss: Loss, gamma: float, normalize_std: bool, group_size: int
+) -> RLAlgorithm:
+    """Credit ``MonteCarloReturn(gamma)``, preprocess ``BatchMeanBaseline(normalize_std)``,
+    each problem sampled ``group_size`` times (validated as by ``make_<name>``)."""
     return RLAlgorithm(
-        "reinforce_baseline",
+        name,
         MonteCarloReturn(gamma=gamma),
-        ReinforceLoss(),
+        loss,
         preprocess=BatchMeanBaseline(normalize_std=normalize_std),
-        request_strategy=_samples_per_problem("make_reinforce_baseline", group_size),
+        request_strategy=_samples_per_problem(f"make_{name}", group_size),
     )
 
 
@@ -216,11 +224,12 @@ def make_grpo(
     min(pi_prox / pi_behav, C), pi_behav being the inference server's logprobs.
     """
     credit = _group_credit("make_grpo", group_size, normalize_std, group_std, negative_group_coef)
+    aggregation = TokenAggregation.SEQ_MEAN_TOKEN_MEAN
     if truncated_is_cap is None:
         loss: Loss = TokenClippedSurrogateLoss(
             clip_eps_low=clip_eps_low,
             clip_eps_high=clip_eps_high,
-            aggregation=TokenAggregation.SEQ_MEAN_TOKEN_MEAN,
+            aggregation=aggregation,
             dual_clip_c=dual_clip_c,
         )
     else:
@@ -229,13 +238,8 @@ def make_grpo(
                 f"make_grpo: truncated_is_cap={truncated_is_cap!r}; expected a finite value "
                 ">= 1 (e.g. 2.0), or None for no importance-sampling correction"
             )
-        loss = DecoupledClippedSurrogateLoss(
-            clip_eps_low=clip_eps_low,
-            clip_eps_high=clip_eps_high,
-            behaviour_weight_cap=truncated_is_cap,
-            behaviour_weight_mode="truncate",
-            dual_clip_c=dual_clip_c,
-            aggregation=TokenAggregation.SEQ_MEAN_TOKEN_MEAN,
+        loss = _decoupled_loss(
+            clip_eps_low, clip_eps_high, dual_clip_c, truncated_is_cap, "truncate", aggregation
         )
     return RLAlgorithm("grpo", credit, loss, request_strategy=_grouped(group_size))
 
@@ -335,16 +339,10 @@ def make_decoupled_ppo(
     ``make_decoupled_grpo``, whose group baseline has lower variance. Each problem is
     sampled ``group_size`` times.
     """
-    loss = _token_mean_decoupled_loss(
+    loss = _decoupled_loss(
         clip_eps_low, clip_eps_high, dual_clip_c, behaviour_weight_cap, behaviour_weight_mode
     )
-    return RLAlgorithm(
-        "decoupled_ppo",
-        MonteCarloReturn(gamma=gamma),
-        loss,
-        preprocess=BatchMeanBaseline(normalize_std=normalize_std),
-        request_strategy=_samples_per_problem("make_decoupled_ppo", group_size),
-    )
+    return _batch_baselined("decoupled_ppo", loss, gamma, normalize_std, group_size)
 
 
 def make_decoupled_grpo(
@@ -362,18 +360,19 @@ def make_decoupled_grpo(
     ``make_grpo``; loss ``DecoupledClippedSurrogateLoss`` as ``make_decoupled_ppo``;
     aggregation TOKEN_MEAN. Needs proximal logprobs."""
     credit = _group_credit("make_decoupled_grpo", group_size, normalize_std, group_std)
-    loss = _token_mean_decoupled_loss(
+    loss = _decoupled_loss(
         clip_eps_low, clip_eps_high, dual_clip_c, behaviour_weight_cap, behaviour_weight_mode
     )
     return RLAlgorithm("decoupled_grpo", credit, loss, request_strategy=_grouped(group_size))
 
 
-def _token_mean_decoupled_loss(
+def _decoupled_loss(
     clip_eps_low: float,
     clip_eps_high: float,
     dual_clip_c: float | None,
     behaviour_weight_cap: float | None,
     behaviour_weight_mode: BehaviourWeightMode,
+    aggregation: TokenAggregation = TokenAggregation.TOKEN_MEAN,
 ) -> DecoupledClippedSurrogateLoss:
     return DecoupledClippedSurrogateLoss(
         clip_eps_low=clip_eps_low,
@@ -381,7 +380,7 @@ def _token_mean_decoupled_loss(
         behaviour_weight_cap=behaviour_weight_cap,
         behaviour_weight_mode=behaviour_weight_mode,
         dual_clip_c=dual_clip_c,
-        aggregation=TokenAggregation.TOKEN_MEAN,
+        aggregation=aggregation,
     )
 
 

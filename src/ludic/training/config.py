@@ -117,6 +117,12 @@ class TrainerConfig:
             self.update_threads,
             "None or >= 1",
         )
+        self._check_optimizer()
+        self._check_batching()
+        self._check_forward()
+
+    def _check_optimizer(self) -> None:
+        """AdamW and the learning-rate schedule."""
         _check(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "a finite value > 0")
         _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
         object.__setattr__(self, "betas", tuple(self.betas))
@@ -135,7 +141,20 @@ class TrainerConfig:
         )
         _check(self.lr_schedule in LR_SCHEDULES, "lr_schedule", self.lr_schedule, LR_SCHEDULES)
         _check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, ">= 0")
-        self._check_total_steps()
+        if self.total_steps is not None:
+            _check(self.total_steps >= 1, "total_steps", self.total_steps, ">= 1")
+        if self.lr_schedule != "constant" and (
+            self.total_steps is None or self.total_steps <= self.warmup_steps
+        ):
+            raise ValueError(
+                f"TrainerConfig.total_steps={self.total_steps}: lr_schedule="
+                f"{self.lr_schedule!r} decays to 0 at total_steps, so it needs total_steps > "
+                f"warmup_steps={self.warmup_steps}; set total_steps or use "
+                "lr_schedule='constant'"
+            )
+
+    def _check_batching(self) -> None:
+        """Micro-batches, mini-batches, epochs, staleness and publishing."""
         _check(
             self.max_tokens_per_microbatch >= 2,
             "max_tokens_per_microbatch",
@@ -161,6 +180,9 @@ class TrainerConfig:
             "to that many steps old and would all be dropped; raise max_staleness or lower "
             "publish_every",
         )
+
+    def _check_forward(self) -> None:
+        """How the forward pass runs: dtype, logprobs, gradient checkpointing."""
         _check(self.dtype is None or self.dtype in DTYPES, "dtype", self.dtype, DTYPES)
         _check(self.logprobs in LOGPROBS_MODES, "logprobs", self.logprobs, LOGPROBS_MODES)
         _check(
@@ -176,19 +198,6 @@ class TrainerConfig:
             "shared_prefix=False alongside: checkpointed layers keep no KV cache, which the "
             "shared-prefix forward needs (set shared_prefix=False; packing still applies)",
         )
-
-    def _check_total_steps(self) -> None:
-        if self.total_steps is not None:
-            _check(self.total_steps >= 1, "total_steps", self.total_steps, ">= 1")
-        if self.lr_schedule == "constant":
-            return
-        if self.total_steps is None or self.total_steps <= self.warmup_steps:
-            raise ValueError(
-                f"TrainerConfig.total_steps={self.total_steps}: lr_schedule="
-                f"{self.lr_schedule!r} decays to 0 at total_steps, so it needs total_steps > "
-                f"warmup_steps={self.warmup_steps}; set total_steps or use "
-                "lr_schedule='constant'"
-            )
 
 
 def _check(ok: bool, name: str, value: object, expected: object) -> None:

@@ -284,7 +284,10 @@ class WeightTransferReceiver(ABC):
         """Take part in moving the announced chunk; returns its tensors by name."""
 
     def parse_request(self, data: Mapping[str, Any]) -> WeightUpdateRequest:
-        request = request_from_dict(data)
+        return self.check_kind(request_from_dict(data))
+
+    def check_kind(self, request: WeightUpdateRequest) -> WeightUpdateRequest:
+        """``request``, if it is a :attr:`request_type` (``ValueError`` otherwise)."""
         if not isinstance(request, self.request_type):
             raise ValueError(
                 f"{type(self).__name__} expects {self.request_type.kind!r} requests, got {request.kind!r}"

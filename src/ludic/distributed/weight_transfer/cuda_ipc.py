@@ -234,10 +234,7 @@ class CudaIpcTransferReceiver(_IpcReceiver):
     request_type = CudaIpcWeightUpdateRequest
 
     def receive(self, request: WeightUpdateRequest) -> dict[str, torch.Tensor]:
-        if not isinstance(request, CudaIpcWeightUpdateRequest):
-            raise ValueError(
-                f"{type(self).__name__} expects 'cuda_ipc' requests, got {request.kind!r}"
-            )
+        self.check_kind(request)
         if len(request.ipc_handles) != len(request.names):
             raise ValueError(
                 f"request has {len(request.names)} names but {len(request.ipc_handles)} IPC handles"
@@ -264,10 +261,7 @@ class PackedCudaIpcTransferReceiver(_IpcReceiver):
     request_type = PackedCudaIpcWeightUpdateRequest
 
     def receive(self, request: WeightUpdateRequest) -> dict[str, torch.Tensor]:
-        if not isinstance(request, PackedCudaIpcWeightUpdateRequest):
-            raise ValueError(
-                f"{type(self).__name__} expects 'packed_cuda_ipc' requests, got {request.kind!r}"
-            )
+        self.check_kind(request)
         if list(request.sizes) != request.sizes_bytes:
             raise ValueError(
                 f"announced sizes {request.sizes} disagree with the announced dtypes/shapes "

@@ -95,8 +95,10 @@ def make_report(
     received: Mapping[str, Checksum],
     loaded: Mapping[str, dict[str, Any]],
     unverified: Mapping[str, str],
+    **extra: Any,
 ) -> dict[str, Any]:
-    """A worker's report of one sync (JSON-shaped).
+    """A worker's report of one sync (JSON-shaped), with the ``extra`` keys (a vLLM
+    worker's: ``partial``, the parts of a fused layer written in part; ``adapter``).
 
     ``received``: HF name -> checksum as received. ``loaded``: served parameter name ->
     ``{"parts": [HF names], "checksum": [..], "expected": [..], "element_size": n,
@@ -112,6 +114,7 @@ def make_report(
         "received": {k: list(v) for k, v in received.items()},
         "loaded": dict(loaded),
         "unverified": dict(unverified),
+        **extra,
     }
 
 

@@ -16,7 +16,7 @@ from ludic._lazy import lazy_exports
 _EXPORTS: dict[str, str] = {
     "VLLMChatClient": "ludic.inference.vllm.client",
     "VLLMRewardClient": "ludic.inference.vllm.reward_client",
-    "VLLMConnection": "ludic.inference.vllm.weight_sync",
+    "VLLMConnection": "ludic.inference.vllm.client",
     "VLLMServerError": "ludic.inference.vllm.http",
     "PartialRolloutError": "ludic.inference.vllm.partial",
     "start_vllm_server": "ludic.inference.vllm.process",

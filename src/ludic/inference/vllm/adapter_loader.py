@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -59,40 +59,17 @@ def adapter_report(
     """The worker's report of an adapter sync (``verify.make_report``'s shape): each
     tensor as received, and as vLLM's adapter cache holds it against what the received
     tensor becomes there (the LoRA dtype; ``lora_b`` scaled by ``alpha / r``)."""
-    from vllm.lora.utils import parse_fine_tuned_lora_name
-
     held = model_runner.lora_manager._adapter_manager.get_adapter(ADAPTER_ID)
     if held is None:
         raise RuntimeError("the adapter is not in vLLM's adapter cache after its load")
-    model = model_runner.model
-    packed = {
-        part: (fused, i)
-        for fused, parts in getattr(model, "packed_modules_mapping", {}).items()
-        for i, part in enumerate(parts)
-    }
-    mapper = getattr(model, "hf_to_vllm_mapper", None)
-    if mapper is not None:  # renames only, as vLLM's adapter loader (no stacking)
-        mapper = mapper.get_rename_mapper()
     scaling = float(config["lora_alpha"]) / int(config["r"])
     names, got, want = [], [], []
     unverified: dict[str, str] = {}
-    for name, tensor in tensors.items():
-        module, is_a = parse_fine_tuned_lora_name(name, mapper)
-        layer, index = held.loras.get(module), None
-        if layer is None:  # packed into its fused module (q_proj -> qkv_proj)
-            head, _, part = module.rpartition(".")
-            fused, index = packed.get(part, (None, None))
-            layer = held.loras.get(f"{head}.{fused}") if fused else None
-        if layer is None:
-            unverified[name] = f"vLLM's adapter holds no LoRA for module {module!r}"
+    for name, is_a, stored in _stored_loras(model_runner.model, held, tensors):
+        if isinstance(stored, str):
+            unverified[name] = stored
             continue
-        stored = layer.lora_a if is_a else layer.lora_b
-        if index is not None:
-            stored = stored[index]
-        if stored is None:
-            unverified[name] = f"vLLM's adapter dropped the LoRA of module {module!r}"
-            continue
-        expected = tensor.to(stored.device, stored.dtype, copy=True)
+        expected = tensors[name].to(stored.device, stored.dtype, copy=True)
         if not is_a:
             expected *= scaling  # vLLM's LoRALayerWeights.optimize, in the LoRA dtype
         names.append(name)
@@ -108,14 +85,45 @@ def adapter_report(
         }
         for name, g, w, t in zip(names, checksums(got), checksums(want), got)
     }
-    report = make_report(
+    return make_report(
         version=version,
         tp_rank=tp_rank,
         tp_size=tp_size,
         received=received,
         loaded=loaded,
         unverified=unverified,
+        partial=[],
+        adapter=True,
     )
-    report["partial"] = []
-    report["adapter"] = True
-    return report
+
+
+def _stored_loras(
+    model: Any, held: Any, tensors: Mapping[str, torch.Tensor]
+) -> Iterator[tuple[str, bool, torch.Tensor | str]]:
+    """Each of ``tensors``' names, whether it is a ``lora_a``, and vLLM's adapter's copy
+    of it (``held``'s; a fused module's slice for a packed part), or why there is none."""
+    from vllm.lora.utils import parse_fine_tuned_lora_name
+
+    packed = {
+        part: (fused, i)
+        for fused, parts in getattr(model, "packed_modules_mapping", {}).items()
+        for i, part in enumerate(parts)
+    }
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    if mapper is not None:  # renames only, as vLLM's adapter loader (no stacking)
+        mapper = mapper.get_rename_mapper()
+    for name in tensors:
+        module, is_a = parse_fine_tuned_lora_name(name, mapper)
+        layer, index = held.loras.get(module), None
+        if layer is None:  # packed into its fused module (q_proj -> qkv_proj)
+            head, _, part = module.rpartition(".")
+            fused, index = packed.get(part, (None, None))
+            layer = held.loras.get(f"{head}.{fused}") if fused else None
+        if layer is None:
+            yield name, is_a, f"vLLM's adapter holds no LoRA for module {module!r}"
+            continue
+        stored = layer.lora_a if is_a else layer.lora_b
+        if index is not None:
+            stored = stored[index]
+        dropped = f"vLLM's adapter dropped the LoRA of module {module!r}"
+        yield name, is_a, dropped if stored is None else stored

@@ -1,4 +1,5 @@
-"""A ``ChatClient`` for ludic's vLLM server (``ludic.inference.vllm.server``).
+"""A ``ChatClient`` for ludic's vLLM server (``ludic.inference.vllm.server``), on
+:class:`VLLMConnection`, the base it shares with the reward client (``reward_client``).
 
 Generation: token-in ``POST /v1/completions`` (``return_token_ids``, ``logprobs=0``); the reply
 is a ``ChatResponse`` whose ``TokenTrace`` holds the exact ids, logprobs, finish reason and
@@ -15,7 +16,7 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Self, TypedDict, Unpack
 
 import httpx
 import torch
@@ -40,7 +41,7 @@ from ludic.inference.vllm.partial import (
     next_request,
     stitch,
 )
-from ludic.inference.vllm.weight_sync import VerifySync, VLLMConnection
+from ludic.inference.vllm.weight_sync import VerifySync, WeightSyncSession
 from ludic.types import FINISH_REASONS, ChatResponse
 
 FINISH_REASON_MAP: dict[str, str] = {
@@ -53,18 +54,113 @@ FINISH_REASON_MAP: dict[str, str] = {
 """vLLM finish reasons -> ludic's (``ludic.types.FINISH_REASONS``)."""
 
 
-# ------------------------------------------------------------------------------ client
-class VLLMChatClient:
-    """``ChatClient`` over a ludic vLLM server.
+# ------------------------------------------------------------------------------ base
+class ConnectionOptions(TypedDict, total=False):
+    """Keyword arguments every ludic vLLM client takes (see :class:`VLLMConnection`)."""
+
+    host: str
+    api_key: str | None
+    timeout_s: float
+    max_retries: int
+    verify_sync: VerifySync
+
+
+class VLLMConnection:
+    """The base of the policy and reward clients: what they keep open to one server (the
+    async data routes ``http``, the synchronous control plane ``control`` and the
+    weight-sync session ``weight_sync``, with one API key, retry policy and timeout) and
+    what they do alike with it (form the group, set the canary, close).
 
     Args:
         base_url: e.g. ``"http://127.0.0.1:8000"`` (default: from ``host``/``port``).
-        model: the served model name (default: the server's first ``/v1/models`` entry).
         api_key: sent as ``Authorization: Bearer`` (the server's ``--api-key``).
         timeout_s: bound on every HTTP call, on the weight-sync group's collectives and
             on waiting for a sync to be applied.
         max_retries: connection failures (the request never reached the server) are
             retried this many times, with httpx's exponential backoff.
+        max_connections: concurrent data requests kept open.
+        verify_sync: which syncs are verified against the server's report of what it
+            received and loaded: ``"every"`` (default), ``"first"``, ``"off"``
+            (``ludic.distributed.weight_transfer.verify``).
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+        max_retries: int = 3,
+        max_connections: int = 256,
+        verify_sync: VerifySync = "every",
+    ) -> None:
+        self.base_url = url = (base_url or f"http://{host}:{port}").rstrip("/")
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        retry = {"api_key": api_key, "timeout_s": timeout_s, "max_retries": max_retries}
+        self.http = AsyncHTTP(url, max_connections=max_connections, **retry)
+        self.control = VLLMControlPlane(url, **retry)
+        self.weight_sync = WeightSyncSession(
+            self.control, timeout_s=timeout_s, verify_sync=verify_sync
+        )
+
+    def init_weight_sync(self, **group: Any) -> None:
+        """Form the weight-sync group with the server's workers; ``group``: the keywords of
+        :meth:`WeightSyncSession.init` (``backend`` gloo/nccl, default nccl when CUDA is
+        available; ``master_addr``; ``master_port``, default a free port, so a policy
+        server's group and a reward server's never collide; ``strategy``; ``extractor``)."""
+        self.weight_sync.init(**group)
+
+    @property
+    def publisher(self) -> Any:
+        """The ``BroadcastPolicyPublisher`` after ``init_weight_sync`` (its ``extractor``
+        sets the chunking; wrap a reward client's with ``create_reward_publisher(client)``
+        to get mode checks in a Trainer)."""
+        return self.weight_sync.publisher
+
+    @property
+    def sender(self) -> Any:
+        """The weight-transfer sender (rank 0 of the group) after ``init_weight_sync``."""
+        return self.weight_sync.sender
+
+    def set_canary(self, canary: Canary | None, *, every: int = 10) -> None:
+        """Check the server's answer to ``canary``'s fixed tokens against the trainer's
+        (a ``ModelCanary`` of the trainer's model: logprobs; a ``RewardCanary`` of the
+        reward model being trained: its raw score) after the first verified sync and every
+        ``every`` syncs (``ludic.inference.vllm.canary``)."""
+        self.weight_sync.canary, self.weight_sync.canary_every = canary, every
+
+    def run_canary(self) -> None:
+        """The canary's check, if the last sync asked for it, as the ``canary`` stage."""
+        with self.weight_sync.stage("canary"):
+            self.weight_sync.run_canary()
+
+    def close(self) -> None:
+        """Leave the weight-sync group (telling the server, if it still answers) and close
+        the HTTP clients."""
+        self.weight_sync.close()
+        self.control.close()
+        self.http.close()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+        self.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ------------------------------------------------------------------------------ client
+class VLLMChatClient(VLLMConnection):
+    """``ChatClient`` over a ludic vLLM server.
+
+    Args:
+        model: the served model name (default: the server's first ``/v1/models`` entry).
         max_connections: concurrent completion requests kept open.
         partial_rollouts: what :meth:`complete` does with a completion aborted by a
             weight update (``ludic.inference.vllm.partial``): ``"off"`` (return it as it
@@ -73,9 +169,8 @@ class VLLMChatClient:
             the server by default.
         max_continuations: aborts one completion may go through before
             ``PartialRolloutError``.
-        verify_sync: which syncs are verified against the server's report of what it
-            received and loaded: ``"every"`` (default), ``"first"``, ``"off"``
-            (``ludic.distributed.weight_transfer.verify``).
+        base_url, host, port, api_key, timeout_s, max_retries, verify_sync: the
+            connection's (:class:`VLLMConnection`).
 
     ``TokenTrace.policy_version`` is the version at which the server admitted the request
     (``x-ludic-policy-version``); a continued completion carries one version per token
@@ -87,16 +182,12 @@ class VLLMChatClient:
         self,
         base_url: str | None = None,
         *,
-        host: str = "127.0.0.1",
         port: int = 8000,
         model: str | None = None,
-        api_key: str | None = None,
-        timeout_s: float = 60.0,
-        max_retries: int = 3,
         max_connections: int = 256,
         partial_rollouts: PartialRollouts = "off",
         max_continuations: int = DEFAULT_MAX_CONTINUATIONS,
-        verify_sync: VerifySync = "every",
+        **connection: Unpack[ConnectionOptions],
     ) -> None:
         check_partial_rollouts(partial_rollouts, "VLLMChatClient.partial_rollouts")
         if max_continuations < 0:
@@ -104,22 +195,9 @@ class VLLMChatClient:
         self.partial_rollouts = partial_rollouts
         self.asleep = False  # put to sleep by sleep(); woken by sync_weights() or wake_up()
         self.max_continuations = max_continuations
-        self.base_url = (base_url or f"http://{host}:{port}").rstrip("/")
         self.model = model
         self._model_lookup: tuple[asyncio.AbstractEventLoop, asyncio.Task[str]] | None = None
-        self.api_key = api_key
-        self.timeout_s = timeout_s
-        self.connection = VLLMConnection(
-            self.base_url,
-            api_key=api_key,
-            timeout_s=timeout_s,
-            max_retries=max_retries,
-            max_connections=max_connections,
-            verify_sync=verify_sync,
-        )
-        self.http = self.connection.http
-        self.control = self.connection.control
-        self.weight_sync = self.connection.weight_sync
+        super().__init__(base_url, port=port, max_connections=max_connections, **connection)
 
     # ---- ChatClient: generation ----------------------------------------------------
     async def complete(self, request: CompletionRequest) -> ChatResponse:
@@ -212,37 +290,6 @@ class VLLMChatClient:
         return self.model
 
     # ---- ChatClient: weights -----------------------------------------------------
-    def init_weight_sync(
-        self,
-        *,
-        backend: str | None = None,
-        master_addr: str = "127.0.0.1",
-        master_port: int | None = None,
-        strategy: Any = None,
-        extractor: Any = None,
-    ) -> None:
-        """Form the weight-sync group with the server's workers (see
-        :meth:`WeightSyncSession.init`: ``backend`` gloo/nccl, default nccl when CUDA is
-        available; ``master_port`` default a free port)."""
-        self.weight_sync.init(
-            backend=backend,
-            master_addr=master_addr,
-            master_port=master_port,
-            strategy=strategy,
-            extractor=extractor,
-        )
-
-    @property
-    def publisher(self) -> Any:
-        """The ``BroadcastPolicyPublisher`` after ``init_weight_sync`` (its ``extractor``
-        sets the chunking)."""
-        return self.weight_sync.publisher
-
-    @property
-    def sender(self) -> Any:
-        """The weight-transfer sender (rank 0 of the group) after ``init_weight_sync``."""
-        return self.weight_sync.sender
-
     def sync_weights(
         self, params: Mapping[str, torch.Tensor], *, version: int, pause: bool | None = None
     ) -> str:
@@ -266,13 +313,11 @@ class VLLMChatClient:
             with sync.stage("wake"):
                 self.control.wake_up(["kv_cache"])
             self.asleep = False
-            with sync.stage("canary"):
-                sync.run_canary()
+            self.run_canary()
             return f"synced {len(params)} tensors to {self.base_url} as version {version} (woken)"
         with self._paused(pause, version) as paused:
             sync.publish(params, version=version)
-        with sync.stage("canary"):
-            sync.run_canary()
+        self.run_canary()
         done = f"synced {len(params)} tensors to {self.base_url} as version {version}"
         return done + (" (paused: in-flight requests aborted)" if paused else "")
 
@@ -325,12 +370,6 @@ class VLLMChatClient:
             self.weight_sync.load_from_disk(str(path), version=version, expected=expected)
         return f"loaded {path} on {self.base_url} as version {version} (verified)"
 
-    def set_canary(self, canary: Canary | None, *, every: int = 10) -> None:
-        """Check the server's logprobs of ``canary``'s fixed tokens against the trainer's
-        (``canary``: a ``ModelCanary`` of the trainer's model) after the first verified
-        sync and every ``every`` syncs (``ludic.inference.vllm.canary``)."""
-        self.weight_sync.canary, self.weight_sync.canary_every = canary, every
-
     def set_lora_adapter(self, config: Mapping[str, Any] | None) -> None:
         """Publish a LoRA policy as its adapter only: with ``config`` (peft's ``r``,
         ``lora_alpha``, ``target_modules``), a sync of LoRA tensors (peft's names) is
@@ -359,20 +398,6 @@ class VLLMChatClient:
 
     def is_sleeping(self) -> bool:
         return self.control.is_sleeping()
-
-    # ---- lifecycle -----------------------------------------------------------------
-    def close(self) -> None:
-        """Leave the weight-sync group and close the HTTP clients."""
-        self.connection.close()
-
-    async def aclose(self) -> None:
-        await self.connection.aclose()
-
-    def __enter__(self) -> VLLMChatClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _header_int(response: httpx.Response, name: str) -> int | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import inspect
 import json
 import logging
@@ -180,6 +181,14 @@ def start_background(
 
 
 # ------------------------------------------------------------------------------ routes
+ROUTES = {
+    "GET": "health runtime_version weight_report get_world_size is_paused is_sleeping admission",
+    "POST": "init_communicator update_param_batch load_weights_from_disk lora_adapter "
+    "close_communicator get_num_background_tasks reset_prefix_cache pause resume sleep wake_up",
+}
+"""ludic's control routes by method: route ``/NAME`` is :class:`ControlRoutes`' ``NAME``."""
+
+
 def make_control_router(
     engine: Any,
     state: ControlState,
@@ -191,61 +200,68 @@ def make_control_router(
     middleware (``ludic.inference.vllm.security.ApiKeyMiddleware``), not here."""
     if server_type not in SERVER_TYPES:
         raise ValueError(f"server_type={server_type!r}; expected one of {SERVER_TYPES}")
+    routes = ControlRoutes(engine, state, server_type, policy)
     router = APIRouter()
-    cap = policy.timeout_cap_s
+    for method, names in ROUTES.items():
+        for name in names.split():
+            router.add_api_route(f"/{name}", getattr(routes, name), methods=[method])
+    return router
 
-    @router.get("/health")
-    async def health() -> JSONResponse:
+
+class ControlRoutes:
+    """The handlers of :data:`ROUTES` on ``engine``, sharing ``state`` and ``policy``."""
+
+    def __init__(
+        self, engine: Any, state: ControlState, server_type: str, policy: ControlPolicy
+    ) -> None:
+        self.engine, self.state, self.server_type = engine, state, server_type
+        self.policy, self.cap = policy, policy.timeout_cap_s
+
+    async def health(self) -> JSONResponse:
         try:
-            await engine.check_health()
+            await self.engine.check_health()
         except Exception as e:
             return JSONResponse(
                 {"status": "error", "error": str(e)}, HTTPStatus.SERVICE_UNAVAILABLE
             )
-        stuck = state.stuck()
-        if stuck is not None:
-            what, busy_for = stuck
+        state = self.state
+        if (stuck := state.stuck()) is not None:
             return JSONResponse(
-                {"status": "control_plane_stuck", "operation": what, "busy_for_s": busy_for},
+                {"status": "control_plane_stuck", "operation": stuck[0], "busy_for_s": stuck[1]},
                 HTTPStatus.SERVICE_UNAVAILABLE,
             )
-        return JSONResponse(
-            {
-                "status": "ok",
-                "type": server_type,
-                "version": state.version,
-                "boot_id": state.boot_id,
-            }
-        )
+        ok = dict(status="ok", type=self.server_type, version=state.version, boot_id=state.boot_id)
+        return JSONResponse(ok)
 
-    @router.get("/runtime_version")
-    async def runtime_version() -> dict[str, int]:
-        return {"version": state.version}
+    async def runtime_version(self) -> dict[str, int]:
+        return {"version": self.state.version}
 
-    @router.get("/weight_report")
-    async def weight_report() -> dict[str, Any]:
+    async def weight_report(self) -> dict[str, Any]:
         """Each worker's report of the last sync it loaded (the sums of what it received
         and of what it loaded; ``ludic.inference.vllm.load_report``), with the runtime
         version and this server's boot id."""
-        workers = await bounded(state, "weight_report", engine.collective_rpc("weight_report"), cap)
-        dtype = str(engine.vllm_config.model_config.dtype).removeprefix("torch.")
-        return {
-            "version": state.version,
-            "boot_id": state.boot_id,
-            "dtype": dtype,
-            "workers": workers,
-        }
+        rpc, state = self.engine.collective_rpc("weight_report"), self.state
+        workers = await bounded(state, "weight_report", rpc, self.cap)
+        dtype = str(self.engine.vllm_config.model_config.dtype).removeprefix("torch.")
+        return dict(version=state.version, boot_id=state.boot_id, dtype=dtype, workers=workers)
 
-    @router.get("/get_world_size")
-    async def get_world_size() -> dict[str, int]:
-        return {"world_size": num_workers(engine)}
+    async def get_world_size(self) -> dict[str, int]:
+        return {"world_size": num_workers(self.engine)}
 
-    @router.post("/init_communicator")
-    async def init_communicator(request: Request) -> dict[str, Any]:
+    async def get_num_background_tasks(self, report: bool = Query(False)) -> dict[str, Any]:
+        """The control plane's status; with ``report=true`` and no task left, also the
+        weight report (``/weight_report``): a trainer waiting for a sync to be applied gets
+        it with its last poll."""
+        status = self.state.status()
+        if report and not self.state.tasks:
+            status["report"] = await self.weight_report()
+        return status
+
+    async def init_communicator(self, request: Request) -> dict[str, Any]:
         body = await json_body(request)
         strategy = body.pop("strategy", "broadcast")
         if strategy in IPC_STRATEGIES:
-            return await init_ipc(strategy, body)
+            return await self._init_ipc(strategy, body)
         if strategy != "broadcast":
             raise HTTPException(
                 HTTPStatus.BAD_REQUEST,
@@ -253,10 +269,10 @@ def make_control_router(
             )
         try:
             info = TorchDistributedWeightSyncInfo(**body)
-            check_sync_address(info.master_addr, policy.sync_hosts)
+            check_sync_address(info.master_addr, self.policy.sync_hosts)
         except (TypeError, ValueError) as e:
             raise HTTPException(HTTPStatus.BAD_REQUEST, f"bad sync info: {e}") from None
-        workers = num_workers(engine)
+        workers = num_workers(self.engine)
         if info.rank_offset + workers > info.world_size:
             raise HTTPException(
                 HTTPStatus.BAD_REQUEST,
@@ -264,36 +280,15 @@ def make_control_router(
                 f"server has {workers} worker(s): use world_size >= {info.rank_offset + workers} "
                 "(GET /get_world_size gives each server's workers; add the trainer)",
             )
-        info = replace(info, timeout_s=capped_timeout(info.timeout_s, cap))
-        state.communicator = True
+        info = replace(info, timeout_s=capped_timeout(info.timeout_s, self.cap))
+        self.state.communicator = True
+        work = functools.partial(join_group, self.engine, info)
+        self.state.join_task = start_background(
+            self.state, "init_communicator", work, info.timeout_s
+        )
+        return {"status": "ok", "error_count": self.state.error_count, "timeout_s": info.timeout_s}
 
-        async def work() -> None:
-            await engine.collective_rpc(
-                "init_communicator", args=(info.to_dict(), info.rank_offset)
-            )
-            deadline = time.monotonic() + info.timeout_s + GRACE_S
-            poll_s, max_poll_s = JOIN_POLL_S
-            while True:  # the workers join in a thread; the engine keeps generating
-                states = await engine.collective_rpc("communicator_status")
-                failed = [s["error"] for s in states if s["state"] == "failed"]
-                if failed:
-                    raise RuntimeError(f"a worker could not join the group: {failed[0]}")
-                if any(s["state"] == "none" for s in states):
-                    raise RuntimeError("the join was abandoned (/close_communicator)")
-                if all(s["state"] == "joined" for s in states):
-                    return
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"the workers did not join {info.master_addr}:{info.master_port} "
-                        f"within {info.timeout_s:.0f}s"
-                    )
-                await asyncio.sleep(poll_s)
-                poll_s = min(2 * poll_s, max_poll_s)
-
-        state.join_task = start_background(state, "init_communicator", work, info.timeout_s)
-        return {"status": "ok", "error_count": state.error_count, "timeout_s": info.timeout_s}
-
-    async def init_ipc(strategy: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _init_ipc(self, strategy: str, body: dict[str, Any]) -> dict[str, Any]:
         """CUDA IPC (colocated trainer): no group to join; each worker builds the receiver
         that opens the handles the trainer's requests carry. Refused unless the server runs
         on CUDA (the handles are GPU memory of this machine)."""
@@ -302,23 +297,21 @@ def make_control_router(
                 HTTPStatus.BAD_REQUEST,
                 f"bad sync info: strategy {strategy!r} takes no other field, got {sorted(body)}",
             )
-        device = device_type(engine)
+        device = device_type(self.engine)
         if device != "cuda":
             raise HTTPException(
                 HTTPStatus.BAD_REQUEST,
                 f"strategy {strategy!r} shares GPU memory with a trainer on this machine, but "
                 f"this server runs on {device}; use the broadcast strategy",
             )
-        state.communicator = True
+        self.state.communicator = True
+        args = ({}, 0, strategy)
+        work = functools.partial(self.engine.collective_rpc, "init_communicator", args=args)
+        self.state.join_task = start_background(self.state, "init_communicator", work, self.cap)
+        return {"status": "ok", "error_count": self.state.error_count, "timeout_s": self.cap}
 
-        async def work() -> None:
-            await engine.collective_rpc("init_communicator", args=({}, 0, strategy))
-
-        state.join_task = start_background(state, "init_communicator", work, cap)
-        return {"status": "ok", "error_count": state.error_count, "timeout_s": cap}
-
-    @router.post("/update_param_batch")
     async def update_param_batch(
+        self,
         request: Request,
         first: bool = Query(False),
         record: bool = Query(True),
@@ -329,6 +322,7 @@ def make_control_router(
         bytes take at the floor rate (a CPU worker loads them all with the last one);
         ``record=false``: the workers take no checksums of this sync (its trainer does not
         verify it)."""
+        engine, state = self.engine, self.state
         body = await json_body(request)
         try:
             update = request_from_dict(body)
@@ -366,17 +360,17 @@ def make_control_router(
 
         by_id = getattr(update, "is_reference", False)  # broadcast requests only
         what = f"layout {update.layout}" if by_id else f"{len(update.names)} tensors"
-        deadline = stage_deadline(cap, state.sync_bytes)
+        deadline = stage_deadline(self.cap, state.sync_bytes)
         start_background(state, f"update_param_batch({what})", work, deadline)
         return {"status": "ok", "error_count": state.error_count}
 
-    @router.post("/load_weights_from_disk")
-    async def load_weights_from_disk(request: Request) -> dict[str, Any]:
+    async def load_weights_from_disk(self, request: Request) -> dict[str, Any]:
         """Load the safetensors files of a policy folder on this machine (body ``{"path":
         str, "version": int | null}``; 403 unless the folder lies under
         ``--weight-load-roots``), in the background like a sync: the workers report what
         they read and loaded (``/weight_report``), then the prefix cache is dropped and
         the version becomes ``version`` (or +1)."""
+        engine, state, roots = self.engine, self.state, self.policy.load_roots
         body = await json_body(request)
         path, version = body.get("path"), body.get("version")
         if not isinstance(path, str) or not path or len(path) > 4096:
@@ -384,11 +378,11 @@ def make_control_router(
         if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
             raise HTTPException(HTTPStatus.BAD_REQUEST, f"version={str(version)[:32]!r}: an int")
         try:
-            folder = check_load_path(path, policy.load_roots)
+            folder = check_load_path(path, roots)
             from ludic.distributed.weight_transfer.manifest import safetensors_files
 
             # each file resolved and checked too: one linked from outside the roots is refused
-            files = [check_load_path(str(f), policy.load_roots) for f in safetensors_files(folder)]
+            files = [check_load_path(str(f), roots) for f in safetensors_files(folder)]
             nbytes = sum(f.stat().st_size for f in files)
         except LoadPathRefused as e:
             raise HTTPException(HTTPStatus.FORBIDDEN, str(e)) from None
@@ -404,18 +398,18 @@ def make_control_router(
             state.version = version if version is not None else state.version + 1
             logger.info("weights loaded from %s: runtime version %d", folder, state.version)
 
-        deadline = stage_deadline(cap, nbytes)
+        deadline = stage_deadline(self.cap, nbytes)
         start_background(state, f"load_weights_from_disk({folder.name})", work, deadline)
         return {"status": "ok", "error_count": state.error_count}
 
-    @router.post("/lora_adapter")
-    async def lora_adapter(request: Request) -> dict[str, Any]:
+    async def lora_adapter(self, request: Request) -> dict[str, Any]:
         """Announce that the next sync carries a LoRA adapter, not full weights (body
         ``{"name": str, "config": peft's r, lora_alpha, target_modules}``); once it is
         loaded, every request that names no adapter is served with it
         (``ludic.inference.vllm.adapter``)."""
         from ludic.inference.vllm.adapter import ADAPTER_ID, check_adapter_config
 
+        engine, state = self.engine, self.state
         body = await json_body(request)
         lora = getattr(engine.vllm_config, "lora_config", None)
         if lora is None:
@@ -436,17 +430,16 @@ def make_control_router(
             atexit.register(shutil.rmtree, state.adapter_folder, ignore_errors=True)
         folder = state.adapter_folder
         adapter = {"name": name, "config": config, "folder": folder}
-        await bounded(
-            state, "lora_adapter", engine.collective_rpc("set_lora_adapter", args=(adapter,)), cap
-        )
+        set_adapter = engine.collective_rpc("set_lora_adapter", args=(adapter,))
+        await bounded(state, "lora_adapter", set_adapter, self.cap)
         from vllm.lora.request import LoRARequest
 
         path = f"{folder}/rank0"  # the requests' copy (loaded in place by every worker)
         state.adapter_next = LoRARequest(lora_name=name, lora_int_id=ADAPTER_ID, lora_path=path)
         return {"status": "ok"}
 
-    @router.post("/close_communicator")
-    async def close_communicator() -> dict[str, str]:
+    async def close_communicator(self) -> dict[str, str]:
+        state = self.state
         if state.join_task is not None and not state.join_task.done():
             state.join_task.cancel()  # a join still waiting for its trainer: abandon it
         try:
@@ -455,71 +448,56 @@ def make_control_router(
             raise HTTPException(
                 HTTPStatus.SERVICE_UNAVAILABLE,
                 f"the control plane is busy ({state.holder()}); retry /close_communicator "
-                f"later (operations end within --weight-sync-timeout-cap={cap:.0f}s)",
+                f"later (operations end within --weight-sync-timeout-cap={self.cap:.0f}s)",
             ) from None
         try:  # after every pending transfer
             state.communicator = False
-            await bounded(
-                state, "close_communicator", engine.collective_rpc("close_communicator"), cap
-            )
+            close = self.engine.collective_rpc("close_communicator")
+            await bounded(state, "close_communicator", close, self.cap)
         finally:
             state.lock.release()
         return {"status": "ok"}
 
-    @router.post("/get_num_background_tasks")
-    async def get_num_background_tasks(report: bool = Query(False)) -> dict[str, Any]:
-        """The control plane's status; with ``report=true`` and no task left, also the
-        weight report (``/weight_report``): a trainer waiting for a sync to be applied gets
-        it with its last poll."""
-        status = state.status()
-        if report and not state.tasks:
-            status["report"] = await weight_report()
-        return status
+    async def reset_prefix_cache(self) -> dict[str, bool]:
+        return {"success": bool(await self.engine.reset_prefix_cache())}
 
-    @router.post("/reset_prefix_cache")
-    async def reset_prefix_cache() -> dict[str, bool]:
-        return {"success": bool(await engine.reset_prefix_cache())}
-
-    @router.post("/pause")
-    async def pause(mode: str = Query("abort")) -> JSONResponse:
+    async def pause(self, mode: str = Query("abort")) -> JSONResponse:
         if mode not in PAUSE_MODES:
             raise HTTPException(
                 HTTPStatus.BAD_REQUEST, f"mode={mode[:64]!r}; expected one of {PAUSE_MODES}"
             )
-        await behind_closed_gate(state, "paused", engine.pause_generation(mode=mode), cap)
+        pausing = self.engine.pause_generation(mode=mode)
+        await behind_closed_gate(self.state, "paused", pausing, self.cap)
         return JSONResponse({"status": "paused", "mode": mode})
 
-    @router.post("/resume")
-    async def resume() -> dict[str, str]:
-        async with state.pause_lock:
+    async def resume(self) -> dict[str, str]:
+        async with self.state.pause_lock:
             try:
-                await engine.resume_generation()
+                await self.engine.resume_generation()
             finally:  # held requests go on (and see the version now current)
-                state.gate.reopen()
+                self.state.gate.reopen()
         return {"status": "resumed"}
 
-    @router.get("/is_paused")
-    async def is_paused() -> dict[str, bool]:
-        return {"is_paused": not state.gate.is_open or bool(await engine.is_paused())}
+    async def is_paused(self) -> dict[str, bool]:
+        return {"is_paused": not self.state.gate.is_open or bool(await self.engine.is_paused())}
 
-    @router.post("/sleep")
-    async def sleep(level: int = Query(1)) -> JSONResponse:
+    async def sleep(self, level: int = Query(1)) -> JSONResponse:
         """Free the GPU for a colocated trainer: level 1 offloads the weights to CPU memory
         and drops the KV cache; level 2 drops both (a weight sync must follow the wake-up).
         In-flight requests are aborted; the admission gate stays closed until /wake_up."""
         if level not in (1, 2):
             raise HTTPException(HTTPStatus.BAD_REQUEST, f"level={level}; expected 1 or 2")
+        engine, state = self.engine, self.state
         require_sleep_mode(engine)
 
         async def after_updates() -> None:  # never in the middle of a weight update
             async with state.lock:
-                await bounded(state, f"sleep(level={level})", engine.sleep(level), cap)
+                await bounded(state, f"sleep(level={level})", engine.sleep(level), self.cap)
 
-        await behind_closed_gate(state, "asleep", after_updates(), cap)
+        await behind_closed_gate(state, "asleep", after_updates(), self.cap)
         return JSONResponse({"status": "asleep", "level": level})
 
-    @router.post("/wake_up")
-    async def wake_up(tags: list[str] | None = TAGS_QUERY) -> JSONResponse:
+    async def wake_up(self, tags: list[str] | None = TAGS_QUERY) -> JSONResponse:
         """Take the GPU back: ``tags`` ``weights`` (first, so that a weight sync can write
         them before the KV cache is allocated), ``kv_cache``, or both (default). Serving
         resumes once everything is awake."""
@@ -528,23 +506,44 @@ def make_control_router(
                 raise HTTPException(
                     HTTPStatus.BAD_REQUEST, f"tag {tag[:64]!r}; expected some of {WAKE_TAGS}"
                 )
+        engine, state = self.engine, self.state
         require_sleep_mode(engine)
         async with state.pause_lock:
-            await bounded(state, "wake_up", engine.wake_up(tags), cap)
+            await bounded(state, "wake_up", engine.wake_up(tags), self.cap)
             sleeping = bool(await engine.is_sleeping())
             if not sleeping:
                 state.gate.reopen()
         return JSONResponse({"status": "asleep" if sleeping else "awake", "tags": tags})
 
-    @router.get("/is_sleeping")
-    async def is_sleeping() -> dict[str, bool]:
-        return {"is_sleeping": bool(await engine.is_sleeping())}
+    async def is_sleeping(self) -> dict[str, bool]:
+        return {"is_sleeping": bool(await self.engine.is_sleeping())}
 
-    @router.get("/admission")
-    async def admission() -> dict[str, Any]:
-        return state.gate.status()
+    async def admission(self) -> dict[str, Any]:
+        return self.state.gate.status()
 
-    return router
+
+async def join_group(engine: Any, info: TorchDistributedWeightSyncInfo) -> None:
+    """Have the workers join the group of ``info`` (in a thread of their own; the engine
+    keeps generating) and wait until they all have, within its timeout."""
+    await engine.collective_rpc("init_communicator", args=(info.to_dict(), info.rank_offset))
+    deadline = time.monotonic() + info.timeout_s + GRACE_S
+    poll_s, max_poll_s = JOIN_POLL_S
+    while True:
+        states = await engine.collective_rpc("communicator_status")
+        failed = [s["error"] for s in states if s["state"] == "failed"]
+        if failed:
+            raise RuntimeError(f"a worker could not join the group: {failed[0]}")
+        if any(s["state"] == "none" for s in states):
+            raise RuntimeError("the join was abandoned (/close_communicator)")
+        if all(s["state"] == "joined" for s in states):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"the workers did not join {info.master_addr}:{info.master_port} "
+                f"within {info.timeout_s:.0f}s"
+            )
+        await asyncio.sleep(poll_s)
+        poll_s = min(2 * poll_s, max_poll_s)
 
 
 async def behind_closed_gate(

@@ -54,7 +54,7 @@ class _ErrorPolicy:
     statuses become ``ConnectionError`` / ``TimeoutError`` / :class:`VLLMServerError`
     naming the server, the route and the fix."""
 
-    def __init__(self, base_url: str, timeout_s: float, max_retries: int):
+    def __init__(self, base_url: str, timeout_s: float, max_retries: int, api_key: str | None):
         if timeout_s <= 0 or max_retries < 0:
             raise ValueError(
                 f"timeout_s={timeout_s}, max_retries={max_retries}; need timeout_s > 0 and "
@@ -63,6 +63,7 @@ class _ErrorPolicy:
         self.base_url = base_url
         self.timeout_s = timeout_s
         self.max_retries = max_retries
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     def attempts(self, read: bool) -> list[bool]:
         """One entry per time a request may be sent when the server drops its connection
@@ -147,11 +148,10 @@ class VLLMControlPlane:
         max_retries: int = 3,
         poll_s: float = 0.05,
     ) -> None:
-        self.policy = _ErrorPolicy(base_url, timeout_s, max_retries)
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.policy = _ErrorPolicy(base_url, timeout_s, max_retries, api_key)
         self.http = httpx.Client(
             base_url=base_url,
-            headers=headers,
+            headers=self.policy.headers,
             timeout=timeout_s,
             transport=httpx.HTTPTransport(retries=max_retries, limits=self.policy.limits()),
         )
@@ -326,9 +326,8 @@ class AsyncHTTP:
         if max_connections < 1:
             raise ValueError(f"max_connections={max_connections}; need >= 1")
         self.base_url = base_url
-        self.api_key = api_key
         self.max_connections = max_connections
-        self.policy = _ErrorPolicy(base_url, timeout_s, max_retries)
+        self.policy = _ErrorPolicy(base_url, timeout_s, max_retries, api_key)
         self._async: tuple[asyncio.AbstractEventLoop, list[_Pool]] | None = None
 
     async def post(self, path: str, body: dict[str, Any]) -> httpx.Response:
@@ -368,7 +367,6 @@ class AsyncHTTP:
     def _pools(self) -> list[_Pool]:
         loop = asyncio.get_running_loop()
         if self._async is None or self._async[0] is not loop:
-            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
             shards = -(-self.max_connections // POOL_SHARD_CONNECTIONS)  # ceil
             sizes = [
                 self.max_connections // shards + (i < self.max_connections % shards)
@@ -383,7 +381,7 @@ class AsyncHTTP:
                 )
                 client = httpx.AsyncClient(
                     base_url=self.base_url,
-                    headers=headers,
+                    headers=self.policy.headers,
                     timeout=self.policy.timeout_s,
                     transport=transport,
                 )

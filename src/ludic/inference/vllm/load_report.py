@@ -192,16 +192,15 @@ class LoadRecorder:
                 "element_size": size,
                 "sharded": self.tp_size > 1 and numel < full,
             }
-        report = make_report(
+        return make_report(
             version=version,
             tp_rank=self.tp_rank,
             tp_size=self.tp_size,
             received=self.received,
             loaded=loaded,
             unverified=unverified,
+            partial=sorted(partial),
         )
-        report["partial"] = sorted(partial)
-        return report
 
     def _complete(self, served: str, parts: list[str]) -> bool:
         """Whether every HF part of the fused parameter ``served`` was received."""

@@ -36,6 +36,7 @@ from ludic.types import ChatResponse
 logger = logging.getLogger("ludic.inference.vllm.pool")
 
 PublishMode = Literal["per_server", "one_group"]
+StateDict = Mapping[str, torch.Tensor]
 PUBLISH_MODES: tuple[str, ...] = get_args(PublishMode)
 DEAD_ERRORS = (ConnectionError, TimeoutError)
 """What a request failing on a server means it is dead or stuck: the request goes
@@ -335,9 +336,7 @@ class VLLMClientPool:
                 server.client.init_weight_sync(**settings.for_server(server.index))
         self._sync = settings
 
-    def sync_weights(
-        self, params: Mapping[str, torch.Tensor], *, version: int, pause: bool | None = None
-    ) -> str:
+    def sync_weights(self, params: StateDict, *, version: int, pause: bool | None = None) -> str:
         """Push ``params`` as ``version`` to every live server (and to servers back from
         being taken out); returns once each has loaded them. Raises if a server that still
         answers fails the update, or if no server took it."""
@@ -373,11 +372,7 @@ class VLLMClientPool:
         )
 
     def _publish_per_server(
-        self,
-        targets: list[PoolServer],
-        params: Mapping[str, torch.Tensor],
-        version: int,
-        pause: bool,
+        self, targets: list[PoolServer], params: StateDict, version: int, pause: bool
     ) -> list[PoolServer]:
         assert self._sync is not None
         settings = self._sync
@@ -394,11 +389,7 @@ class VLLMClientPool:
         return self._settle(targets, run_each(push, targets))
 
     def _publish_one_group(
-        self,
-        targets: list[PoolServer],
-        params: Mapping[str, torch.Tensor],
-        version: int,
-        pause: bool,
+        self, targets: list[PoolServer], params: StateDict, version: int, pause: bool
     ) -> list[PoolServer]:
         assert self._sync is not None
         for attempt in range(2):

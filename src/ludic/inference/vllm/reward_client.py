@@ -11,70 +11,49 @@ side, each client with its own group. Usage: docs/reward-models.md.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 
 from ludic.distributed.reward_weights import HEAD_MODULES, reward_sync_params
 from ludic.inference.reward_client import (
+    RewardModelClient,
     RewardModelTrainingMode,
     ScoringRequest,
     ScoringResponse,
 )
-from ludic.inference.vllm.canary import Canary
+from ludic.inference.vllm.client import ConnectionOptions, VLLMConnection
 from ludic.inference.vllm.http import VERSION_HEADER, VLLMServerError
-from ludic.inference.vllm.weight_sync import VerifySync, VLLMConnection
 
 
-class VLLMRewardClient:
+class VLLMRewardClient(VLLMConnection, RewardModelClient):
     """``RewardModelClient`` over a ludic vLLM reward server.
 
     Args:
-        base_url: e.g. ``"http://127.0.0.1:8001"`` (default: from ``host``/``port``).
         model: the served model name sent with requests (default: none; the server
             scores with its one model).
-        api_key: sent as ``Authorization: Bearer`` (the server's ``--api-key``).
-        timeout_s: bound on every HTTP call, on the weight-sync collectives and on waiting
-            for a sync to be applied.
-        max_retries: connection failures (the request never reached the server) are
-            retried this many times, with httpx's exponential backoff.
         head_modules: module names of the classification head (for mode checks).
         check_server: ask ``/health`` at construction and refuse a server that is not a
             reward server (or a ``ludic serve router`` in front of reward servers).
-        verify_sync: which syncs are verified (``"every"``, ``"first"``, ``"off"``), as
-            for :class:`~ludic.inference.vllm.client.VLLMChatClient`.
+        base_url, host, port, api_key, timeout_s, max_retries, max_connections,
+            verify_sync: the connection's, as for the policy client
+            (:class:`~ludic.inference.vllm.client.VLLMConnection`).
     """
 
     def __init__(
         self,
         base_url: str | None = None,
         *,
-        host: str = "127.0.0.1",
         port: int = 8001,
         model: str | None = None,
-        api_key: str | None = None,
-        timeout_s: float = 60.0,
-        max_retries: int = 3,
         max_connections: int = 64,
         head_modules: Sequence[str] = HEAD_MODULES,
         check_server: bool = True,
-        verify_sync: VerifySync = "every",
+        **connection: Unpack[ConnectionOptions],
     ) -> None:
-        self.base_url = (base_url or f"http://{host}:{port}").rstrip("/")
+        super().__init__(base_url, port=port, max_connections=max_connections, **connection)
         self.model = model
-        self.timeout_s = timeout_s
         self.head_modules = tuple(head_modules)
-        self.connection = VLLMConnection(
-            self.base_url,
-            api_key=api_key,
-            timeout_s=timeout_s,
-            max_retries=max_retries,
-            max_connections=max_connections,
-            verify_sync=verify_sync,
-        )
-        self.http = self.connection.http
-        self.control = self.connection.control
-        self.weight_sync = self.connection.weight_sync
         if check_server:
             kind = self.control.health().get("type")
             if kind not in ("reward_model", "router"):  # a router: over reward servers
@@ -115,40 +94,7 @@ class VLLMRewardClient:
         )
         return result, {"request": body, "status_code": response.status_code}
 
-    async def score_batch(
-        self, inputs: Sequence[str | Sequence[int]], *, normalize: bool = True
-    ) -> list[float]:
-        """Scores of ``inputs``, in order."""
-        response, _ = await self.score(ScoringRequest(inputs=list(inputs), normalize=normalize))
-        return response.scores
-
     # ---- weights -------------------------------------------------------------------
-    def init_weight_sync(
-        self,
-        *,
-        backend: str | None = None,
-        master_addr: str = "127.0.0.1",
-        master_port: int | None = None,
-        strategy: Any = None,
-        extractor: Any = None,
-    ) -> None:
-        """Form the weight-sync group with the reward server's workers (as the policy
-        client does; a free rendezvous port by default, so it never collides with the
-        policy server's group)."""
-        self.weight_sync.init(
-            backend=backend,
-            master_addr=master_addr,
-            master_port=master_port,
-            strategy=strategy,
-            extractor=extractor,
-        )
-
-    @property
-    def publisher(self) -> Any:
-        """The underlying ``BroadcastPolicyPublisher`` after ``init_weight_sync`` (wrap it
-        with ``create_reward_publisher(client)`` to get mode checks in a Trainer)."""
-        return self.weight_sync.publisher
-
     def sync_weights(
         self,
         params: Mapping[str, torch.Tensor],
@@ -173,33 +119,12 @@ class VLLMRewardClient:
                 self.weight_sync.publish(clean, version=version)
             finally:
                 publisher.apply_timeout_s = usual
-        with self.weight_sync.stage("canary"):
-            self.weight_sync.run_canary()
+        self.run_canary()
         return f"synced {len(clean)} reward-model tensors ({mode.value}) to {self.base_url}" + (
             "" if version is None else f" as version {version}"
         )
-
-    def set_canary(self, canary: Canary | None, *, every: int = 10) -> None:
-        """Check the server's raw score of ``canary``'s fixed tokens against the trainer's
-        (``canary``: a ``RewardCanary`` of the reward model being trained) after the first
-        verified sync and every ``every`` syncs (``ludic.inference.vllm.canary``)."""
-        self.weight_sync.canary, self.weight_sync.canary_every = canary, every
 
     async def get_model_version(self) -> int:
         """The served reward model's version (bumped by every completed sync)."""
         response = await self.http.get("/runtime_version")
         return int(response.json()["version"])
-
-    # ---- lifecycle -----------------------------------------------------------------
-    def close(self) -> None:
-        """Leave the weight-sync group and close the HTTP clients."""
-        self.connection.close()
-
-    async def aclose(self) -> None:
-        await self.connection.aclose()
-
-    def __enter__(self) -> VLLMRewardClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -29,7 +29,7 @@ from ludic.distributed.weight_transfer.verify import (
 )
 from ludic.inference.vllm.adapter import ADAPTER_NAME, is_lora_name
 from ludic.inference.vllm.canary import Canary, check_canary
-from ludic.inference.vllm.http import AsyncHTTP, VLLMControlPlane, VLLMServerError
+from ludic.inference.vllm.http import VLLMControlPlane, VLLMServerError
 
 
 class SyncStageError(RuntimeError):
@@ -150,6 +150,18 @@ class WeightSyncSession:
             if backend is None:
                 backend = "nccl" if torch.cuda.is_available() else "gloo"
             strategy = BroadcastTransferStrategy(backend=backend, timeout_s=self.timeout_s)
+        self.sender = sender = self._join(strategy, master_addr, master_port)
+        self.publisher = publisher = BroadcastPolicyPublisher(
+            sender,
+            self.control,
+            extractor or ModelWeightExtractor(),
+            apply_timeout_s=self.timeout_s,
+        )
+        publisher.control = StageTracking(self.control, lambda: publisher.progress)
+
+    def _join(self, strategy: Any, master_addr: str, master_port: int) -> Any:
+        """Have each server's workers join (in the background, ranks after the previous
+        server's), join as rank 0 and wait until every worker has: the sender."""
         workers = [c.world_size() for c in self.controls]
         self.boot_ids = [c.health().get("boot_id") for c in self.controls]
         info = strategy.create_sync_info(
@@ -161,12 +173,10 @@ class WeightSyncSession:
                 f"strategy {name!r} shares one GPU between the trainer and one server; "
                 f"{len(self.controls)} servers need the broadcast strategy"
             )
-        offset = 1
-        self.ranks = []
+        spanning = isinstance(info, TorchDistributedWeightSyncInfo)
+        offset, self.ranks = 1, []
         for control, n in zip(self.controls, workers):
             self.ranks.append((offset, offset + n - 1))
-            # the workers join in the background; rank 0 joining below completes the group
-            spanning = isinstance(info, TorchDistributedWeightSyncInfo)
             info_here = replace(info, rank_offset=offset) if spanning else info
             control.init_communicator(info_here, strategy=name)
             offset += n
@@ -181,14 +191,7 @@ class WeightSyncSession:
         except BaseException:
             close_quietly(sender)
             raise
-        self.sender = sender
-        self.publisher = publisher = BroadcastPolicyPublisher(
-            sender,
-            self.control,
-            extractor or ModelWeightExtractor(),
-            apply_timeout_s=self.timeout_s,
-        )
-        publisher.control = StageTracking(self.control, lambda: publisher.progress)
+        return sender
 
     def publish(self, params: Mapping[str, torch.Tensor], *, version: int | None) -> None:
         """Push ``params`` (served names -> tensors; a subset is fine); returns once every
@@ -473,47 +476,3 @@ def close_quietly(sender: Any) -> None:
     if close is not None:
         with contextlib.suppress(Exception):  # a broken group may refuse to shut down
             close()
-
-
-class VLLMConnection:
-    """What a ludic client keeps open to one server: the async data routes (``http``), the
-    synchronous control plane (``control``) and the weight-sync session (``weight_sync``),
-    with one retry policy and one timeout."""
-
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        api_key: str | None = None,
-        timeout_s: float = 60.0,
-        max_retries: int = 3,
-        max_connections: int = 256,
-        verify_sync: VerifySync = "every",
-    ) -> None:
-        self.http = AsyncHTTP(
-            base_url,
-            api_key=api_key,
-            timeout_s=timeout_s,
-            max_retries=max_retries,
-            max_connections=max_connections,
-        )
-        self.control = VLLMControlPlane(
-            base_url,
-            api_key=api_key,
-            timeout_s=timeout_s,
-            max_retries=max_retries,
-        )
-        self.weight_sync = WeightSyncSession(
-            self.control, timeout_s=timeout_s, verify_sync=verify_sync
-        )
-
-    def close(self) -> None:
-        """Leave the weight-sync group (telling the server, if it still answers) and close
-        the HTTP clients."""
-        self.weight_sync.close()
-        self.control.close()
-        self.http.close()
-
-    async def aclose(self) -> None:
-        await self.http.aclose()
-        self.close()

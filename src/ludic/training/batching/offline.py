@@ -101,18 +101,7 @@ class OfflineBatchSource:
         self.seed = seed
         self.epochs = epochs
         self.drop_last = drop_last
-
-        loaded = [r for p in paths for r in read_rollouts_jsonl(p)]
-        if not loaded:
-            raise ValueError(f"OfflineBatchSource: no rollouts in {[str(p) for p in paths]}")
-        self.rollouts = (
-            loaded if rollout_filter is None else [r for r in loaded if rollout_filter(r)]
-        )
-        if not self.rollouts:
-            raise ValueError(
-                f"OfflineBatchSource: rollout_filter kept 0 of {len(loaded)} rollouts from "
-                f"{[str(p) for p in paths]}; loosen the filter"
-            )
+        self.rollouts = self._read_rollouts(rollout_filter)
         converted = build_saw_batch(
             self.rollouts,
             credit_assigner=credit_assigner,
@@ -121,22 +110,37 @@ class OfflineBatchSource:
             sample_filter=sample_filter,
         )
         self.items: list[SAWItem] = converted.items
+        self._check_items(converted.meta)
+        self.epoch = 0
+        self._batch_index = 0
+        self._start_epoch()
+
+    def _read_rollouts(self, rollout_filter: RolloutFilter | None) -> list[Rollout]:
+        """Every rollout of ``self.paths`` that ``rollout_filter`` keeps (at least one)."""
+        loaded = [r for p in self.paths for r in read_rollouts_jsonl(p)]
+        if not loaded:
+            raise ValueError(f"OfflineBatchSource: no rollouts in {[str(p) for p in self.paths]}")
+        kept = loaded if rollout_filter is None else [r for r in loaded if rollout_filter(r)]
+        if not kept:
+            raise ValueError(
+                f"OfflineBatchSource: rollout_filter kept 0 of {len(loaded)} rollouts from "
+                f"{[str(p) for p in self.paths]}; loosen the filter"
+            )
+        return kept
+
+    def _check_items(self, meta: dict[str, Any]) -> None:
+        """Raise when no item is left, or too few for one batch under ``drop_last``."""
         if not self.items:
-            before = converted.meta["num_items"] + converted.meta["num_items_filtered"]
+            before = meta["num_items"] + meta["num_items_filtered"]
             raise ValueError(
                 f"OfflineBatchSource: 0 training items left from {len(self.rollouts)} rollouts "
                 f"({before} before sample_filter); loosen the filters or check the data"
             )
-        if drop_last and len(self.items) < batch_size:
+        if self.drop_last and len(self.items) < self.batch_size:
             raise ValueError(
-                f"OfflineBatchSource: drop_last=True with batch_size={batch_size} but only "
+                f"OfflineBatchSource: drop_last=True with batch_size={self.batch_size} but only "
                 f"{len(self.items)} items; lower batch_size or set drop_last=False"
             )
-        self.epoch = 0
-        self._order: list[int] = []
-        self._pos = 0
-        self._batch_index = 0
-        self._start_epoch()
 
     @property
     def batches_per_epoch(self) -> int:

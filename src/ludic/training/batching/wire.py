@@ -114,36 +114,15 @@ def encode_batch(batch: SAWBatch, producer: Producer) -> bytes:
     lo, hi = min(ids), max(ids)
     if lo < 0 or hi >= 2**63:
         raise WireFormatError(f"input_ids must lie in [0, 2**63), got values in [{lo}, {hi}]")
-    id_dtype = "<i4" if hi < 2**31 else "<i8"
-    has_lp = [item.old_logprobs is not None for item in items]
-    has_pv = [item.policy_version is not None for item in items]
-    has_av = [item.action_versions is not None for item in items]
-    has_end = [item.version_end is not None for item in items]
     arrays: dict[str, np.ndarray] = {
         "num_tokens": np.array([item.num_tokens for item in items], dtype="<u4"),
-        "input_ids": np.array(ids, dtype=id_dtype),
+        "input_ids": np.array(ids, dtype="<i4" if hi < 2**31 else "<i8"),
         "action_mask": np.array([m for item in items for m in item.action_mask], dtype="|u1"),
         "weight": np.array([item.weight for item in items], dtype="<f8"),
-        "has_old_logprobs": np.array(has_lp, dtype="|u1"),
-        "old_logprobs": np.array(
-            [lp for item in items if item.old_logprobs is not None for lp in item.old_logprobs],
-            dtype="<f4",
-        ),
-        "has_policy_version": np.array(has_pv, dtype="|u1"),
-        "policy_version": np.array(
-            [item.policy_version if item.policy_version is not None else 0 for item in items],
-            dtype="<i8",
-        ),
-        "has_action_versions": np.array(has_av, dtype="|u1"),
-        "action_versions": np.array(
-            [v for item in items if item.action_versions is not None for v in item.action_versions],
-            dtype="<i8",
-        ),
-        "has_version_end": np.array(has_end, dtype="|u1"),
-        "version_end": np.array(
-            [item.version_end if item.version_end is not None else 0 for item in items],
-            dtype="<i8",
-        ),
+        **_optional_array(items, "old_logprobs", "<f4", per_token=True),
+        **_optional_array(items, "policy_version", "<i8", per_token=False),
+        **_optional_array(items, "action_versions", "<i8", per_token=True),
+        **_optional_array(items, "version_end", "<i8", per_token=False),
         "logprob_temperature": np.array([item.logprob_temperature for item in items], dtype="<f8"),
     }
     if not np.isfinite(arrays["old_logprobs"]).all():
@@ -164,6 +143,20 @@ def encode_batch(batch: SAWBatch, producer: Producer) -> bytes:
     head = json.dumps(header, allow_nan=False, separators=(",", ":")).encode("utf-8")
     body = b"".join(arrays[name].tobytes() for name, _ in _ARRAYS)
     return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(head)) + head + body
+
+
+def _optional_array(
+    items: Sequence[SAWItem], name: str, dtype: str, *, per_token: bool
+) -> dict[str, np.ndarray]:
+    """``has_<name>`` (1 where the item's ``name`` is set) and ``name``: the set values back
+    to back (``per_token``), else one value per item, 0 where unset."""
+    values = [getattr(item, name) for item in items]
+    if per_token:
+        flat = [x for value in values if value is not None for x in value]
+    else:
+        flat = [0 if value is None else value for value in values]
+    present = [value is not None for value in values]
+    return {f"has_{name}": np.array(present, dtype="|u1"), name: np.array(flat, dtype=dtype)}
 
 
 def _checked_json(what: str, value: Mapping[str, Any]) -> dict[str, Any]:
@@ -310,6 +303,42 @@ def _read_arrays(specs: Any, body: memoryview) -> dict[str, np.ndarray]:
 def _build_items(
     n: int, a: dict[str, np.ndarray], item_meta: list[dict[str, Any]]
 ) -> list[SAWItem]:
+    starts, actions = _check_arrays(n, a)
+    items: list[SAWItem] = []
+    lp_at = av_at = 0
+    for i in range(n):
+        lo, hi = int(starts[i]), int(starts[i + 1])
+        old_logprobs = action_versions = None
+        if a["has_old_logprobs"][i]:
+            old_logprobs = a["old_logprobs"][lp_at : lp_at + hi - lo].tolist()
+            lp_at += hi - lo
+        if a["has_action_versions"][i]:
+            action_versions = a["action_versions"][av_at : av_at + actions[i]].tolist()
+            av_at += int(actions[i])
+        version = int(a["policy_version"][i]) if a["has_policy_version"][i] else None
+        end = int(a["version_end"][i]) if a["has_version_end"][i] else None
+        try:
+            items.append(
+                SAWItem(
+                    input_ids=a["input_ids"][lo:hi].tolist(),
+                    action_mask=a["action_mask"][lo:hi].tolist(),
+                    weight=float(a["weight"][i]),
+                    old_logprobs=old_logprobs,
+                    policy_version=version,
+                    meta=item_meta[i],
+                    action_versions=action_versions,
+                    version_end=end,
+                    logprob_temperature=float(a["logprob_temperature"][i]),
+                )
+            )
+        except ValueError as err:
+            raise WireFormatError(f"item {i}: {err}") from None
+    return items
+
+
+def _check_arrays(n: int, a: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Check the arrays' counts and values against ``n`` items and each other; returns the
+    items' token offsets [n + 1] and action-token counts [n]."""
     for name in ("num_tokens", "weight", "has_old_logprobs", "has_policy_version"):
         _expect_count(a, name, n)
     _expect_count(a, "policy_version", n)
@@ -338,37 +367,7 @@ def _build_items(
     _expect_count(a, "action_versions", int(actions[has_av].sum()))
     if not np.isfinite(a["old_logprobs"]).all():
         raise WireFormatError("array old_logprobs has a NaN/inf value")
-
-    items: list[SAWItem] = []
-    lp_at = av_at = 0
-    for i in range(n):
-        lo, hi = int(starts[i]), int(starts[i + 1])
-        old_logprobs = action_versions = None
-        if has_lp[i]:
-            old_logprobs = a["old_logprobs"][lp_at : lp_at + hi - lo].tolist()
-            lp_at += hi - lo
-        if has_av[i]:
-            action_versions = a["action_versions"][av_at : av_at + actions[i]].tolist()
-            av_at += int(actions[i])
-        version = int(a["policy_version"][i]) if a["has_policy_version"][i] else None
-        end = int(a["version_end"][i]) if a["has_version_end"][i] else None
-        try:
-            items.append(
-                SAWItem(
-                    input_ids=a["input_ids"][lo:hi].tolist(),
-                    action_mask=mask[lo:hi].tolist(),
-                    weight=float(a["weight"][i]),
-                    old_logprobs=old_logprobs,
-                    policy_version=version,
-                    meta=item_meta[i],
-                    action_versions=action_versions,
-                    version_end=end,
-                    logprob_temperature=float(a["logprob_temperature"][i]),
-                )
-            )
-        except ValueError as err:
-            raise WireFormatError(f"item {i}: {err}") from None
-    return items
+    return starts, actions
 
 
 def _expect_count(arrays: dict[str, np.ndarray], name: str, expected: int) -> None:

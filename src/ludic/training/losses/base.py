@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -87,6 +87,37 @@ class Loss(Protocol):
     requires_entropy: bool
 
     def __call__(self, inputs: LossInputs) -> LossOutput: ...
+
+
+class LossFlags:
+    """The :class:`Loss` flags, all False: a loss sets those of the inputs it reads."""
+
+    requires_old_logprobs: ClassVar[bool] = False
+    requires_ref_logprobs: ClassVar[bool] = False
+    requires_proximal_logprobs: ClassVar[bool] = False
+    requires_entropy: ClassVar[bool] = False
+
+
+class TokenAggregated(LossFlags):
+    """A (frozen dataclass) loss that reduces per-token values with its ``aggregation``
+    (None: TOKEN_MEAN) and ``constant_normalizer`` fields."""
+
+    aggregation: TokenAggregation | None
+    constant_normalizer: int | None
+
+    def _check_aggregation(self, owner: str) -> None:
+        """Validate both fields at construction; ``aggregation`` becomes the enum."""
+        mode = check_aggregation(owner, self.aggregation, self.constant_normalizer)
+        object.__setattr__(self, "aggregation", mode)
+
+    def _aggregate(self, values: torch.Tensor, inputs: LossInputs) -> torch.Tensor:
+        mode = TokenAggregation.TOKEN_MEAN if self.aggregation is None else self.aggregation
+        return aggregate_tokens(values, inputs, mode, constant_normalizer=self.constant_normalizer)
+
+
+def loss_output(loss: torch.Tensor, **stats: float) -> LossOutput:
+    """``LossOutput`` of ``loss``, its stats ``loss`` (the detached value) then ``stats``."""
+    return LossOutput(loss=loss, stats={"loss": float(loss.detach()), **stats})
 
 
 class TokenAggregation(StrEnum):
@@ -196,6 +227,11 @@ def _require_per_token(inputs: LossInputs, owner: str, field_name: str) -> torch
     return values
 
 
+def old_log_ratio(inputs: LossInputs, owner: str) -> torch.Tensor:
+    """log(pi_theta / pi_old) [B, T-1] on action tokens, 0.0 elsewhere."""
+    return (inputs.logprobs - require_old_logprobs(inputs, owner)) * inputs.action_mask
+
+
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     """Mean of ``values`` where ``mask`` is 1, over this micro-batch only (for stats)."""
     with torch.no_grad():
@@ -222,6 +258,15 @@ def check_aggregation(
             f"{constant_normalizer!r}; pass the generation budget (SamplingSpec.max_tokens)"
         )
     return mode
+
+
+def check_ratio_loss(loss: Any, owner: str, *, nullable: tuple[str, ...] = ()) -> None:
+    """Validate a ratio loss's ``clip_eps_low`` / ``clip_eps_high`` (``nullable``: those
+    that may be None), its ``dual_clip_c`` when it has one, and ``log_ratio_clamp``."""
+    low, high = loss.clip_eps_low, loss.clip_eps_high
+    check_clip_eps(owner, nullable=nullable, clip_eps_low=low, clip_eps_high=high)
+    check_dual_clip_c(owner, getattr(loss, "dual_clip_c", None))
+    check_log_ratio_clamp(owner, loss.log_ratio_clamp)
 
 
 def check_clip_eps(owner: str, *, nullable: tuple[str, ...] = (), **eps: float | None) -> None:

@@ -10,25 +10,27 @@ exponentiated (per token, or the per-sequence mean for GSPO/GMPO) is first clamp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from ludic.training.losses.base import (
     LOG_RATIO_CLAMP,
+    LossFlags,
     LossInputs,
     LossOutput,
+    TokenAggregated,
     TokenAggregation,
     aggregate_sequences,
-    aggregate_tokens,
-    check_aggregation,
-    check_clip_eps,
-    check_dual_clip_c,
-    check_log_ratio_clamp,
+    check_ratio_loss,
     clamped_exp,
+    loss_output,
     masked_mean,
-    require_old_logprobs,
+    old_log_ratio,
 )
+
+if TYPE_CHECKING:
+    from ludic.training.losses.decoupled import DecoupledClippedSurrogateLoss
 
 
 def clipped_token_objective(
@@ -40,7 +42,8 @@ def clipped_token_objective(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Per-token PPO loss and which bound is active.
 
-    ``ratio`` [B, T-1], ``advantage`` [B, 1] (broadcast over tokens).
+    ``ratio`` [B, T-1], ``advantage`` [B, 1] (broadcast over tokens); GSPO passes per-sequence
+    ``ratio`` and ``advantage`` [B].
     l_t = -min(r_t * A, clip(r_t, 1 - eps_low, 1 + eps_high) * A)   (arXiv:1707.06347, eq. 7),
     and with ``dual_clip_c`` = c, for A < 0 only: l_t = min(l_t, -c * A) (dual clip,
     Ye et al. 2020, arXiv:1912.09729), which bounds the loss of a token whose ratio exploded.
@@ -62,44 +65,49 @@ def clipped_token_objective(
     return per_token, clip_active, dual_active
 
 
-def _masked_log_ratio(inputs: LossInputs, owner: str) -> torch.Tensor:
-    """log(pi_theta / pi_old) [B, T-1] on action tokens, 0.0 elsewhere."""
-    old = require_old_logprobs(inputs, owner)
-    return (inputs.logprobs - old) * inputs.action_mask
-
-
 def _sequence_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-sequence mean [B] of ``values`` [B, T-1] over each row's action tokens."""
     return (values * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1.0)
 
 
-def clipped_token_stats(
-    loss: torch.Tensor,
-    ratio: torch.Tensor,
+def clipped_token_surrogate(
+    loss_fn: TokenClippedSurrogateLoss | DecoupledClippedSurrogateLoss,
+    inputs: LossInputs,
     log_ratio: torch.Tensor,
-    mask: torch.Tensor,
-    clip_active: torch.Tensor,
-    dual_active: torch.Tensor | None,
-    log_ratio_clamp: float,
-) -> dict[str, float]:
-    """The stats of a per-token clipped surrogate: loss, ratio_mean, clip_frac, approx_kl
-    (k3 estimate of KL(pi_old || pi_theta) on the clamped log-ratio) and, with dual clip,
-    dual_clip_frac."""
+    token_weight: torch.Tensor | None = None,
+) -> LossOutput:
+    """The per-token clipped surrogate of ``log_ratio`` [B, T-1] (0 off-mask) under
+    ``loss_fn``'s clip range, dual clip, log-ratio clamp and aggregation, each token's loss
+    times ``token_weight`` (no gradient) when given. Stats: loss, ratio_mean, clip_frac,
+    approx_kl (k3 estimate of KL(pi_old || pi_theta) on the clamped log-ratio) and, with
+    dual clip, dual_clip_frac."""
+    mask, bound = inputs.action_mask, loss_fn.log_ratio_clamp
+    ratio = clamped_exp(log_ratio, bound)  # [B, T-1]
+    per_token, clip_active, dual_active = clipped_token_objective(
+        ratio,
+        inputs.weights.unsqueeze(-1),
+        loss_fn.clip_eps_low,
+        loss_fn.clip_eps_high,
+        loss_fn.dual_clip_c,
+    )
+    if token_weight is not None:
+        per_token = token_weight * per_token
+    loss = loss_fn._aggregate(per_token, inputs)
     with torch.no_grad():
-        k3 = (ratio - 1.0) - log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
-    stats = {
-        "loss": float(loss.detach()),
-        "ratio_mean": masked_mean(ratio, mask),
-        "clip_frac": masked_mean(clip_active.to(mask.dtype), mask),
-        "approx_kl": masked_mean(k3, mask),
-    }
+        k3 = (ratio - 1.0) - log_ratio.clamp(-bound, bound)
+    out = loss_output(
+        loss,
+        ratio_mean=masked_mean(ratio, mask),
+        clip_frac=masked_mean(clip_active.to(mask.dtype), mask),
+        approx_kl=masked_mean(k3, mask),
+    )
     if dual_active is not None:
-        stats["dual_clip_frac"] = masked_mean(dual_active.to(mask.dtype), mask)
-    return stats
+        out.stats["dual_clip_frac"] = masked_mean(dual_active.to(mask.dtype), mask)
+    return out
 
 
 @dataclass(frozen=True)
-class TokenClippedSurrogateLoss:
+class TokenClippedSurrogateLoss(TokenAggregated):
     """Per-token clipped surrogate: PPO (arXiv:1707.06347, eq. 7) as used by GRPO
     (arXiv:2402.03300, eq. 3) and Dr. GRPO (arXiv:2503.20783).
 
@@ -125,37 +133,17 @@ class TokenClippedSurrogateLoss:
     log_ratio_clamp: float = LOG_RATIO_CLAMP
 
     requires_old_logprobs: ClassVar[bool] = True
-    requires_ref_logprobs: ClassVar[bool] = False
-    requires_proximal_logprobs: ClassVar[bool] = False
-    requires_entropy: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        name = type(self).__name__
-        check_clip_eps(name, clip_eps_low=self.clip_eps_low, clip_eps_high=self.clip_eps_high)
-        check_dual_clip_c(name, self.dual_clip_c)
-        check_log_ratio_clamp(name, self.log_ratio_clamp)
-        mode = check_aggregation(name, self.aggregation, self.constant_normalizer)
-        object.__setattr__(self, "aggregation", mode)
+        check_ratio_loss(self, type(self).__name__)
+        self._check_aggregation(type(self).__name__)
 
     def __call__(self, inputs: LossInputs) -> LossOutput:
-        mask = inputs.action_mask
-        log_ratio = _masked_log_ratio(inputs, type(self).__name__)
-        ratio = clamped_exp(log_ratio, self.log_ratio_clamp)  # [B, T-1]
-        adv = inputs.weights.unsqueeze(-1)  # [B, 1]
-        per_token, clip_active, dual_active = clipped_token_objective(
-            ratio, adv, self.clip_eps_low, self.clip_eps_high, self.dual_clip_c
-        )
-        loss = aggregate_tokens(
-            per_token, inputs, self.aggregation, constant_normalizer=self.constant_normalizer
-        )
-        stats = clipped_token_stats(
-            loss, ratio, log_ratio, mask, clip_active, dual_active, self.log_ratio_clamp
-        )
-        return LossOutput(loss=loss, stats=stats)
+        return clipped_token_surrogate(self, inputs, old_log_ratio(inputs, type(self).__name__))
 
 
 @dataclass(frozen=True)
-class ClippedSurrogateLoss:
+class ClippedSurrogateLoss(LossFlags):
     """Sequence-level clipped surrogate: GSPO (arXiv:2507.18071, the GSPO objective).
 
     s_i = exp( clamp(mean_t (logp_t - old_logp_t), -log_ratio_clamp, log_ratio_clamp) )
@@ -173,37 +161,26 @@ class ClippedSurrogateLoss:
     log_ratio_clamp: float = LOG_RATIO_CLAMP
 
     requires_old_logprobs: ClassVar[bool] = True
-    requires_ref_logprobs: ClassVar[bool] = False
-    requires_proximal_logprobs: ClassVar[bool] = False
-    requires_entropy: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        check_clip_eps(
-            "ClippedSurrogateLoss", clip_eps_low=self.clip_eps_low, clip_eps_high=self.clip_eps_high
-        )
-        check_log_ratio_clamp("ClippedSurrogateLoss", self.log_ratio_clamp)
+        check_ratio_loss(self, "ClippedSurrogateLoss")
 
     def __call__(self, inputs: LossInputs) -> LossOutput:
-        log_ratio = _masked_log_ratio(inputs, "ClippedSurrogateLoss")
+        log_ratio = old_log_ratio(inputs, "ClippedSurrogateLoss")
         seq_log_ratio = _sequence_mean(log_ratio, inputs.action_mask)  # [B]
         seq_ratio = clamped_exp(seq_log_ratio, self.log_ratio_clamp)
-        adv = inputs.weights
-        unclipped = seq_ratio * adv
-        clipped = seq_ratio.clamp(1.0 - self.clip_eps_low, 1.0 + self.clip_eps_high) * adv
-        per_seq = -torch.minimum(unclipped, clipped)  # [B]
-        loss = aggregate_sequences(per_seq, inputs)
-        with torch.no_grad():
-            clip_frac = float((clipped < unclipped).float().mean())
-        stats = {
-            "loss": float(loss.detach()),
-            "seq_ratio_mean": float(seq_ratio.detach().float().mean()),
-            "clip_frac": clip_frac,
-        }
-        return LossOutput(loss=loss, stats=stats)
+        per_seq, clip_active, _ = clipped_token_objective(
+            seq_ratio, inputs.weights, self.clip_eps_low, self.clip_eps_high
+        )
+        return loss_output(
+            aggregate_sequences(per_seq, inputs),
+            seq_ratio_mean=float(seq_ratio.detach().float().mean()),
+            clip_frac=float(clip_active.float().mean()),
+        )
 
 
 @dataclass(frozen=True)
-class GMPOLoss:
+class GMPOLoss(LossFlags):
     """Geometric-Mean Policy Optimization, GMPO (arXiv:2507.20673, the GMPO objective).
 
     J_i = (prod_t min(r_t * A_i, clip(r_t, e^-eps_low, e^eps_high) * A_i))^(1/|o_i|) * sgn(A_i)
@@ -223,17 +200,13 @@ class GMPOLoss:
     log_ratio_clamp: float = LOG_RATIO_CLAMP
 
     requires_old_logprobs: ClassVar[bool] = True
-    requires_ref_logprobs: ClassVar[bool] = False
-    requires_proximal_logprobs: ClassVar[bool] = False
-    requires_entropy: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        check_clip_eps("GMPOLoss", clip_eps_low=self.clip_eps_low, clip_eps_high=self.clip_eps_high)
-        check_log_ratio_clamp("GMPOLoss", self.log_ratio_clamp)
+        check_ratio_loss(self, "GMPOLoss")
 
     def __call__(self, inputs: LossInputs) -> LossOutput:
         mask = inputs.action_mask
-        log_ratio = _masked_log_ratio(inputs, "GMPOLoss")  # [B, T-1]
+        log_ratio = old_log_ratio(inputs, "GMPOLoss")  # [B, T-1]
         clamped = log_ratio.clamp(-self.clip_eps_low, self.clip_eps_high)
         positive = (inputs.weights > 0).unsqueeze(-1)  # [B, 1]
         chosen = torch.where(
@@ -241,13 +214,11 @@ class GMPOLoss:
         )
         mean_chosen = _sequence_mean(chosen, mask)  # [B]
         objective = inputs.weights * clamped_exp(mean_chosen, self.log_ratio_clamp)  # J_i
-        loss = aggregate_sequences(-objective, inputs)
         with torch.no_grad():
             clip_active = (chosen != log_ratio).to(mask.dtype)
             geo_ratio = clamped_exp(_sequence_mean(log_ratio, mask), self.log_ratio_clamp)
-        stats = {
-            "loss": float(loss.detach()),
-            "seq_ratio_mean": float(geo_ratio.float().mean()),
-            "clip_frac": masked_mean(clip_active, mask),
-        }
-        return LossOutput(loss=loss, stats=stats)
+        return loss_output(
+            aggregate_sequences(-objective, inputs),
+            seq_ratio_mean=float(geo_ratio.float().mean()),
+            clip_frac=masked_mean(clip_active, mask),
+        )

@@ -21,6 +21,11 @@ def _default_name(loss: object) -> str:
     return snake.removesuffix("_loss") or snake
 
 
+def _any_term(flag: str) -> property:
+    """A :class:`Loss` flag of ``CompositeLoss``: true when any term's is."""
+    return property(lambda self: any(getattr(loss, flag) for _, _, loss in self.terms))
+
+
 class CompositeLoss:
     """Weighted sum of losses evaluated on the same micro-batch.
 
@@ -73,21 +78,10 @@ class CompositeLoss:
             named.append((name, float(weight), loss))
         self.terms: tuple[tuple[str, float, Loss], ...] = tuple(_follow_policy_aggregation(named))
 
-    @property
-    def requires_old_logprobs(self) -> bool:
-        return any(loss.requires_old_logprobs for _, _, loss in self.terms)
-
-    @property
-    def requires_ref_logprobs(self) -> bool:
-        return any(loss.requires_ref_logprobs for _, _, loss in self.terms)
-
-    @property
-    def requires_proximal_logprobs(self) -> bool:
-        return any(loss.requires_proximal_logprobs for _, _, loss in self.terms)
-
-    @property
-    def requires_entropy(self) -> bool:
-        return any(loss.requires_entropy for _, _, loss in self.terms)
+    requires_old_logprobs = _any_term("requires_old_logprobs")
+    requires_ref_logprobs = _any_term("requires_ref_logprobs")
+    requires_proximal_logprobs = _any_term("requires_proximal_logprobs")
+    requires_entropy = _any_term("requires_entropy")
 
     def __call__(self, inputs: LossInputs) -> LossOutput:
         total: torch.Tensor | None = None

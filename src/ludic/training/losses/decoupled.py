@@ -17,25 +17,22 @@ from ludic.training.losses.base import (
     LOG_RATIO_CLAMP,
     LossInputs,
     LossOutput,
+    TokenAggregated,
     TokenAggregation,
-    aggregate_tokens,
-    check_aggregation,
-    check_clip_eps,
-    check_dual_clip_c,
-    check_log_ratio_clamp,
+    check_ratio_loss,
     clamped_exp,
     masked_mean,
     require_old_logprobs,
     require_proximal_logprobs,
 )
-from ludic.training.losses.clipped import clipped_token_objective, clipped_token_stats
+from ludic.training.losses.clipped import clipped_token_surrogate
 
 BehaviourWeightMode = Literal["truncate", "mask"]
 BEHAVIOUR_WEIGHT_MODES: tuple[str, ...] = ("truncate", "mask")
 
 
 @dataclass(frozen=True)
-class DecoupledClippedSurrogateLoss:
+class DecoupledClippedSurrogateLoss(TokenAggregated):
     """Decoupled PPO (AReaL, Fu et al. 2025, arXiv:2505.24298, the decoupled PPO objective).
 
     Per action token t of sequence i, with every log-ratio clamped to +-``log_ratio_clamp``
@@ -79,15 +76,11 @@ class DecoupledClippedSurrogateLoss:
     log_ratio_clamp: float = LOG_RATIO_CLAMP
 
     requires_old_logprobs: ClassVar[bool] = True
-    requires_ref_logprobs: ClassVar[bool] = False
     requires_proximal_logprobs: ClassVar[bool] = True
-    requires_entropy: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         name = type(self).__name__
-        check_clip_eps(name, clip_eps_low=self.clip_eps_low, clip_eps_high=self.clip_eps_high)
-        check_dual_clip_c(name, self.dual_clip_c)
-        check_log_ratio_clamp(name, self.log_ratio_clamp)
+        check_ratio_loss(self, name)
         cap = self.behaviour_weight_cap
         if cap is not None and (isinstance(cap, bool) or not (1 <= cap < float("inf"))):
             raise ValueError(
@@ -99,16 +92,13 @@ class DecoupledClippedSurrogateLoss:
                 f"{name}: behaviour_weight_mode={self.behaviour_weight_mode!r}; expected one "
                 f"of {BEHAVIOUR_WEIGHT_MODES}"
             )
-        mode = check_aggregation(name, self.aggregation, self.constant_normalizer)
-        object.__setattr__(self, "aggregation", mode)
+        self._check_aggregation(name)
 
     def __call__(self, inputs: LossInputs) -> LossOutput:
         name = type(self).__name__
         mask = inputs.action_mask
         behaviour = require_old_logprobs(inputs, name)
         proximal = require_proximal_logprobs(inputs, name).detach()
-        log_ratio = (inputs.logprobs - proximal) * mask  # log r, 0 off-mask
-        ratio = clamped_exp(log_ratio, self.log_ratio_clamp)  # [B, T-1]
         with torch.no_grad():
             weight = clamped_exp((proximal - behaviour) * mask, self.log_ratio_clamp)
             capped = torch.zeros_like(weight, dtype=torch.bool)
@@ -118,22 +108,8 @@ class DecoupledClippedSurrogateLoss:
                     weight = weight.clamp(max=self.behaviour_weight_cap)
                 else:
                     weight = torch.where(capped, torch.zeros_like(weight), weight)
-        per_token, clip_active, dual_active = clipped_token_objective(
-            ratio,
-            inputs.weights.unsqueeze(-1),
-            self.clip_eps_low,
-            self.clip_eps_high,
-            self.dual_clip_c,
-        )
-        loss = aggregate_tokens(
-            weight * per_token,
-            inputs,
-            self.aggregation,
-            constant_normalizer=self.constant_normalizer,
-        )
-        stats = clipped_token_stats(
-            loss, ratio, log_ratio, mask, clip_active, dual_active, self.log_ratio_clamp
-        )
-        stats["behaviour_weight_mean"] = masked_mean(weight, mask)
-        stats["behaviour_weight_capped_frac"] = masked_mean(capped.to(mask.dtype), mask)
-        return LossOutput(loss=loss, stats=stats)
+        log_ratio = (inputs.logprobs - proximal) * mask  # log r, 0 off-mask
+        out = clipped_token_surrogate(self, inputs, log_ratio, token_weight=weight)
+        out.stats["behaviour_weight_mean"] = masked_mean(weight, mask)
+        out.stats["behaviour_weight_capped_frac"] = masked_mean(capped.to(mask.dtype), mask)
+        return out

@@ -15,19 +15,18 @@ from ludic.training.losses.base import (
     LOG_RATIO_CLAMP,
     LossInputs,
     LossOutput,
+    TokenAggregated,
     TokenAggregation,
-    aggregate_tokens,
-    check_aggregation,
-    check_clip_eps,
-    check_log_ratio_clamp,
+    check_ratio_loss,
     clamped_exp,
+    loss_output,
     masked_mean,
-    require_old_logprobs,
+    old_log_ratio,
 )
 
 
 @dataclass(frozen=True)
-class ReinforceLoss:
+class ReinforceLoss(TokenAggregated):
     """REINFORCE (Williams 1992), the score-function policy gradient.
 
     L = -agg_t( A_i * logp_t )
@@ -41,30 +40,20 @@ class ReinforceLoss:
     aggregation: TokenAggregation = TokenAggregation.TOKEN_MEAN
     constant_normalizer: int | None = None
 
-    requires_old_logprobs: ClassVar[bool] = False
-    requires_ref_logprobs: ClassVar[bool] = False
-    requires_proximal_logprobs: ClassVar[bool] = False
-    requires_entropy: ClassVar[bool] = False
-
     def __post_init__(self) -> None:
-        mode = check_aggregation("ReinforceLoss", self.aggregation, self.constant_normalizer)
-        object.__setattr__(self, "aggregation", mode)
+        self._check_aggregation("ReinforceLoss")
 
     def __call__(self, inputs: LossInputs) -> LossOutput:
         per_token = -inputs.weights.unsqueeze(-1) * inputs.logprobs  # [B, T-1]
-        loss = aggregate_tokens(
-            per_token, inputs, self.aggregation, constant_normalizer=self.constant_normalizer
+        return loss_output(
+            self._aggregate(per_token, inputs),
+            logp_mean=masked_mean(inputs.logprobs, inputs.action_mask),
+            weight_mean=float(inputs.weights.detach().float().mean()),
         )
-        stats = {
-            "loss": float(loss.detach()),
-            "logp_mean": masked_mean(inputs.logprobs, inputs.action_mask),
-            "weight_mean": float(inputs.weights.detach().float().mean()),
-        }
-        return LossOutput(loss=loss, stats=stats)
 
 
 @dataclass(frozen=True)
-class CISPOLoss:
+class CISPOLoss(TokenAggregated):
     """CISPO: clipped importance-sampling-weight policy optimization (MiniMax-M1,
     arXiv:2506.13585, eq. 4).
 
@@ -87,36 +76,21 @@ class CISPOLoss:
     log_ratio_clamp: float = LOG_RATIO_CLAMP
 
     requires_old_logprobs: ClassVar[bool] = True
-    requires_ref_logprobs: ClassVar[bool] = False
-    requires_proximal_logprobs: ClassVar[bool] = False
-    requires_entropy: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        check_clip_eps(
-            "CISPOLoss",
-            nullable=("clip_eps_low",),
-            clip_eps_low=self.clip_eps_low,
-            clip_eps_high=self.clip_eps_high,
-        )
-        check_log_ratio_clamp("CISPOLoss", self.log_ratio_clamp)
-        mode = check_aggregation("CISPOLoss", self.aggregation, self.constant_normalizer)
-        object.__setattr__(self, "aggregation", mode)
+        check_ratio_loss(self, "CISPOLoss", nullable=("clip_eps_low",))
+        self._check_aggregation("CISPOLoss")
 
     def __call__(self, inputs: LossInputs) -> LossOutput:
-        old = require_old_logprobs(inputs, "CISPOLoss")
         mask = inputs.action_mask
-        with torch.no_grad():
-            ratio = clamped_exp((inputs.logprobs - old) * mask, self.log_ratio_clamp)  # 1 off-mask
+        with torch.no_grad():  # ratio 1 off-mask
+            ratio = clamped_exp(old_log_ratio(inputs, "CISPOLoss"), self.log_ratio_clamp)
             low = None if self.clip_eps_low is None else 1.0 - self.clip_eps_low
             is_weight = ratio.clamp(min=low, max=1.0 + self.clip_eps_high)
             clipped = (is_weight != ratio).to(mask.dtype)
         per_token = -is_weight * inputs.weights.unsqueeze(-1) * inputs.logprobs
-        loss = aggregate_tokens(
-            per_token, inputs, self.aggregation, constant_normalizer=self.constant_normalizer
+        return loss_output(
+            self._aggregate(per_token, inputs),
+            ratio_mean=masked_mean(ratio, mask),
+            clip_frac=masked_mean(clipped, mask),
         )
-        stats = {
-            "loss": float(loss.detach()),
-            "ratio_mean": masked_mean(ratio, mask),
-            "clip_frac": masked_mean(clipped, mask),
-        }
-        return LossOutput(loss=loss, stats=stats)

@@ -11,10 +11,10 @@ from ludic.training.losses.base import (
     LOG_RATIO_CLAMP,
     LossInputs,
     LossOutput,
+    TokenAggregated,
     TokenAggregation,
-    aggregate_tokens,
-    check_aggregation,
     check_log_ratio_clamp,
+    loss_output,
     masked_mean,
     require_old_logprobs,
     require_ref_logprobs,
@@ -51,7 +51,7 @@ def kl_estimate(
 
 
 @dataclass(frozen=True)
-class KLPenalty:
+class KLPenalty(TokenAggregated):
     """KL penalty towards a reference policy (Schulman's estimators,
     http://joschu.net/blog/kl-approx.html; GRPO uses k3 with beta=0.04, arXiv:2402.03300).
 
@@ -76,9 +76,6 @@ class KLPenalty:
     constant_normalizer: int | None = None
     log_ratio_clamp: float = LOG_RATIO_CLAMP
 
-    requires_proximal_logprobs: ClassVar[bool] = False
-    requires_entropy: ClassVar[bool] = False
-
     def __post_init__(self) -> None:
         if not (self.beta >= 0 and self.beta < float("inf")):
             raise ValueError(f"KLPenalty: beta={self.beta!r}; expected a finite value >= 0")
@@ -95,11 +92,11 @@ class KLPenalty:
         _check_follower_aggregation(self, "KLPenalty")
 
     @property
-    def requires_ref_logprobs(self) -> bool:
+    def requires_ref_logprobs(self) -> bool:  # type: ignore[override]
         return self.reference == "ref"
 
     @property
-    def requires_old_logprobs(self) -> bool:
+    def requires_old_logprobs(self) -> bool:  # type: ignore[override]
         return self.reference == "old"
 
     def __call__(self, inputs: LossInputs) -> LossOutput:
@@ -110,15 +107,12 @@ class KLPenalty:
             ref = require_old_logprobs(inputs, owner)
         log_rho = (ref - inputs.logprobs) * inputs.action_mask  # 0.0 off-mask
         kl = kl_estimate(log_rho, self.estimator, self.log_ratio_clamp)  # [B, T-1]
-        loss = self.beta * aggregate_tokens(
-            kl, inputs, _own_or_token_mean(self), constant_normalizer=self.constant_normalizer
-        )
-        stats = {"loss": float(loss.detach()), "kl": masked_mean(kl, inputs.action_mask)}
-        return LossOutput(loss=loss, stats=stats)
+        loss = self.beta * self._aggregate(kl, inputs)
+        return loss_output(loss, kl=masked_mean(kl, inputs.action_mask))
 
 
 @dataclass(frozen=True)
-class EntropyBonus:
+class EntropyBonus(TokenAggregated):
     """Entropy bonus (arXiv:1707.06347, eq. 9 uses c2 * S[pi]).
 
     L = -coef * agg_t( H_t ),  H_t = -sum_v p_t(v) log p_t(v)  (next-token entropy).
@@ -133,9 +127,6 @@ class EntropyBonus:
     aggregation: TokenAggregation | None = None
     constant_normalizer: int | None = None
 
-    requires_old_logprobs: ClassVar[bool] = False
-    requires_ref_logprobs: ClassVar[bool] = False
-    requires_proximal_logprobs: ClassVar[bool] = False
     requires_entropy: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
@@ -145,11 +136,8 @@ class EntropyBonus:
 
     def __call__(self, inputs: LossInputs) -> LossOutput:
         entropy = token_entropy(inputs, "EntropyBonus")  # [B, T-1]
-        loss = -self.coef * aggregate_tokens(
-            entropy, inputs, _own_or_token_mean(self), constant_normalizer=self.constant_normalizer
-        )
-        stats = {"loss": float(loss.detach()), "entropy": masked_mean(entropy, inputs.action_mask)}
-        return LossOutput(loss=loss, stats=stats)
+        loss = -self.coef * self._aggregate(entropy, inputs)
+        return loss_output(loss, entropy=masked_mean(entropy, inputs.action_mask))
 
 
 def _check_follower_aggregation(loss: KLPenalty | EntropyBonus, owner: str) -> None:
@@ -161,9 +149,4 @@ def _check_follower_aggregation(loss: KLPenalty | EntropyBonus, owner: str) -> N
                 "aggregation='constant'; set both, or neither to follow the policy loss"
             )
         return
-    mode = check_aggregation(owner, loss.aggregation, loss.constant_normalizer)
-    object.__setattr__(loss, "aggregation", mode)
-
-
-def _own_or_token_mean(loss: KLPenalty | EntropyBonus) -> TokenAggregation:
-    return TokenAggregation.TOKEN_MEAN if loss.aggregation is None else loss.aggregation
+    loss._check_aggregation(owner)

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from ludic.training.losses.base import (
     LossInputs,
     LossOutput,
+    TokenAggregated,
     TokenAggregation,
-    aggregate_tokens,
-    check_aggregation,
+    loss_output,
 )
 
 
 @dataclass(frozen=True)
-class MaskedCausalLMCrossEntropyLoss:
+class MaskedCausalLMCrossEntropyLoss(TokenAggregated):
     """Next-token cross-entropy (NLL) on action tokens only.
 
     L = -agg_t( logp_t ),  TOKEN_MEAN by default: -sum_{i,t in actions} logp_{i,t} / N_tok
@@ -29,24 +28,13 @@ class MaskedCausalLMCrossEntropyLoss:
     aggregation: TokenAggregation = TokenAggregation.TOKEN_MEAN
     constant_normalizer: int | None = None
 
-    requires_old_logprobs: ClassVar[bool] = False
-    requires_ref_logprobs: ClassVar[bool] = False
-    requires_proximal_logprobs: ClassVar[bool] = False
-    requires_entropy: ClassVar[bool] = False
-
     def __post_init__(self) -> None:
-        mode = check_aggregation(
-            "MaskedCausalLMCrossEntropyLoss", self.aggregation, self.constant_normalizer
-        )
-        object.__setattr__(self, "aggregation", mode)
+        self._check_aggregation("MaskedCausalLMCrossEntropyLoss")
 
     def __call__(self, inputs: LossInputs) -> LossOutput:
         mask = inputs.action_mask
-        loss = aggregate_tokens(
-            -inputs.logprobs, inputs, self.aggregation, constant_normalizer=self.constant_normalizer
-        )
         num_tokens = float(mask.sum())
         nll = float(-(inputs.logprobs.detach() * mask).sum()) / max(num_tokens, 1.0)
-        return LossOutput(
-            loss=loss, stats={"loss": float(loss.detach()), "nll": nll, "num_tokens": num_tokens}
+        return loss_output(
+            self._aggregate(-inputs.logprobs, inputs), nll=nll, num_tokens=num_tokens
         )
