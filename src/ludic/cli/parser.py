@@ -76,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     add = functools.partial(_add_config_command, commands, common)
     _add_job_commands(add)
     _add_pipeline_commands(add)
+    _add_launch(add)
     _add_export(commands, common)
     _add_serve(commands)
     return parser
@@ -175,7 +176,7 @@ def _add_job_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
 
 
 def _add_pipeline_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
-    """``learner``, ``actor`` and ``launch``."""
+    """``learner`` and ``actor``."""
     learner = add(
         "learner",
         run.learner_command,
@@ -227,6 +228,9 @@ def _add_pipeline_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         "the batch it had claimed (default: HOST-PID)",
     )
 
+
+def _add_launch(add: Callable[..., argparse.ArgumentParser]) -> None:
+    """``launch``: a pipeline run on Ray."""
     launch = add(
         "launch",
         run.launch_command,

@@ -71,6 +71,16 @@ class _InFlight:
     num_items: int
     dropped_items: int
 
+    def record(self, version: int) -> dict[str, int | str]:
+        """The batch's record for the queue (``P:trained``, ``P:dropped``)."""
+        return {
+            "actor_id": self.producer.actor_id,
+            "batch_index": self.producer.batch_index,
+            "version": version,
+            "num_items": self.num_items,
+            "dropped_items": self.dropped_items,
+        }
+
 
 # ------------------------------------------------------------------------------- learner
 class PipelineBatchSource:
@@ -251,13 +261,8 @@ class PipelineBatchSource:
                 staleness.append(max(lag, 0))
                 lost += lag < 0
         dropped = len(wire.batch.items) - len(fresh)
-        record = {
-            "actor_id": producer.actor_id,
-            "batch_index": producer.batch_index,
-            "version": version,
-            "num_items": len(fresh),
-            "dropped_items": dropped,
-        }
+        info = _InFlight(producer, len(fresh), dropped)
+        record = info.record(version)
         tokens = batch_tokens(wire.batch.meta)
         if tokens is not None:
             tokens[DROPPED_STALE] += sum(item.num_action_tokens for item in stale)
@@ -267,7 +272,7 @@ class PipelineBatchSource:
             self._carried_audit[key] = self._carried_audit.get(key, 0) + value
         if not fresh:
             return None, record
-        self._in_flight[producer.batch_id] = _InFlight(producer, len(fresh), dropped)
+        self._in_flight[producer.batch_id] = info
         carried, self._carried = self._carried, dict.fromkeys(SOURCE_KEYS, 0)
         audit, self._carried_audit = self._carried_audit, {}
         meta = {
@@ -317,14 +322,7 @@ class PipelineBatchSource:
         record it in ``P:trained`` and advance the policy version by one, atomically."""
         info = self._handed_out(batch, "mark_trained")
         version = self.version + 1
-        record = {
-            "actor_id": info.producer.actor_id,
-            "batch_index": info.producer.batch_index,
-            "version": version,
-            "num_items": info.num_items,
-            "dropped_items": info.dropped_items,
-        }
-        self.queue.ack(info.producer.batch_id, record, version=version)
+        self.queue.ack(info.producer.batch_id, info.record(version), version=version)
         del self._in_flight[info.producer.batch_id]
         self._version = version
 
@@ -362,85 +360,87 @@ async def run_pipeline_actor(
       synced version), read before each batch: stamped on items that carry none and sent
       as the producer's version.
     """
+    stop_set = stop.is_set if stop is not None else lambda: False
+    pushed: list[str] = []
     with interrupt_on_cancel(queue):
-        return await _push_batches(
-            source,
-            queue,
-            actor_id,
-            max_staleness,
-            num_batches,
-            stop,
-            policy_version,
-            admission_timeout_s,
-            poll_s,
-        )
+        announced = await asyncio.to_thread(queue.max_staleness)
+        if announced is not None and announced != max_staleness:
+            raise ValueError(
+                f"actor {actor_id!r}: max_staleness={max_staleness} but the learner on "
+                f"{queue.keys.prefix!r} uses {announced}; start actors with the learner's value"
+            )
+        while num_batches is None or len(pushed) < num_batches:
+            if stop_set() or await asyncio.to_thread(_queue_ended, queue):
+                break
+            # A claim is given up only for good (the run ended, the data ran out). An actor
+            # stopped or killed keeps it: restarted under its id, it makes that batch, so no
+            # batch index (a function of which its prompts are) is skipped.
+            index = await asyncio.to_thread(queue.claim_index, actor_id)
+            if not await _admitted(
+                queue, index, max_staleness, stop_set, admission_timeout_s, poll_s
+            ):
+                if await asyncio.to_thread(queue.is_done):
+                    await asyncio.to_thread(queue.abandon_claim, actor_id, RUN_ENDED)
+                break
+            version = policy_version() if policy_version is not None else None
+            batch = await _generate(source, queue, actor_id, index)
+            if batch is None:
+                break
+            batch_id = await _push(queue, actor_id, index, batch, version, stop_set)
+            if batch_id is None:
+                break
+            pushed.append(batch_id)
+    return pushed
 
 
-async def _push_batches(
-    source: BatchSource,
+async def _generate(
+    source: BatchSource, queue: RedisBatchQueue, actor_id: str, index: int
+) -> SAWBatch | None:
+    """The next batch of ``source``; ``None`` when the actor ends: its data ran out, or the
+    run ended while the batch generated (its claim abandoned either way)."""
+    try:
+        return await source.next_batch()
+    except DataExhausted:
+        await asyncio.to_thread(queue.abandon_claim, actor_id, "the actor's data ran out")
+    except Exception as err:
+        # The learner ended the run while this batch generated (and, with the vllm
+        # backend, stopped the server it was generating on): the batch could not be
+        # pushed anyway, so the actor ends as at any other end of the run.
+        if not await asyncio.to_thread(queue.is_done):
+            raise
+        log.info("actor %s: the run ended while batch %d generated (%s)", actor_id, index, err)
+        await asyncio.to_thread(queue.abandon_claim, actor_id, RUN_ENDED)
+    return None
+
+
+async def _push(
     queue: RedisBatchQueue,
     actor_id: str,
-    max_staleness: int | None,
-    num_batches: int | None,
-    stop: StopFlag | None,
-    policy_version: Callable[[], int | None] | None,
-    admission_timeout_s: float,
-    poll_s: float,
-) -> list[str]:
-    stop_set = stop.is_set if stop is not None else lambda: False
-    announced = await asyncio.to_thread(queue.max_staleness)
-    if announced is not None and announced != max_staleness:
-        raise ValueError(
-            f"actor {actor_id!r}: max_staleness={max_staleness} but the learner on "
-            f"{queue.keys.prefix!r} uses {announced}; start actors with the learner's value"
+    index: int,
+    batch: SAWBatch,
+    version: int | None,
+    stop_set: Callable[[], bool],
+) -> str | None:
+    """Push ``batch`` as batch ``index``: its id, or ``None`` when the actor ends (the run
+    ended: its claim abandoned; or ``stop_set()`` while the queue was full)."""
+    producer = Producer(f"batch-{index}", actor_id, index, _producer_version(batch, version))
+    payload = encode_batch(_stamp_versions(batch, version), producer)
+    try:
+        await asyncio.to_thread(
+            queue.push,
+            producer.batch_id,
+            payload,
+            actor_id=actor_id,
+            info={"batch_index": index, "num_items": len(batch.items)},
+            tokens=int(batch.meta.get(GENERATED, 0)),
+            stop=stop_set,
         )
-    pushed: list[str] = []
-    while num_batches is None or len(pushed) < num_batches:
-        if stop_set() or await asyncio.to_thread(_queue_ended, queue):
-            break
-        # A claim is given up only for good (the run ended, the data ran out). An actor
-        # stopped or killed keeps it: restarted under its id, it makes that batch, so no
-        # batch index (a function of which its prompts are) is skipped.
-        index = await asyncio.to_thread(queue.claim_index, actor_id)
-        if not await _admitted(queue, index, max_staleness, stop_set, admission_timeout_s, poll_s):
-            if await asyncio.to_thread(queue.is_done):
-                await asyncio.to_thread(queue.abandon_claim, actor_id, RUN_ENDED)
-            break
-        version = policy_version() if policy_version is not None else None
-        try:
-            batch = await source.next_batch()
-        except DataExhausted:
-            await asyncio.to_thread(queue.abandon_claim, actor_id, "the actor's data ran out")
-            break
-        except Exception as err:
-            # The learner ended the run while this batch generated (and, with the vllm
-            # backend, stopped the server it was generating on): the batch could not be
-            # pushed anyway, so the actor ends as at any other end of the run.
-            if not await asyncio.to_thread(queue.is_done):
-                raise
-            log.info("actor %s: the run ended while batch %d generated (%s)", actor_id, index, err)
-            await asyncio.to_thread(queue.abandon_claim, actor_id, RUN_ENDED)
-            break
-        producer = Producer(f"batch-{index}", actor_id, index, _producer_version(batch, version))
-        payload = encode_batch(_stamp_versions(batch, version), producer)
-        info = {"batch_index": index, "num_items": len(batch.items)}
-        try:
-            await asyncio.to_thread(
-                queue.push,
-                producer.batch_id,
-                payload,
-                actor_id=actor_id,
-                info=info,
-                tokens=int(batch.meta.get(GENERATED, 0)),
-                stop=stop_set,
-            )
-        except RunFinishedError:
-            await asyncio.to_thread(queue.abandon_claim, actor_id, RUN_ENDED)
-            break
-        except PushStopped:  # the actor stops: its restart makes this batch again
-            break
-        pushed.append(producer.batch_id)
-    return pushed
+    except RunFinishedError:
+        await asyncio.to_thread(queue.abandon_claim, actor_id, RUN_ENDED)
+        return None
+    except PushStopped:  # the actor stops: its restart makes this batch again
+        return None
+    return producer.batch_id
 
 
 @contextlib.contextmanager

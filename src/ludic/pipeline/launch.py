@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
 from ludic.run.reward_loop import reward_router, starts_reward_servers
 from ludic.run.run_dir import RunDirectory, open_run
+from ludic.run.servers import server_api_key
 
 __all__ = ["PipelineProcessError", "launch_pipeline"]
 
@@ -57,12 +57,9 @@ def launch_pipeline(config: RunConfig, *, resume: str | Path | None = None) -> P
     with contextlib.ExitStack() as stack:
         url = p.redis_url
         if url is None:
-            from ludic.pipeline.redis_server import start_redis_server
+            from ludic.pipeline.redis_server import start_run_redis
 
-            server = start_redis_server(  # password-protected: see the learner's own Redis
-                run.path / "redis", password=secrets.token_urlsafe(24), die_with_parent=True
-            )
-            stack.callback(server.stop)
+            server = start_run_redis(run.path / "redis", stack)  # see the learner's own Redis
             url = server.url
             console.print(
                 f"redis-server: {redacted(url)}, pid {server.process.pid}, AOF in "
@@ -128,13 +125,9 @@ def child_env(config: RunConfig) -> dict[str, str]:
     from ludic.inference.vllm.security import API_KEY_ENV
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    v = config.inference.vllm
-    if config.inference.backend == "vllm":
-        key = v.api_key or env.get(API_KEY_ENV)
-        if not key and v.start_server:
-            key = secrets.token_urlsafe(32)
-        if key:
-            env[API_KEY_ENV] = key
+    key = server_api_key(config.inference.vllm) if config.inference.backend == "vllm" else None
+    if key:
+        env[API_KEY_ENV] = key
     return env
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import socket
 import time
 from collections.abc import Mapping, Sequence
@@ -43,18 +42,15 @@ from ludic.run.models import load_policy
 from ludic.run.phases import (
     make_trainer,
     phase_loggers,
+    report_run,
     run_rl,
-    run_summary,
     warm_start,
 )
-from ludic.run.plot import plot_reward_curve
 from ludic.run.preflight import check_config, check_local_servers
-from ludic.run.progress import print_summary
 from ludic.run.run_dir import RunDirectory
 from ludic.run.run_loggers import run_loggers
 from ludic.run.servers import inference_backend
 from ludic.run.signals import terminate_as_interrupt
-from ludic.run.steps import checkpoint_on_failure
 from ludic.run.threads import use_torch_threads
 from ludic.run.trainer_ranks import run_as_ranks, save_policy, share_run_dir
 from ludic.training.data_parallel import TrainerRanks
@@ -89,12 +85,10 @@ def _learn(config: RunConfig, run_dir: str | Path | None, ranks: TrainerRanks | 
         url = own_redis = configured_redis_url(config)
         password = None
         if url is None:  # with a password: any local process could otherwise edit the queue
-            from ludic.pipeline.redis_server import start_redis_server
+            from ludic.pipeline.redis_server import start_run_redis
 
-            password = secrets.token_urlsafe(24)
-            server = start_redis_server(run.path / "redis", password=password, die_with_parent=True)
-            stack.callback(server.stop)
-            url = server.url
+            server = start_run_redis(run.path / "redis", stack)
+            url, password = server.url, server.password
             console.print(
                 f"redis-server: {redacted(url)} (AOF in {server.data_dir}, log {server.log_path})",
                 highlight=False,
@@ -114,9 +108,7 @@ def _learn(config: RunConfig, run_dir: str | Path | None, ranks: TrainerRanks | 
         policy, tokenizer = load_policy(config, run.model_dir)
         if ranks is not None:  # the other ranks load the policy and checkpoints from here
             share_run_dir(run.path, ranks)
-        if config.warm_start.steps > 0 and not run.has_checkpoint("rl"):
-            warm_start(config, run, policy, tokenizer, resuming=True, console=console, ranks=ranks)
-            save_policy(policy, tokenizer, run.path / POLICY_DIR, ranks)
+        warm_start(config, run, policy, tokenizer, resuming=True, console=console, ranks=ranks)
         client = stack.enter_context(
             inference_backend(config, policy, tokenizer, model_dir=run.model_dir, log_dir=run.path)
         )
@@ -124,10 +116,7 @@ def _learn(config: RunConfig, run_dir: str | Path | None, ranks: TrainerRanks | 
         save_policy(policy, tokenizer, run.path / POLICY_DIR, ranks)
         if own_redis is None:  # our Redis stops with us: let actors leave
             _wait_for_actors_to_leave(queue, config.pipeline.stop_timeout_s)
-    plot_reward_curve(run.read_metrics(), run.plot_path, title=config.name)
-    summary = run_summary(run, time.perf_counter() - started)
-    run.write_summary(summary)
-    print_summary(console, summary, title="ludic pipeline learner summary")
+    report_run(config, run, console, started=started, title="ludic pipeline learner summary")
     return run.path
 
 
@@ -159,43 +148,13 @@ def _reinforce_from_queue(
     eval_engine = make_engine(
         config, client, HFChatTemplate(tokenizer), env_overrides=config.env.eval_kwargs
     )
-
-    def announce() -> None:
-        # The weights of version trainer.step are published: continue the pipeline's
-        # version from here (this also requeues batches a crashed learner had taken and
-        # announces max_staleness), then tell the actors.
-        source.set_version(trainer.step)
-        vllm = config.inference.backend == "vllm"
-        queue.announce_learner(
-            {
-                "version": trainer.step,
-                "steps": config.trainer.steps,
-                "weights": "vllm" if vllm else "redis",
-                "inference_urls": _server_urls(client) if vllm else [],
-                "max_staleness": config.trainer.staleness,
-                "run_dir": str(run.path),
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "started_at": time.time(),
-            }
-        )
-        console.print(f"learner: serving version {trainer.step}; waiting for actors' batches")
-
     unused: list[int] = []
-    with checkpoint_on_failure(trainer, loggers[0], console):
-        run_rl(
-            config,
-            run,
-            trainer,
-            source,
-            eval_engine,
-            loggers[0],
-            resuming=True,
-            console=console,
-            on_published=announce,
-            # the actors stop before the ledger is settled: nothing is pushed after it
-            on_steps_done=lambda: unused.append(queue.finish_run()),
-        )
+    run_rl(
+        config, run, trainer, source, eval_engine, loggers[0], resuming=True, console=console,
+        on_published=lambda: _announce(config, run, trainer, source, client, queue, console),
+        # the actors stop before the ledger is settled: nothing is pushed after it
+        on_steps_done=lambda: unused.append(queue.finish_run()),
+    )  # fmt: skip
     queue.withdraw_learner()
     console.print(
         f"learner: {trainer.step} steps done; the run is over for the actors"
@@ -206,6 +165,28 @@ def _reinforce_from_queue(
         ),
         soft_wrap=True,
     )
+
+
+def _announce(config, run, trainer, source, client, queue, console) -> None:
+    """The weights of version ``trainer.step`` are published: continue the pipeline's
+    version from here (this also requeues batches a crashed learner had taken and
+    announces max_staleness), then tell the actors."""
+    source.set_version(trainer.step)
+    vllm = config.inference.backend == "vllm"
+    queue.announce_learner(
+        {
+            "version": trainer.step,
+            "steps": config.trainer.steps,
+            "weights": "vllm" if vllm else "redis",
+            "inference_urls": _server_urls(client) if vllm else [],
+            "max_staleness": config.trainer.staleness,
+            "run_dir": str(run.path),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started_at": time.time(),
+        }
+    )
+    console.print(f"learner: serving version {trainer.step}; waiting for actors' batches")
 
 
 def _publisher(config: RunConfig, client: Any, queue: Any) -> Any:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import secrets
 import signal
@@ -154,29 +155,10 @@ def _launch(ray: Any, config: RunConfig, address: str | None, resume: str | Path
             config_yaml=dump_config(config), run_name=run.path.name, env=env, cwd=os.getcwd()
         )
 
-        # 1. servers: policy servers, then the reward server, in one placement group
-        # the learner, on this node, hosts the weight-sync rendezvous
-        sync_from = ("--weight-sync-hosts", node_ip)
-        servers = [
-            ProcessSpec(f"policy-server-{i}", "policy_server", overrides=sync_from, **common)
-            for i in range(
-                config.inference.vllm.num_servers if _starts_policy_servers(config) else 0
-            )
-        ]
-        if _starts_reward_server(config):
-            servers.append(ProcessSpec("reward-server", "reward_server", **common))
-        started = placed.group(
-            "servers",
-            [
-                (s, lc.reward_server if s.role == "reward_server" else lc.policy_server)
-                for s in servers
-            ],
-            lc.strategy,
-        )
-        urls = placed.wait_for_servers(started)
+        urls = _place_servers(placed, config, node_ip, common)
         overrides = _server_overrides(config, urls, node_ip)
 
-        # 2. the learner's ranks, rank 0 on this machine; 3. the rollout actors
+        # the learner's ranks, rank 0 on this machine; then the rollout actors
         learner, *other_ranks = placed.group(
             "learner",
             _learner_ranks(config, run.path, node_ip, tuple(overrides["learner"]), common),
@@ -196,13 +178,31 @@ def _launch(ray: Any, config: RunConfig, address: str | None, resume: str | Path
             lc.strategy,
             max_restarts=lc.max_restarts,
         )
-        while learner.returncode is None:
-            placed.pump()
-            time.sleep(POLL_S)
+        placed.wait_for_exit([learner], math.inf)
         if learner.returncode != 0:
             raise learner.failure()
         placed.wait_for_exit([*other_ranks, *actors], config.pipeline.stop_timeout_s)
     return run.path
+
+
+def _place_servers(
+    placed: _Placement, config: RunConfig, node_ip: str, common: dict[str, Any]
+) -> dict[str, str]:
+    """The policy servers, then the reward server, in one placement group; their URLs once
+    healthy. The learner, on this node, hosts the weight-sync rendezvous."""
+    lc = config.launch
+    sync_from = ("--weight-sync-hosts", node_ip)
+    num_policy = config.inference.vllm.num_servers if _starts_policy_servers(config) else 0
+    servers = [
+        (
+            ProcessSpec(f"policy-server-{i}", "policy_server", overrides=sync_from, **common),
+            lc.policy_server,
+        )
+        for i in range(num_policy)
+    ]
+    if _starts_reward_server(config):
+        servers.append((ProcessSpec("reward-server", "reward_server", **common), lc.reward_server))
+    return placed.wait_for_servers(placed.group("servers", servers, lc.strategy))
 
 
 LEARNER = "learner"
@@ -307,12 +307,9 @@ def _local_gpus() -> int:
 
 
 def _start_redis(data_dir: Path, host: str, stack: contextlib.ExitStack, console: Console) -> str:
-    from ludic.pipeline.redis_server import start_redis_server
+    from ludic.pipeline.redis_server import start_run_redis
 
-    server = start_redis_server(
-        data_dir, host=host, password=secrets.token_urlsafe(24), die_with_parent=True
-    )
-    stack.callback(server.stop)
+    server = start_run_redis(data_dir, stack, host=host)
     console.print(
         f"redis-server: {host}:{server.port} (password-protected), AOF in {server.data_dir}",
         highlight=False,

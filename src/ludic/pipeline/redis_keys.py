@@ -33,6 +33,7 @@ __all__ = [
     "Retry",
     "RunFinishedError",
     "TakenBatch",
+    "readable_id",
     "redis",
 ]
 
@@ -130,6 +131,14 @@ class RedisKeys:
 
     def uncommitted(self, learner_id: str) -> str:
         return f"{self.prefix}:uncommitted:{learner_id}"
+
+
+def readable_id(raw: bytes) -> str:
+    """A batch id as text: itself, or ``0x<hex>`` when it is not valid UTF-8."""
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return "0x" + raw.hex()
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from ludic.pipeline.redis_keys import (
     Retry,
     RunFinishedError,
     TakenBatch,
+    readable_id,
     redis,
 )
 from ludic.pipeline.redis_urls import redacted
@@ -49,14 +50,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-
-def readable_id(raw: bytes) -> str:
-    """A batch id as text: itself, or ``0x<hex>`` when it is not valid UTF-8."""
-    try:
-        return raw.decode()
-    except UnicodeDecodeError:
-        return "0x" + raw.hex()
 
 
 class RedisBatchQueue:
@@ -182,6 +175,36 @@ class RedisBatchQueue:
         k = self.keys
         timeout_s = self.push_timeout_s if timeout_s is None else timeout_s
         record = json.dumps({**(info or {}), "actor_id": actor_id, "pushed_at": time.time()})
+        deadline = time.monotonic() + timeout_s
+        delay = 0.01
+        wake = self._wake
+        while True:
+            outcome = self._push_once(batch_id, payload, record, actor_id, tokens)
+            if outcome == "done":
+                raise RunFinishedError(
+                    f"the learner on {k.prefix!r} ended the run; batch {batch_id} is not wanted"
+                )
+            if outcome != "full":
+                return outcome == "pushed"
+            if stop is not None and stop():
+                raise PushStopped(f"push of {batch_id} stopped while {k.queue} was full")
+            now = time.monotonic()
+            if now >= deadline:
+                raise QueueFullError(
+                    f"queue {k.queue} stayed full ({self.max_queued} batches) for "
+                    f"{timeout_s:g}s while pushing {batch_id}: the learner is not taking "
+                    "batches. Is it running on this prefix? (raise max_queued or push_timeout_s "
+                    "to wait longer)"
+                )
+            if wake.wait(min(delay, deadline - now)):
+                raise self._interrupted(f"push of {batch_id} to a full queue")
+            delay = min(delay * 2, 0.25)
+
+    def _push_once(
+        self, batch_id: str, payload: bytes, record: str, actor_id: str | None, tokens: int
+    ) -> str:
+        """One push transaction: ``"pushed"``, else ``"duplicate"``, ``"done"`` or ``"full"``."""
+        k = self.keys
 
         def attempt(pipe: Any) -> str:
             pipe.watch(k.queue, k.produced, k.done)
@@ -204,30 +227,7 @@ class RedisBatchQueue:
             pipe.execute()
             return "pushed"
 
-        deadline = time.monotonic() + timeout_s
-        delay = 0.01
-        wake = self._wake
-        while True:
-            outcome = self._transaction(f"push batch {batch_id}", attempt)
-            if outcome == "done":
-                raise RunFinishedError(
-                    f"the learner on {k.prefix!r} ended the run; batch {batch_id} is not wanted"
-                )
-            if outcome != "full":
-                return outcome == "pushed"
-            if stop is not None and stop():
-                raise PushStopped(f"push of {batch_id} stopped while {k.queue} was full")
-            now = time.monotonic()
-            if now >= deadline:
-                raise QueueFullError(
-                    f"queue {k.queue} stayed full ({self.max_queued} batches) for "
-                    f"{timeout_s:g}s while pushing {batch_id}: the learner is not taking "
-                    "batches. Is it running on this prefix? (raise max_queued or push_timeout_s "
-                    "to wait longer)"
-                )
-            if wake.wait(min(delay, deadline - now)):
-                raise self._interrupted(f"push of {batch_id} to a full queue")
-            delay = min(delay * 2, 0.25)
+        return self._transaction(f"push batch {batch_id}", attempt)
 
     def abandon_claim(self, actor_id: str, reason: str) -> bool:
         """Give up ``actor_id``'s claimed batch index for good, without pushing it (the

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -25,7 +26,7 @@ from ludic.distributed.weight_transfer.groups import free_port
 from ludic.inference.vllm.process import die_with_parent_preexec
 from ludic.pipeline.redis_keys import redis  # the guarded import of the client
 
-__all__ = ["RedisServer", "start_redis_server"]
+__all__ = ["RedisServer", "start_redis_server", "start_run_redis"]
 
 
 @dataclass
@@ -91,21 +92,9 @@ def start_redis_server(
     data_dir = Path(data_dir).resolve()  # redis-server opens its files after chdir --dir
     data_dir.mkdir(parents=True, exist_ok=True)
     port = free_port() if port is None else port
-    args = [
-        binary,
-        *(["-"] if password else []),  # the rest of the config on stdin: requirepass
-        "--port", str(port),
-        "--bind", host,
-        "--dir", str(data_dir),
-        "--appendonly", "yes",
-        "--appendfsync", "always",
-        "--save", "",
-        "--daemonize", "no",
-        "--logfile", str(data_dir / "redis.log"),
-    ]  # fmt: skip
     on_main_thread = threading.current_thread() is threading.main_thread()
     process = subprocess.Popen(
-        args,
+        [binary, *_redis_args(port, host, data_dir, password)],
         stdin=subprocess.PIPE if password else subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         start_new_session=True,
@@ -126,6 +115,33 @@ def start_redis_server(
         server.kill()
         raise
     return server
+
+
+def start_run_redis(
+    data_dir: Path, stack: contextlib.ExitStack, *, host: str = "127.0.0.1"
+) -> RedisServer:
+    """A run's own Redis in ``data_dir``: behind a fresh password, dying with this process
+    (``die_with_parent``), stopped by ``stack``."""
+    server = start_redis_server(
+        data_dir, host=host, password=secrets.token_urlsafe(24), die_with_parent=True
+    )
+    stack.callback(server.stop)
+    return server
+
+
+def _redis_args(port: int, host: str, data_dir: Path, password: str | None) -> list[str]:
+    """The arguments: durable (fsync-always AOF, no RDB snapshots), in the foreground."""
+    return [
+        *(["-"] if password else []),  # the rest of the config on stdin: requirepass
+        "--port", str(port),
+        "--bind", host,
+        "--dir", str(data_dir),
+        "--appendonly", "yes",
+        "--appendfsync", "always",
+        "--save", "",
+        "--daemonize", "no",
+        "--logfile", str(data_dir / "redis.log"),
+    ]  # fmt: skip
 
 
 def _wait_for_ping(server: RedisServer, timeout_s: float) -> None:

@@ -21,7 +21,7 @@ from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
 from ludic.run.reward_loop import RouterAddress, starts_reward_servers
 from ludic.run.rl_job import RESUMABLE_CHANGES
-from ludic.run.run_dir import RunDirectory, _flat_diff
+from ludic.run.run_dir import RunDirectory, changed_keys
 
 PIPELINE_INFO = "pipeline.json"
 REDIS_PASSWORD_FILE = "redis_password"
@@ -216,12 +216,7 @@ def open_learner_run(
 def check_same_run(config: RunConfig, run: RunDirectory) -> None:
     """An actor must generate for the run's config: only :data:`PIPELINE_RESUMABLE`
     fields may differ from ``RUN_DIR/config.yaml``."""
-    saved = run.load_config().model_dump()
-    changed = sorted(
-        key
-        for key in _flat_diff(saved, config.model_dump())
-        if not any(key == r or key.startswith(r + ".") for r in PIPELINE_RESUMABLE)
-    )
+    changed = changed_keys(run.load_config(), config, PIPELINE_RESUMABLE)
     if changed:
         raise RunError(
             f"the actor's config differs from the learner's ({run.config_path}) at {changed}; "

@@ -189,11 +189,7 @@ class AgentConfig(Section):
                     "agent.kind=program: the program calls its own tools and plays one agent; "
                     "leave agent.tools empty and agent.protocol single_agent"
                 )
-            unused = sorted(  # written with another value (a saved config writes defaults)
-                name
-                for name in PROGRAM_IGNORES
-                if getattr(self, name) != type(self).model_fields[name].default
-            )
+            unused = sorted(self.non_default(PROGRAM_IGNORES))
             if unused:
                 raise ValueError(
                     f"agent.kind=program does not use {unused}: the program builds its own "
@@ -657,11 +653,7 @@ class RunConfig(Section):
                 "reward model (or remove the reward_model section)"
             )
         if self.task == "reward_model":
-            unused = [
-                name
-                for name in POLICY_SECTIONS
-                if getattr(self, name) != type(self).model_fields[name].default
-            ]
+            unused = self.non_default(POLICY_SECTIONS)
             if unused:
                 raise ValueError(
                     f"task is 'reward_model', which does not read {unused}; put reward-model "

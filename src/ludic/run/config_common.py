@@ -12,7 +12,7 @@ import inspect
 import re
 import textwrap
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -108,6 +108,11 @@ class Section(BaseModel):
             if old in data and data[old] != off:
                 raise ValueError(f"{old} was removed; {instead}")
         return {k: v for k, v in data.items() if k not in cls.removed}
+
+    def non_default(self, names: Iterable[str]) -> list[str]:
+        """Those of the fields ``names`` holding another value than their default (written
+        with it: a saved config writes every default)."""
+        return [n for n in names if getattr(self, n) != type(self).model_fields[n].default]
 
 
 def settings_section(name: str, source: type, fields: Sequence[str], *, doc: str) -> type[Section]:

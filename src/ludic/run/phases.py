@@ -9,6 +9,7 @@ run summary.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,8 @@ from ludic.run.builders import (
 from ludic.run.config import RunConfig
 from ludic.run.demos import demonstrations_path
 from ludic.run.export import POLICY_DIR, save_policy
-from ludic.run.progress import ProgressLogger
+from ludic.run.plot import plot_reward_curve
+from ludic.run.progress import ProgressLogger, print_summary
 from ludic.run.reference import reference_policy
 from ludic.run.run_dir import PhaseMetricsWriter, RunDirectory
 from ludic.run.servers import published_weights
@@ -53,6 +55,7 @@ __all__ = [
     "pad_id",
     "phase_checkpoint_config",
     "phase_loggers",
+    "report_run",
     "run_rl",
     "run_summary",
     "warm_start",
@@ -74,7 +77,11 @@ def warm_start(
     console: Console,
     ranks: TrainerRanks | None = None,
 ) -> None:
+    """SFT on demonstrations before RL (none at ``warm_start.steps: 0``, nor once RL has a
+    checkpoint), then the policy saved as ``RUN_DIR/policy``."""
     steps = config.warm_start.steps
+    if steps <= 0 or run.has_checkpoint("rl"):
+        return
     demos = demonstrations_path(config, tokenizer, run.path / "demos.jsonl")
     algorithm = make_sft()
     source = OfflineBatchSource(  # one batch per step, so step N starts at batch N
@@ -103,6 +110,7 @@ def warm_start(
             source.skip(trainer.step)
             loggers[0].last_step = trainer.step
         run_steps(trainer, steps - trainer.step, every=config.trainer.checkpoint_every)
+    save_policy(policy, tokenizer, run.path / POLICY_DIR, ranks)
 
 
 def make_trainer(
@@ -159,16 +167,23 @@ def run_rl(
     """The RL phase's loop: resume, publish the starting weights (then ``on_published()``,
     e.g. the pipeline learner announcing itself), evaluate when due, run the steps (then
     ``on_steps_done()``, e.g. the pipeline learner ending the run for its actors, before
-    the token ledger is settled)."""
-    if resuming:
-        if run.has_checkpoint("rl"):
-            trainer.resume()
-        run.truncate_samples(trainer.step)
-    run.truncate_metrics("rl", trainer.step)
-    metrics_writer.last_step = trainer.step
-    trainer.publish_policy()  # the backend samples from the current weights, version = step
-    if on_published is not None:
-        on_published()
+    the token ledger is settled); a failure checkpoints (:func:`checkpoint_on_failure`)."""
+    with checkpoint_on_failure(trainer, metrics_writer, console):
+        if resuming:
+            if run.has_checkpoint("rl"):
+                trainer.resume()
+            run.truncate_samples(trainer.step)
+        run.truncate_metrics("rl", trainer.step)
+        metrics_writer.last_step = trainer.step
+        trainer.publish_policy()  # the backend samples from the current weights, version = step
+        if on_published is not None:
+            on_published()
+        _evaluate_and_step(config, run, trainer, source, eval_engine, console, on_steps_done)
+
+
+def _evaluate_and_step(config, run, trainer, source, eval_engine, console, on_steps_done) -> None:
+    """The RL steps with their evaluations (before RL, every ``eval.every`` steps, after
+    RL), then ``on_steps_done()`` and the token ledger settled."""
     evaluated = {r["step"] for r in run.read_metrics() if r.get("phase") == "eval"}
 
     async def record_eval() -> None:
@@ -180,10 +195,6 @@ def run_rl(
             f"reward_mean {metrics['reward_mean']:.3f}"
         )
 
-    def eval_due(step: int) -> bool:  # before RL, every eval.every steps, after RL
-        every, last = config.eval.every, config.trainer.steps
-        return step in (0, last) or bool(every and step % every == 0)
-
     async def after_step(step: int) -> None:
         rollouts = getattr(source, "last_rollouts", None)  # none: a pipeline learner
         if (
@@ -192,12 +203,12 @@ def run_rl(
             and step % config.logging.console_every == 0
         ):
             run.append_samples(step, rollouts[: config.logging.num_sample_rollouts])
-        if eval_due(step) and step < config.trainer.steps:
+        if _eval_due(config, step) and step < config.trainer.steps:
             await record_eval()
 
     # A resume redoes an evaluation only if its record is missing (interrupted mid-eval).
     if (
-        eval_due(trainer.step)
+        _eval_due(config, trainer.step)
         and trainer.step not in evaluated
         and trainer.step < config.trainer.steps
     ):
@@ -211,8 +222,7 @@ def run_rl(
     )
     if on_steps_done is not None:
         on_steps_done()
-    # the ledger settled at the end (batches made ahead and discarded count as aborted)
-    if trainer.step > first:
+    if trainer.step > first:  # settled at the end (batches made ahead and discarded: aborted)
         trainer.settle_ledger()
         if trainer.ledger is not None:
             run.append_metrics(
@@ -220,6 +230,11 @@ def run_rl(
             )
     if trainer.step not in evaluated:
         run_interruptible(record_eval())
+
+
+def _eval_due(config: RunConfig, step: int) -> bool:  # before RL, every eval.every steps, after RL
+    every, last = config.eval.every, config.trainer.steps
+    return step in (0, last) or bool(every and step % every == 0)
 
 
 def eval_seeds(config: RunConfig) -> range:
@@ -275,6 +290,17 @@ def pad_id(tokenizer) -> int:
     if pad is None:
         raise RunError("model.path: the tokenizer has neither a pad nor an EOS token")
     return int(pad)
+
+
+def report_run(
+    config: RunConfig, run: RunDirectory, console: Console, *, started: float, title: str
+) -> None:
+    """The run's end: its reward curve plotted, its summary written (``summary.json``)
+    and printed under ``title``."""
+    plot_reward_curve(run.read_metrics(), run.plot_path, title=config.name)
+    summary = run_summary(run, time.perf_counter() - started)
+    run.write_summary(summary)
+    print_summary(console, summary, title=title)
 
 
 def run_summary(run: RunDirectory, seconds: float) -> dict[str, Any]:

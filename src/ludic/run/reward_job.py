@@ -109,41 +109,10 @@ def train_reward_model(
             reward_trainer_config(config),
             training_mode=rm.training_mode,
             publisher=publisher,
-            checkpoint=CheckpointConfig(
-                _checkpoint_dir(run), every_n_steps=rm.checkpoint_every, keep_last=rm.keep_last
-            ),
-            loggers=[
-                _PhaseWriter(run),
-                ProgressLogger(
-                    rm.steps,
-                    f"reward model ({rm.training_mode})",
-                    reward_key="accuracy",
-                    console=console,
-                ),
-                RichConsoleLogger(
-                    keys=CONSOLE_KEYS, every=config.logging.console_every, console=console
-                ),
-            ],
+            checkpoint=_checkpoint_config(run, rm),
+            loggers=_loggers(config, run, console),
         )
-        try:
-            if resume is not None and trainer.checkpoints.latest() is not None:
-                trainer.resume()
-                if publisher is not None:  # the server starts from the initial weights
-                    trainer.publish()
-            _train_loop(config, run, trainer, eval_pairs, console)
-            if publisher is not None and trainer.step % max(rm.publish_every, 1):
-                trainer.publish()  # the server ends on the final weights
-            if not trainer.checkpoints.is_due(trainer.step):  # a resume can extend the run
-                trainer.save_checkpoint()
-        except BaseException:  # Ctrl-C, SIGTERM or a failure: keep the last completed step
-            problem = parameter_problem(trainer.model)
-            if problem is None and trainer.step > 0:
-                trainer.save_checkpoint()
-            elif problem is not None:
-                console.print(f"[yellow]not checkpointing step {trainer.step}: {problem}[/yellow]")
-            raise
-        finally:
-            trainer.close()
+        _train_loop(config, run, trainer, eval_pairs, console, resuming=resume is not None)
         served = None if client is None else _served_check(client, trainer, eval_pairs)
     save_reward_model(trainer.model, tokenizer, run.path / FINAL_DIR)
     summary = _summary(
@@ -297,31 +266,73 @@ def _train_loop(
     trainer: PreferenceTrainer,
     eval_pairs: list[PreferencePair],
     console: Console,
+    *,
+    resuming: bool,
 ) -> None:
+    """Resume, train (evaluating before, every ``eval_every`` steps and after), publish
+    the final weights and checkpoint them; a failure keeps the last completed step."""
     rm = config.reward_model
-    # Steps (and evaluations) past the checkpoint are redone by a resumed run.
-    run.truncate_metrics(PHASE, trainer.step)
-    run.truncate_metrics(EVAL_PHASE, trainer.step)
-    evaluated = {r["step"] for r in run.read_metrics() if r.get("phase") == EVAL_PHASE}
+    with _checkpoint_on_failure(trainer, console):
+        if resuming and trainer.checkpoints.latest() is not None:
+            trainer.resume()
+            if trainer.publisher is not None:  # the server starts from the initial weights
+                trainer.publish()
+        # Steps (and evaluations) past the checkpoint are redone by a resumed run.
+        run.truncate_metrics(PHASE, trainer.step)
+        run.truncate_metrics(EVAL_PHASE, trainer.step)
+        evaluated = {r["step"] for r in run.read_metrics() if r.get("phase") == EVAL_PHASE}
 
-    def record_eval() -> None:
-        metrics = trainer.evaluate(eval_pairs)
-        run.append_metrics({"phase": EVAL_PHASE, "step": trainer.step, **metrics})
-        evaluated.add(trainer.step)
-        console.print(
-            f"eval at step {trainer.step}: accuracy {metrics['accuracy']:.3f}, "
-            f"loss {metrics['loss']:.4f}, margin_mean {metrics['margin_mean']:.3f}"
-        )
+        def record_eval() -> None:
+            metrics = trainer.evaluate(eval_pairs)
+            run.append_metrics({"phase": EVAL_PHASE, "step": trainer.step, **metrics})
+            evaluated.add(trainer.step)
+            console.print(
+                f"eval at step {trainer.step}: accuracy {metrics['accuracy']:.3f}, "
+                f"loss {metrics['loss']:.4f}, margin_mean {metrics['margin_mean']:.3f}"
+            )
 
-    if trainer.step == 0 and 0 not in evaluated:
-        record_eval()
-    while trainer.step < rm.steps:
-        with interrupts_deferred():  # a signal stops the loop between steps, not inside one
-            trainer.train_step()
-        if rm.eval_every and trainer.step % rm.eval_every == 0 and trainer.step < rm.steps:
+        if trainer.step == 0 and 0 not in evaluated:
             record_eval()
-    if trainer.step not in evaluated:
-        record_eval()
+        while trainer.step < rm.steps:
+            with interrupts_deferred():  # a signal stops the loop between steps, not inside one
+                trainer.train_step()
+            if rm.eval_every and trainer.step % rm.eval_every == 0 and trainer.step < rm.steps:
+                record_eval()
+        if trainer.step not in evaluated:
+            record_eval()
+        if trainer.publisher is not None and trainer.step % max(rm.publish_every, 1):
+            trainer.publish()  # the server ends on the final weights
+        if not trainer.checkpoints.is_due(trainer.step):  # a resume can extend the run
+            trainer.save_checkpoint()
+
+
+@contextlib.contextmanager
+def _checkpoint_on_failure(trainer: PreferenceTrainer, console: Console) -> Iterator[None]:
+    """Ctrl-C, SIGTERM or a failure: keep the last completed step (unless the weights are
+    non-finite or exploded), then re-raise; the trainer is closed however it ends."""
+    try:
+        yield
+    except BaseException:
+        problem = parameter_problem(trainer.model)
+        if problem is None and trainer.step > 0:
+            trainer.save_checkpoint()
+        elif problem is not None:
+            console.print(f"[yellow]not checkpointing step {trainer.step}: {problem}[/yellow]")
+        raise
+    finally:
+        trainer.close()
+
+
+def _loggers(config: RunConfig, run: RunDirectory, console: Console) -> list[Any]:
+    """``metrics.jsonl``, the progress bar and the console's metrics lines."""
+    rm = config.reward_model
+    return [
+        _PhaseWriter(run),
+        ProgressLogger(
+            rm.steps, f"reward model ({rm.training_mode})", reward_key="accuracy", console=console
+        ),
+        RichConsoleLogger(keys=CONSOLE_KEYS, every=config.logging.console_every, console=console),
+    ]
 
 
 class _PhaseWriter:
@@ -338,8 +349,9 @@ class _PhaseWriter:
 
 
 # ---------------------------------------------------------------------------- helpers
-def _checkpoint_dir(run: RunDirectory) -> Path:
-    return run.path / "checkpoints" / PHASE
+def _checkpoint_config(run: RunDirectory, rm: RewardModelSection) -> CheckpointConfig:
+    folder = run.path / "checkpoints" / PHASE
+    return CheckpointConfig(folder, every_n_steps=rm.checkpoint_every, keep_last=rm.keep_last)
 
 
 def _pairs_path(run: RunDirectory, split: str) -> Path:

@@ -69,21 +69,20 @@ def reward_loop_from_config(
         if router is None:
             router, servers = _start_servers(config, log_dir, stack)
         address, key = router
-        to_sample = functools.partial(
-            rollout_reward_sample, data_source=section.data_source or config.env.kind
+        make_loop = functools.partial(
+            RewardLoop,
+            mode=section.mode,
+            num_workers=section.num_workers,
+            max_failure_fraction=section.max_failure_fraction,
+            to_sample=functools.partial(
+                rollout_reward_sample, data_source=section.data_source or config.env.kind
+            ),
         )
         if section.group_judge is not None:
             judge = group_judge(section, address, key)
             probe_group_judge(judge, config)
-            yield RewardLoop(
-                group_scorer=judge,
-                group_size=config.algorithm.group_size,
-                mode=section.mode,
-                num_workers=section.num_workers,
-                max_failure_fraction=section.max_failure_fraction,
-                to_sample=to_sample,
-                servers=_asleep(servers),
-            )
+            group_size = config.algorithm.group_size
+            yield make_loop(group_scorer=judge, group_size=group_size, servers=_asleep(servers))
             return
         function: Any = rule_function(section)
         if section.disrm is not None or section.genrm is not None:
@@ -96,14 +95,7 @@ def reward_loop_from_config(
         )
         if address:  # the servers are up now: the whole path (a rule alone: preflight did)
             probe_reward(manager, config)
-        yield RewardLoop(
-            manager,
-            mode=section.mode,
-            num_workers=section.num_workers,
-            max_failure_fraction=section.max_failure_fraction,
-            to_sample=to_sample,
-            servers=_asleep(servers),
-        )
+        yield make_loop(manager, servers=_asleep(servers))
 
 
 def probe_reward(manager: Any, config: RunConfig) -> None:
@@ -306,6 +298,37 @@ def _start_servers(
     except ImportError as e:
         raise RunError(_NEEDS_VLLM.format(field="reward_loop", error=e)) from None
     key = server_api_key(groups[0][1].server)
+    urls, sleeping = _start_group_servers(groups, key, config, log_dir, stack, start_vllm_server)
+    router = start_router(
+        urls,
+        host="127.0.0.1",
+        port=r.port,
+        api_key=key,
+        backend_api_key=key,
+        health_interval_s=r.health_interval_s,
+        request_timeout_s=r.request_timeout_s,
+        log_path=log_dir / "reward_router.log",
+    )
+    stack.callback(router.stop)
+    if not sleeping:
+        return (router.url, key), None
+    timeout_s = max(g.server.timeout_s for _, g in groups)
+    sleep = RewardServerSleep.start(sleeping, api_key=key, timeout_s=timeout_s)
+    stack.callback(sleep.close)
+    return (router.url, key), sleep
+
+
+def _start_group_servers(
+    groups: list[tuple[str, Any]],
+    key: str | None,
+    config: RunConfig,
+    log_dir: Path,
+    stack: contextlib.ExitStack,
+    start_vllm_server: Any,
+) -> tuple[list[str], list[tuple[str, int, Path]]]:
+    """Each group's servers started together (stopped by ``stack``), waited for in turn;
+    a group not started here is the running server at its port. Returns every server's
+    URL and those set to sleep between batches (URL, level, model)."""
     cuda = config.model.device.startswith("cuda")
     urls: list[str] = []
     starting = []
@@ -345,23 +368,7 @@ def _start_servers(
                 sleeping.append((server.url, SLEEP_LEVELS[group.sleep], Path(model)))
     for server, timeout_s in starting:  # started together, waited for in turn
         server.wait_until_healthy(max(timeout_s, 300.0))
-    router = start_router(
-        urls,
-        host="127.0.0.1",
-        port=r.port,
-        api_key=key,
-        backend_api_key=key,
-        health_interval_s=r.health_interval_s,
-        request_timeout_s=r.request_timeout_s,
-        log_path=log_dir / "reward_router.log",
-    )
-    stack.callback(router.stop)
-    if not sleeping:
-        return (router.url, key), None
-    timeout_s = max(g.server.timeout_s for _, g in groups)
-    sleep = RewardServerSleep.start(sleeping, api_key=key, timeout_s=timeout_s)
-    stack.callback(sleep.close)
-    return (router.url, key), sleep
+    return urls, sleeping
 
 
 def _tiny_model(name: str, run_dir: Path) -> Path:

@@ -15,6 +15,7 @@ import asyncio
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,6 @@ from rich.console import Console
 
 from ludic.distributed import ClientPolicyPublisher, policy_state_dict
 from ludic.inference import HFChatTemplate
-from ludic.rewards import RewardLoop
 from ludic.run.builders import batch_requests, make_algorithm, make_engine
 from ludic.run.config import RunConfig
 from ludic.run.errors import RunError
@@ -33,23 +33,22 @@ from ludic.run.phases import (
     make_trainer,
     phase_checkpoint_config,
     phase_loggers,
+    report_run,
     run_rl,
-    run_summary,
     warm_start,
 )
-from ludic.run.plot import plot_reward_curve
-from ludic.run.progress import print_summary
 from ludic.run.reward_loop import reward_loop_from_config, with_reward_loop
 from ludic.run.run_dir import RunDirectory, open_run, removed_if_start_fails
 from ludic.run.run_loggers import run_loggers
 from ludic.run.servers import inference_backend, reward_backend
-from ludic.run.steps import checkpoint_on_failure
 from ludic.run.threads import use_torch_threads
 from ludic.run.trainer_ranks import run_as_ranks, save_policy, share_run_dir
 from ludic.training import (
     AsyncBatchSource,
     CheckpointManager,
+    RLAlgorithm,
     RolloutBatchSource,
+    RolloutEngine,
     SleepingBatchSource,
     Trainer,
 )
@@ -94,27 +93,12 @@ def _lead(config: RunConfig, *, resume: str | Path | None, ranks: TrainerRanks |
     if ranks is not None:  # the other ranks load the policy from here
         share_run_dir(run.path, ranks)
     with run_loggers(config, run):  # one wandb run / TensorBoard folder for every phase
-        if config.warm_start.steps > 0 and not run.has_checkpoint("rl"):
-            resuming = resume is not None
-            warm_start(
-                config, run, policy, tokenizer, resuming=resuming, console=console, ranks=ranks
-            )
-            save_policy(policy, tokenizer, run.path / POLICY_DIR, ranks)
-        _reinforce(
-            config,
-            run,
-            policy,
-            tokenizer,
-            resuming=resume is not None,
-            console=console,
-            ranks=ranks,
-        )
+        resuming = resume is not None
+        warm_start(config, run, policy, tokenizer, resuming=resuming, console=console, ranks=ranks)
+        _reinforce(config, run, policy, tokenizer, resuming=resuming, console=console, ranks=ranks)
     save_policy(policy, tokenizer, run.path / POLICY_DIR, ranks)
     console.print(f"trained policy (Hugging Face folder): {run.path / POLICY_DIR}")
-    plot_reward_curve(run.read_metrics(), run.plot_path, title=config.name)
-    summary = run_summary(run, time.perf_counter() - started)
-    run.write_summary(summary)
-    print_summary(console, summary, title="ludic run summary")
+    report_run(config, run, console, started=started, title="ludic run summary")
     return run.path
 
 
@@ -152,6 +136,7 @@ def _reinforce(
     console: Console,
     ranks: TrainerRanks | None = None,
 ) -> None:
+    """The RL phase, its policy, reward-model and reward-loop servers running meanwhile."""
     backend = inference_backend(
         config, policy, tokenizer, model_dir=run.model_dir, log_dir=run.path
     )
@@ -160,43 +145,38 @@ def _reinforce(
         reward_backend(config, log_dir=run.path) as reward_client,
         reward_loop_from_config(config, log_dir=run.path) as reward_loop,
     ):
-        _reinforce_with(
-            config,
-            run,
-            policy,
-            tokenizer,
-            client,
-            reward_client=reward_client,
-            reward_loop=reward_loop,
-            resuming=resuming,
-            console=console,
-            ranks=ranks,
+        template = HFChatTemplate(tokenizer)
+        # standalone reward loop: each rollout is scored as its episode ends
+        on_episode = [reward_loop.on_episode] if reward_loop is not None else []
+        engine = make_engine(config, client, template, on_episode=on_episode)
+        eval_engine = make_engine(config, client, template, env_overrides=config.env.eval_kwargs)
+        algorithm = make_algorithm(config, reward_client=reward_client)
+        if reward_loop is not None:  # evaluation keeps the env's reward
+            algorithm = with_reward_loop(algorithm, reward_loop, config)
+        trainer: Trainer
+        source = _rollout_source(config, client, engine, algorithm, lambda: trainer.step)
+        loggers = phase_loggers(
+            config, run, "rl", f"RL ({algorithm.name})", config.trainer.steps, console
         )
+        trainer = make_trainer(
+            config, run, "rl", policy, tokenizer, source, algorithm,
+            publisher=ClientPolicyPublisher(client), loggers=loggers, ranks=ranks,
+        )  # fmt: skip
+        run_rl(
+            config, run, trainer, source, eval_engine, loggers[0],
+            resuming=resuming, console=console,
+        )  # fmt: skip
 
 
-def _reinforce_with(
+def _rollout_source(
     config: RunConfig,
-    run: RunDirectory,
-    policy,
-    tokenizer,
-    client,
-    *,
-    reward_client=None,
-    reward_loop: RewardLoop | None = None,
-    resuming: bool,
-    console: Console,
-    ranks: TrainerRanks | None = None,
-) -> None:
-    template = HFChatTemplate(tokenizer)
-    # standalone reward loop: each rollout is scored as its episode ends
-    on_episode = [reward_loop.on_episode] if reward_loop is not None else []
-    engine = make_engine(config, client, template, on_episode=on_episode)
-    eval_engine = make_engine(config, client, template, env_overrides=config.env.eval_kwargs)
-    algorithm = make_algorithm(config, reward_client=reward_client)
-    if reward_loop is not None:  # evaluation keeps the env's reward
-        algorithm = with_reward_loop(algorithm, reward_loop, config)
-    trainer: Trainer
-
+    client: Any,
+    engine: RolloutEngine,
+    algorithm: RLAlgorithm,
+    trainer_step: Callable[[], int],
+) -> Any:
+    """The RL phase's batches: rollouts of ``engine``, made ahead with ``trainer.mode:
+    async``, the colocated vLLM server asleep while the trainer trains."""
     batch_index: list[int] = []  # async: batches are numbered in the order they start
 
     def next_requests():
@@ -204,9 +184,9 @@ def _reinforce_with(
         # will train on it), so a resumed run sees exactly the problems an uninterrupted
         # one would.
         if config.trainer.mode == "sync":
-            index = trainer.step
+            index = trainer_step()
         else:
-            index = batch_index[0] if batch_index else trainer.step
+            index = batch_index[0] if batch_index else trainer_step()
             batch_index[:] = [index + 1]
         return batch_requests(config, index)
 
@@ -216,25 +196,7 @@ def _reinforce_with(
     if config.inference.backend == "vllm" and config.inference.vllm.sleep_level:
         # colocated: the server frees the GPU while the trainer trains
         source = SleepingBatchSource(source, client, level=config.inference.vllm.sleep_level)
-    loggers = phase_loggers(
-        config, run, "rl", f"RL ({algorithm.name})", config.trainer.steps, console
-    )
-    publisher = ClientPolicyPublisher(client)
-    trainer = make_trainer(
-        config, run, "rl", policy, tokenizer, source, algorithm,
-        publisher=publisher, loggers=loggers, ranks=ranks,
-    )  # fmt: skip
-    with checkpoint_on_failure(trainer, loggers[0], console):
-        run_rl(
-            config,
-            run,
-            trainer,
-            source,
-            eval_engine,
-            loggers[0],
-            resuming=resuming,
-            console=console,
-        )
+    return source
 
 
 def _newest_checkpoint(run: RunDirectory) -> Path | None:

@@ -36,6 +36,12 @@ class MetricsSink(Protocol):
 class RunDirectory:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.config_path = self.path / "config.yaml"
+        self.model_dir = self.path / "model"
+        self.metrics_path = self.path / "metrics.jsonl"
+        self.samples_path = self.path / "samples.jsonl"
+        self.plot_path = self.path / "reward_curve.png"
+        self.summary_path = self.path / "summary.json"
         self.sinks: list[MetricsSink] = []
         """Told every record :meth:`append_metrics` writes, after it is on disk."""
 
@@ -61,30 +67,6 @@ class RunDirectory:
         return run
 
     # ---- paths -------------------------------------------------------------------------
-    @property
-    def config_path(self) -> Path:
-        return self.path / "config.yaml"
-
-    @property
-    def model_dir(self) -> Path:
-        return self.path / "model"
-
-    @property
-    def metrics_path(self) -> Path:
-        return self.path / "metrics.jsonl"
-
-    @property
-    def samples_path(self) -> Path:
-        return self.path / "samples.jsonl"
-
-    @property
-    def plot_path(self) -> Path:
-        return self.path / "reward_curve.png"
-
-    @property
-    def summary_path(self) -> Path:
-        return self.path / "summary.json"
-
     def checkpoint_dir(self, phase: str) -> Path:
         if phase not in PHASES:
             raise ValueError(f"unknown phase {phase!r}; expected one of {PHASES}")
@@ -173,11 +155,7 @@ def open_run(
     else:
         run = RunDirectory.open(resume)
         resumable = sorted(resumable)
-        changed = sorted(
-            key
-            for key in _flat_diff(run.load_config().model_dump(), config.model_dump())
-            if not any(key == r or key.startswith(r + ".") for r in resumable)
-        )
+        changed = changed_keys(run.load_config(), config, resumable)
         if changed:
             raise RunError(
                 f"--resume: the config differs from the run's saved config at {changed}; "
@@ -200,6 +178,16 @@ def removed_if_start_fails(run: RunDirectory, *, created: bool) -> Iterator[None
         if created and not run.holds_results():
             shutil.rmtree(run.path, ignore_errors=True)
         raise
+
+
+def changed_keys(saved: RunConfig, config: RunConfig, allowed: Iterable[str]) -> list[str]:
+    """The dotted keys at which ``config`` differs from ``saved``, but for those at or below
+    a key in ``allowed`` (a collection: it is read once per key)."""
+    return sorted(
+        key
+        for key in _flat_diff(saved.model_dump(), config.model_dump())
+        if not any(key == r or key.startswith(r + ".") for r in allowed)
+    )
 
 
 def _flat_diff(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:
